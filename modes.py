@@ -1,0 +1,287 @@
+"""The one door to the four stages of the Dense layer, y = sigmoid(x Wᵀ + b).
+
+Every script and test reaches a stage through this module:
+
+    >>> import modes, torch
+    >>> layer = modes.Dense(16, 4, mode="py")
+    >>> layer(torch.randn(8, 16)).shape
+    torch.Size([8, 4])
+
+It also holds the plumbing the stages share, written once: the input checks, the
+torch.library registration (autograd + fake kernels) used by every compiled stage, and
+the loader that prefers an installed (setup.py) build and otherwise JIT-builds one.
+
+Stage folders are loaded by path under names of their own (``dense_stage_py``...):
+the folder ``py/`` cannot be imported as a package called ``py`` because pytest ships a
+module of that name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor, nn
+
+ROOT = Path(__file__).resolve().parent
+MODES: tuple[str, ...] = ("py", "cpp", "cuda", "ptx")
+DTYPES = (torch.float32, torch.float64)
+
+DenseFn = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+
+_stages: dict[str, ModuleType] = {}
+_build_kind: dict[str, str] = {}  # extension name -> "installed" | "jit"
+
+
+# ---------------------------------------------------------------------------
+# Which modes work here
+# ---------------------------------------------------------------------------
+
+def _gpu_reason() -> str | None:
+    if torch.version.cuda is None:
+        return f"needs a CUDA build of torch and a GPU; this torch is {torch.__version__}"
+    if not torch.cuda.is_available():
+        return "needs a GPU; torch.cuda.is_available() is False"
+    return None
+
+
+def _compiler_reason(ext_name: str, cuda: bool = False) -> str | None:
+    """None if the extension is installed or can be JIT-built here."""
+    if importlib.util.find_spec(ext_name) is not None:
+        return None
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return f"needs a C++ compiler to build {ext_name} (none found as $CXX or c++)"
+    if cuda:
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        if CUDA_HOME is None:
+            return f"needs nvcc (CUDA_HOME) to build {ext_name}"
+    return None
+
+
+def available() -> dict[str, str | None]:
+    """Map each mode to None where it works here, else to a one-line reason."""
+    reasons: dict[str, str | None] = {"py": None, "cpp": _compiler_reason("dense_cpp_ext")}
+    for mode in ("cuda", "ptx"):
+        reasons[mode] = _gpu_reason() or _compiler_reason(f"dense_{mode}_ext", cuda=True)
+    return reasons
+
+
+def _stage(mode: str) -> ModuleType:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode in _stages:
+        return _stages[mode]
+    reason = available()[mode]
+    if reason is not None:
+        raise RuntimeError(f"mode {mode!r} is not available here: {reason}")
+    name = f"dense_stage_{mode}"
+    spec = importlib.util.spec_from_file_location(name, ROOT / mode / "dense.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    _stages[mode] = module
+    return module
+
+
+def stage(mode: str) -> ModuleType:
+    """The stage's own module (``<mode>/dense.py``), loaded on first use."""
+    return _stage(mode)
+
+
+def dense(mode: str) -> DenseFn:
+    """The stage's differentiable functional op: ``dense(mode)(x, weight, bias)``."""
+    op = _stage(mode).dense
+
+    def checked(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        check_inputs(x, weight, bias)
+        return op(x, weight, bias)
+
+    checked.__name__ = checked.__qualname__ = f"dense_{mode}"
+    return checked
+
+
+# ---------------------------------------------------------------------------
+# The one Dense module
+# ---------------------------------------------------------------------------
+
+class Dense(nn.Module):
+    """sigmoid(nn.Linear(x)) computed by one of the stages.
+
+    Parameters, shapes and default initialisation are nn.Linear's, so a state_dict moves
+    between the two in either direction.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        mode: str = "py",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.fn = dense(mode)  # fails early, with the reason, if the mode is unavailable
+        self.in_features, self.out_features, self.mode = in_features, out_features, mode
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # The same calls in the same order as nn.Linear, so a seed gives the same weights.
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in = self.weight.shape[1]
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fn(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, mode={self.mode!r}")
+
+
+# ---------------------------------------------------------------------------
+# Shared plumbing: input checks, op registration, extension loading
+# ---------------------------------------------------------------------------
+
+def check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """Raise a clear TypeError/ValueError for anything the op cannot compute on.
+
+    The C++ stages repeat these checks (cpp/dense_common.h) for callers who reach the
+    op through torch.ops directly.
+    """
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is None and name == "bias":
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; Dense supports float32 and float64")
+    if x.dim() == 0:
+        raise ValueError("x is 0-d; Dense needs x of shape (*, in_features)")
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-d (out_features, in_features), got shape {tuple(weight.shape)}")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x has in_features={x.shape[-1]} (its last dimension) but weight "
+                         f"{tuple(weight.shape)} expects in_features={weight.shape[1]}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"dtype mismatch: x is {x.dtype} but weight is {weight.dtype}")
+    if weight.device != x.device:
+        raise ValueError(f"device mismatch: x is on {x.device} but weight is on {weight.device}")
+    if bias is not None:
+        if bias.shape != (weight.shape[0],):
+            raise ValueError(f"bias must have shape ({weight.shape[0]},) to match weight "
+                             f"{tuple(weight.shape)}, got {tuple(bias.shape)}")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"dtype mismatch: x is {x.dtype} but bias is {bias.dtype}")
+        if bias.device != x.device:
+            raise ValueError(f"device mismatch: x is on {x.device} but bias is on {bias.device}")
+
+
+def register_dense_op(namespace: str) -> Callable[..., Tensor]:
+    """Make ``torch.ops.<namespace>.forward`` differentiable and traceable.
+
+    Every compiled stage defines the same two ops in C++ (schema in cpp/dense_common.h):
+    ``forward(x, weight, bias?) -> out`` and
+    ``backward(grad_out, x, weight, out, output_mask) -> (grad_x, grad_weight, grad_bias)``.
+    This registers, once for all of them, the fake (shape-only) kernels torch.compile
+    traces with, and the autograd formula that calls the stage's own backward op.
+    """
+    ops = getattr(torch.ops, namespace)
+
+    @torch.library.register_fake(f"{namespace}::forward")
+    def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        check_inputs(x, weight, bias)
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @torch.library.register_fake(f"{namespace}::backward")
+    def _(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor,
+          output_mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+        # Gradients nobody asked for come back as empty tensors: the schema returns Tensor.
+        shapes = (x.shape, weight.shape, weight.shape[:1])
+        return tuple(x.new_empty(s if m else (0,)) for s, m in zip(shapes, output_mask))
+
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, bias = inputs
+        ctx.save_for_backward(x, weight, output)
+        ctx.has_bias = bias is not None
+
+    def backward(ctx, grad_out: Tensor):
+        x, weight, out = ctx.saved_tensors
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                ctx.has_bias and ctx.needs_input_grad[2]]
+        grads = ops.backward(grad_out, x, weight, out, mask)
+        return tuple(g if m else None for g, m in zip(grads, mask))
+
+    torch.library.register_autograd(f"{namespace}::forward", backward, setup_context=setup_context)
+    return ops.forward
+
+
+def load_extension(name: str, sources: Sequence[Path], **jit_kwargs) -> str:
+    """Load the C++/CUDA extension ``name``: an installed build if there is one, else JIT.
+
+    Loading runs the library's TORCH_LIBRARY registrations, after which its ops live in
+    ``torch.ops``. Returns "installed" or "jit". A JIT build is cached in build/jit/<name>
+    and rebuilt only when a source changes.
+    """
+    if name in _build_kind:
+        return _build_kind[name]
+    spec = importlib.util.find_spec(name)
+    if spec is not None and os.environ.get("DENSE_FORCE_JIT") != "1":
+        built = Path(spec.origin or "").stat().st_mtime
+        stale = [s.name for s in _source_files(sources) if s.stat().st_mtime > built]
+        if stale:
+            warnings.warn(f"the installed {name} is older than {', '.join(stale)}; rebuild it with "
+                          "`pip install --no-build-isolation .` or set DENSE_FORCE_JIT=1", stacklevel=2)
+        importlib.import_module(name)
+        kind = "installed"
+    else:
+        from torch.utils import cpp_extension
+
+        build_dir = ROOT / "build" / "jit" / name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        built_libs = list(build_dir.glob("*.so"))
+        newest = max((p.stat().st_mtime for p in built_libs), default=0.0)
+        if any(s.stat().st_mtime > newest for s in _source_files(sources)):
+            print(f"building the {name} extension in {build_dir.relative_to(ROOT)} "
+                  "(about a minute the first time)...", file=sys.stderr, flush=True)
+        cpp_extension.load(name=name, sources=[str(s) for s in sources],
+                           build_directory=str(build_dir), is_python_module=False,
+                           extra_cflags=["-O3"], **jit_kwargs)
+        kind = "jit"
+    _build_kind[name] = kind
+    return kind
+
+
+def _source_files(sources: Sequence[Path]) -> list[Path]:
+    # Headers next to the sources count: editing one must trigger the message too.
+    folders = {Path(s).parent for s in sources}
+    headers = [h for f in folders for h in f.glob("*.h")]
+    return [Path(s) for s in sources] + headers
+
+
+def build_kind(name: str) -> str | None:
+    """How the extension ``name`` was loaded in this process: "installed", "jit" or None."""
+    return _build_kind.get(name)
