@@ -35,6 +35,12 @@ from torch import Tensor, nn
 ROOT = Path(__file__).resolve().parent
 MODES: tuple[str, ...] = ("py", "cpp", "cuda", "ptx")
 DTYPES = (torch.float32, torch.float64)
+# Host compiler flags for every extension, JIT or setup.py. Without -fopenmp the
+# at::parallel_for in a header compiles to a serial loop; the libgomp it links is the one
+# torch already loaded (same soname), so there is still one OpenMP runtime. -march=native:
+# both builds run on the machine that built them, so use all of its vector instructions.
+CXX_FLAGS = ["-O3", "-fopenmp", "-march=native"]
+LD_FLAGS = ["-fopenmp"]
 
 DenseFn = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 
@@ -239,7 +245,8 @@ def register_dense_op(namespace: str) -> Callable[..., Tensor]:
     return ops.forward
 
 
-def load_extension(name: str, sources: Sequence[Path], **jit_kwargs) -> str:
+def load_extension(name: str, sources: Sequence[Path], extra_ldflags: Sequence[str] = (),
+                   **jit_kwargs) -> str:
     """Load the C++/CUDA extension ``name``: an installed build if there is one, else JIT.
 
     Loading runs the library's TORCH_LIBRARY registrations, after which its ops live in
@@ -269,7 +276,7 @@ def load_extension(name: str, sources: Sequence[Path], **jit_kwargs) -> str:
                   "(about a minute the first time)...", file=sys.stderr, flush=True)
         cpp_extension.load(name=name, sources=[str(s) for s in sources],
                            build_directory=str(build_dir), is_python_module=False,
-                           extra_cflags=["-O3"], **jit_kwargs)
+                           extra_cflags=CXX_FLAGS, extra_ldflags=LD_FLAGS + list(extra_ldflags), **jit_kwargs)
         kind = "jit"
     _build_kind[name] = kind
     return kind

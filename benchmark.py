@@ -1,0 +1,249 @@
+"""Time each stage's forward and backward against the torch reference, honestly.
+
+The reference is nn.Linear + torch.sigmoid in eager mode (``--compile`` adds the same
+under torch.compile). All variants are timed in one run, interleaved round by round, so
+drift (clocks, other processes) hits them alike. The forward runs with autograd recording,
+as in training; the backward is timed alone, replayed on a retained graph.
+CPU: torch.utils.benchmark.Timer. CUDA: events around each call, after warm-up and with the
+L2 cache flushed before every timed call. Reported: median and spread (interquartile range)
+in µs, GFLOP/s (2·B·I·O forward, 4·B·I·O backward), and each variant's fwd+bwd time over
+the reference's.
+
+Examples:
+  python benchmark.py -m all
+  python benchmark.py -m cpp -b 1024 -i 1024 -o 1024 --json docs/results/cpu_1024.json
+  python benchmark.py -m all --compile --plot docs/results/cpu_1024.png
+  python benchmark.py -m py --dtype float64 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import modes
+
+
+# ---------------------------------------------------------------------------
+# The timing harness (used by every benchmark in this repository)
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    """Per-call times of one variant, in microseconds."""
+
+    samples: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range: robust to the odd slow sample that a mean would chase."""
+        if len(self.samples) < 2:
+            return 0.0
+        q = statistics.quantiles(self.samples, n=4)
+        return q[2] - q[0]
+
+
+def describe_device(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: int = 20,
+            warmup: int = 3, min_sample_s: float = 0.01) -> dict[str, Stats]:
+    """Time every callable ``rounds`` times, interleaved; returns per-call Stats in µs.
+
+    Each round runs every callable once in an order that rotates from round to round, so
+    no variant always runs first (cold) or right after a heavy one.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        # Writing twice the L2's size evicts whatever the previous call left in it.
+        flush = torch.empty(max(2 * props.L2_cache_size, 1 << 20), dtype=torch.uint8, device=device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                flush.zero_()
+                start.record()
+                fns[name]()
+                end.record()
+                end.synchronize()
+                samples[name].append(start.elapsed_time(end) * 1e3)
+    else:
+        from torch.utils.benchmark import Timer
+
+        timers, number = {}, {}
+        for name in names:  # enough calls per sample that timer resolution does not matter
+            timers[name] = Timer(stmt="fn()", globals={"fn": fns[name]})
+            once = timers[name].timeit(1).median
+            number[name] = max(1, int(min_sample_s / max(once, 1e-9)))
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                samples[name].append(timers[name].timeit(number[name]).median * 1e6)
+    return {name: Stats(s) for name, s in samples.items()}
+
+
+# ---------------------------------------------------------------------------
+# The Dense benchmark
+# ---------------------------------------------------------------------------
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.sigmoid(F.linear(x, weight, bias))
+
+
+def run(variants: Sequence[str], batch: int, in_f: int, out_f: int, device: str = "cpu",
+        dtype: torch.dtype = torch.float32, rounds: int = 20, seed: int = 0) -> dict:
+    """Benchmark the given variants ("reference", "compile" or a mode); returns the JSON record."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = [torch.randn(s, generator=gen, dtype=dtype).to(device).requires_grad_()
+               for s in ((batch, in_f), (out_f, in_f), (out_f,))]
+    grad_out = torch.randn(batch, out_f, generator=gen, dtype=dtype).to(device)
+    funcs = {"reference": reference, "compile": torch.compile(reference) if "compile" in variants else None}
+    funcs.update({m: modes.dense(m) for m in variants if m in modes.MODES})
+
+    timed: dict[str, Callable[[], object]] = {}
+    for name in variants:
+        fn = funcs[name]
+        out = fn(*tensors)  # the graph that the backward replays (retain_graph)
+        timed[f"{name}/forward"] = lambda fn=fn: fn(*tensors)
+        timed[f"{name}/backward"] = lambda out=out: torch.autograd.grad(out, tensors, grad_out,
+                                                                         retain_graph=True)
+    stats = measure(timed, device=device, rounds=rounds)
+
+    flops = 2 * batch * in_f * out_f
+    results = []
+    for name in variants:
+        fwd, bwd = stats[f"{name}/forward"], stats[f"{name}/backward"]
+        results.append({
+            "mode": name,
+            "forward_us": fwd.median, "backward_us": bwd.median,
+            "forward_spread_us": fwd.spread, "backward_spread_us": bwd.spread,
+            "forward_gflops": flops / fwd.median / 1e3, "backward_gflops": 2 * flops / bwd.median / 1e3,
+        })
+    ref = results[0]["forward_us"] + results[0]["backward_us"]
+    for r in results:
+        r["ratio_to_reference"] = (r["forward_us"] + r["backward_us"]) / ref
+    return {
+        "device": describe_device(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "dtype": str(dtype).removeprefix("torch."),
+        "shape": {"batch": batch, "in": in_f, "out": out_f},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "rounds": rounds,
+        "command": "python benchmark.py " + " ".join(sys.argv[1:]),
+        "results": results,
+    }
+
+
+def table(record: dict) -> str:
+    """A Markdown table of one benchmark record (docs/render.py puts these into the READMEs)."""
+    rows = ["| variant | forward µs (IQR) | backward µs (IQR) | fwd GFLOP/s | bwd GFLOP/s | fwd+bwd / reference |",
+            "|---|---:|---:|---:|---:|---:|"]
+    for r in record["results"]:
+        rows.append(f"| {r['mode']} | {r['forward_us']:.1f} ({r['forward_spread_us']:.1f}) "
+                    f"| {r['backward_us']:.1f} ({r['backward_spread_us']:.1f}) "
+                    f"| {r['forward_gflops']:.1f} | {r['backward_gflops']:.1f} | {r['ratio_to_reference']:.3f} |")
+    s = record["shape"]
+    rows.append(f"\n{record['device']}, torch {record['torch']}, {record['threads']} threads, "
+                f"{record['dtype']}, B={s['batch']} I={s['in']} O={s['out']}, {record['rounds']} rounds, "
+                f"{record['date']}: `{record['command']}`")
+    return "\n".join(rows)
+
+
+def plot(record: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
+    names = [r["mode"] for r in record["results"]]
+    fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 3.5))
+    xs = range(len(names))
+    ax.bar([i - 0.2 for i in xs], [r["forward_us"] for r in record["results"]], 0.4,
+           yerr=[r["forward_spread_us"] / 2 for r in record["results"]], label="forward")
+    ax.bar([i + 0.2 for i in xs], [r["backward_us"] for r in record["results"]], 0.4,
+           yerr=[r["backward_spread_us"] / 2 for r in record["results"]], label="backward")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("median µs per call (lower is better)")
+    s = record["shape"]
+    ax.set_title(f"Dense {s['batch']}×{s['in']}→{s['out']} {record['dtype']}, {record['device']}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__[__doc__.index("Examples:"):],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-m", "--mode", choices=[*modes.MODES, "all"], default="all")
+    parser.add_argument("-b", "--batch", type=int, default=1024)
+    parser.add_argument("-i", "--in-features", type=int, default=1024)
+    parser.add_argument("-o", "--out-features", type=int, default=1024)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile of the reference")
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved samples per variant")
+    parser.add_argument("--json", metavar="PATH", help="write the results as one JSON object")
+    parser.add_argument("--plot", metavar="PATH", help="draw a bar chart PNG (needs matplotlib)")
+    args = parser.parse_args(argv)
+    if min(args.batch, args.in_features, args.out_features, args.rounds) < 1:
+        parser.error("sizes and --rounds must be at least 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda needs a CUDA build of torch and a GPU (this torch is {torch.__version__})")
+
+    reasons = modes.available()
+    if args.mode == "all":
+        selected = [m for m in modes.MODES if reasons[m] is None]
+        for m in modes.MODES:
+            if reasons[m] is not None:
+                print(f"skipping {m}: {reasons[m]}", file=sys.stderr)
+    elif reasons[args.mode] is not None:
+        print(f"mode {args.mode!r} is not available here: {reasons[args.mode]}", file=sys.stderr)
+        return 2
+    else:
+        selected = [args.mode]
+
+    variants = ["reference"] + (["compile"] if args.compile else []) + selected
+    record = run(variants, args.batch, args.in_features, args.out_features, args.device,
+                 getattr(torch, args.dtype), args.rounds)
+    print(table(record))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    if args.plot:
+        plot(record, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
