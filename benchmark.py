@@ -33,7 +33,6 @@ import torch.nn.functional as F
 
 import modes
 
-
 # ---------------------------------------------------------------------------
 # The timing harness (used by every benchmark in this repository)
 # ---------------------------------------------------------------------------
