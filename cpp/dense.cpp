@@ -66,60 +66,45 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
 
 // dz = g · y · (1 − y) and db = Σ_rows dz in one pass over g and y, where the plain ATen
 // version takes two (sigmoid_backward, then sum) and reads dz back from memory.
-// The work is cut into tiles of kVecs vectors' worth of columns; a thread walks down all
-// rows of its tiles, so the column sums stay in registers and each thread owns its slice
-// of db: no atomics, no merging.
+// Memory is walked in order, row after row (the prefetcher's favourite pattern: after the
+// GEMMs nothing of g or y is left in cache). Threads take disjoint row ranges and keep
+// their own column sums, added together at the end in a fixed order.
 template <typename scalar_t, bool kBias>
 void sigmoid_grad_and_bias_sum(const scalar_t* g, const scalar_t* y, scalar_t* dz, scalar_t* db,
                                int64_t rows, int64_t cols) {
   using Vec = at::vec::Vectorized<scalar_t>;
-  constexpr int64_t kVecs = 4, kTile = kVecs * Vec::size();
-  // Sums run in scalar_t for kBlock rows, then add up in double: a float sum over a
-  // million rows keeps its digits, and the hot loop stays in float.
+  // Column sums run in scalar_t over kBlock rows (a row of them stays in L1), then the
+  // blocks add up in double: a float sum over a million rows keeps its digits.
   constexpr int64_t kBlock = 64;
-  if constexpr (!kBias) {  // nothing to sum: a flat walk through memory is fastest
-    at::parallel_for(0, rows * cols, 16384, [&](int64_t i0, int64_t i1) {
-      const Vec one(scalar_t(1));
-      for (int64_t i = i0; i < i1; i += Vec::size()) {
-        const int64_t n = std::min<int64_t>(Vec::size(), i1 - i);
-        const Vec yv = Vec::loadu(y + i, n);
-        (Vec::loadu(g + i, n) * yv * (one - yv)).store(dz + i, n);
-      }
-    });
-    return;
-  }
-  const int64_t tiles = (cols + kTile - 1) / kTile;
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(rows * kTile, 1));
-  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+  const int64_t threads = at::get_num_threads();
+  std::vector<double> totals(kBias ? threads * cols : 0, 0.0);
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    double* total = totals.data() + (kBias ? at::get_thread_num() * cols : 0);
+    std::vector<scalar_t> part(kBias ? cols : 0);
     const Vec one(scalar_t(1));
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t c0 = t * kTile, width = std::min(kTile, cols - c0);
-      Vec acc[kVecs];
-      double total[kTile] = {};
-      __at_align__ scalar_t partial[kTile];
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t at = r * cols + c0;
-        for (int64_t v = 0; v < kVecs; ++v) {
-          const int64_t c = v * Vec::size(), n = std::min<int64_t>(Vec::size(), width - c);
-          if (n <= 0) break;
-          const Vec yv = Vec::loadu(y + at + c, n);
-          const Vec d = Vec::loadu(g + at + c, n) * yv * (one - yv);
-          d.store(dz + at + c, n);
-          if constexpr (kBias) acc[v] = acc[v] + d;  // lanes past n hold 0 (loadu zero-fills)
-        }
-        if (kBias && ((r + 1) % kBlock == 0 || r + 1 == rows)) {
-          for (int64_t v = 0; v < kVecs; ++v) {
-            acc[v].store(partial + v * Vec::size());
-            acc[v] = Vec(scalar_t(0));
-          }
-          for (int64_t i = 0; i < kTile; ++i) total[i] += partial[i];
-        }
+    for (int64_t rb = r0; rb < r1; rb += kBlock) {
+      std::fill(part.begin(), part.end(), scalar_t(0));
+      for (int64_t r = rb; r < std::min(r1, rb + kBlock); ++r) {
+        const int64_t row = r * cols;
+        auto step = [&](int64_t c, int64_t n) {
+          const Vec yv = Vec::loadu(y + row + c, n);
+          const Vec d = Vec::loadu(g + row + c, n) * yv * (one - yv);
+          d.store(dz + row + c, n);
+          if constexpr (kBias) (Vec::loadu(part.data() + c, n) + d).store(part.data() + c, n);
+        };
+        int64_t c = 0;
+        for (; c + Vec::size() <= cols; c += Vec::size()) step(c, Vec::size());
+        if (c < cols) step(c, cols - c);
       }
-      if constexpr (kBias) {
-        for (int64_t i = 0; i < width; ++i) db[c0 + i] = static_cast<scalar_t>(total[i]);
-      }
+      for (int64_t c = 0; c < (kBias ? cols : 0); ++c) total[c] += part[c];
     }
   });
+  for (int64_t c = 0; c < (kBias ? cols : 0); ++c) {
+    double sum = 0;
+    for (int64_t t = 0; t < threads; ++t) sum += totals[t * cols + c];
+    db[c] = static_cast<scalar_t>(sum);
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out,

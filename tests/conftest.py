@@ -1,0 +1,39 @@
+"""Shared test parameters: which (mode, device) pairs exist, and which of them run here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import modes
+
+ROOT = Path(__file__).resolve().parent.parent
+REASONS = modes.available()
+GPU = torch.cuda.is_available()
+NO_GPU = f"needs a CUDA build of torch and a GPU; this torch is {torch.__version__}"
+
+# py and cpp run on both devices (cpp through ATen on CUDA); cuda and ptx only on a GPU.
+DEVICES = {"py": ("cpu", "cuda"), "cpp": ("cpu", "cuda"), "cuda": ("cuda",), "ptx": ("cuda",)}
+
+
+def _param(mode: str, device: str):
+    marks = []
+    if device == "cuda":
+        marks += [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=NO_GPU)]
+    if REASONS[mode] is not None:
+        marks.append(pytest.mark.skip(reason=f"mode {mode}: {REASONS[mode]}"))
+    return pytest.param(mode, device, marks=marks, id=f"{mode}-{device}")
+
+
+MODE_DEVICE = [_param(m, d) for m in modes.MODES for d in DEVICES[m]]
+
+
+def run_script(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a repository script the way a user would, from the repository root."""
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})

@@ -1,0 +1,113 @@
+"""Stage cpp as a torch op: opcheck, torch.compile, its own C++ checks, both build paths."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import modes
+from conftest import GPU, NO_GPU, REASONS, ROOT, run_script
+
+pytestmark = pytest.mark.skipif(REASONS["cpp"] is not None, reason=f"mode cpp: {REASONS['cpp']}")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=NO_GPU)])]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    modes.dense("cpp")  # loads (building if needed) and registers the extension
+    return torch.ops.dense_cpp
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape_x, bias", [((5, 4), True), ((5, 4), False), ((2, 3, 4), True), ((4,), True)])
+def test_opcheck(ops, device, shape_x, bias):
+    x = torch.randn(shape_x, device=device, requires_grad=True)
+    w = torch.randn(3, 4, device=device, requires_grad=True)
+    b = torch.randn(3, device=device, requires_grad=True) if bias else None
+    torch.library.opcheck(ops.forward.default, (x, w, b))
+    y = ops.forward(x, w, b).detach()
+    for mask in ([True, True, bias], [False, True, False], [True, False, bias]):
+        torch.library.opcheck(ops.backward.default, (torch.randn_like(y), x.detach(), w.detach(), y, mask))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph_matches_eager(ops, device):
+    layer = modes.Dense(8, 5, mode="cpp", device=device)
+
+    def step(x):
+        return (layer(x) * 2).sum()
+
+    x = torch.randn(6, 8, device=device)
+    compiled = torch.compile(step, fullgraph=True)
+    eager_loss = step(x)
+    eager_loss.backward()
+    eager_grads = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    compiled_loss = compiled(x)
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    for p, g in zip(layer.parameters(), eager_grads):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_backward_op_returns_empty_tensors_for_masked_grads(ops):
+    x, w = torch.randn(5, 4), torch.randn(3, 4)
+    y = ops.forward(x, w, None)
+    gx, gw, gb = ops.backward(torch.ones_like(y), x, w, y, [False, True, False])
+    assert gx.numel() == 0 and gb.numel() == 0 and gw.shape == w.shape
+
+
+@pytest.mark.parametrize("args, error, message", [
+    ((torch.randn(3, 4), torch.randn(2, 5), None), ValueError, "in_features=4"),
+    ((torch.randn(3, 4), torch.randn(2, 4), torch.randn(5)), ValueError, r"bias must have shape \(2,\)"),
+    ((torch.ones(3, 4, dtype=torch.int32), torch.ones(2, 4, dtype=torch.int32), None), TypeError, "Int"),
+    ((torch.randn(3, 4), torch.randn(2, 4).double(), None), TypeError, "dtype mismatch"),
+    ((torch.tensor(2.0), torch.randn(2, 1), None), ValueError, "0-d"),
+])
+def test_cpp_checks_for_direct_op_calls(ops, args, error, message):
+    """torch.ops.dense_cpp.forward skips modes.check_inputs; the C++ repeats the checks."""
+    with pytest.raises(error, match=message):
+        ops.forward(*args)
+
+
+def _probe(env: dict) -> str:
+    """In a fresh interpreter: load cpp, report how, and check it against the py stage."""
+    code = ("import torch, modes; f = modes.dense('cpp'); x, w = torch.randn(3, 4), torch.randn(2, 4);"
+            "torch.testing.assert_close(f(x, w, None), modes.dense('py')(x, w, None));"
+            "print(modes.build_kind('dense_cpp_ext'))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.mark.slow
+def test_jit_build_path():
+    import os
+
+    assert _probe({**os.environ, "DENSE_FORCE_JIT": "1"}) == "jit"
+
+
+@pytest.mark.slow
+def test_setup_py_build_is_installed_and_preferred(tmp_path):
+    import os
+
+    target = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+                          "--quiet", "--target", str(target), str(ROOT)],
+                         capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, pip.stderr
+    assert list(target.glob("dense_cpp_ext*.so")), list(target.iterdir())
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    env.pop("DENSE_FORCE_JIT", None)
+    assert _probe(env) == "installed"
+
+
+def test_grad_check_script_on_cpp():
+    result = run_script("grad_check.py", "cpp", "-b", "5", "-i", "7", "-o", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("PASS  cpp") == 5 and "FAIL" not in result.stdout

@@ -1,0 +1,112 @@
+"""The command-line scripts, run as a user runs them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import modes
+from conftest import REASONS, run_script
+
+SCRIPTS = ["grad_check.py", "benchmark.py"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_has_examples(script):
+    result = run_script(script, "--help")
+    assert result.returncode == 0
+    assert "Examples:" in result.stdout and f"python {script}" in result.stdout
+
+
+def test_grad_check_all_passes_and_lists_unavailable_modes():
+    result = run_script("grad_check.py", "all")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all checks passed" in result.stdout
+    for mode, reason in REASONS.items():
+        if reason is None:
+            assert f"PASS  {mode:<4}  gradcheck float64" in result.stdout
+        else:
+            assert f"SKIP  {mode:<4}  {reason}" in result.stdout
+
+
+def test_grad_check_no_bias_checks_two_gradients():
+    result = run_script("grad_check.py", "py", "--no-bias", "-b", "3", "-i", "2", "-o", "4")
+    assert result.returncode == 0
+    assert "grad weight" in result.stdout and "grad bias" not in result.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_unknown_mode_is_a_usage_error(script):
+    args = ["fortran"] if script == "grad_check.py" else ["-m", "fortran"]
+    result = run_script(script, *args)
+    assert result.returncode == 2 and "invalid choice: 'fortran'" in result.stderr
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_unavailable_mode_exits_2_with_the_reason(script):
+    missing = [m for m, r in REASONS.items() if r is not None]
+    if not missing:
+        pytest.skip("every mode is available here")
+    args = [missing[0]] if script == "grad_check.py" else ["-m", missing[0]]
+    result = run_script(script, *args)
+    assert result.returncode == 2
+    assert f"mode {missing[0]!r} is not available here: {REASONS[missing[0]]}" in result.stderr
+
+
+def test_bad_sizes_are_usage_errors():
+    result = run_script("benchmark.py", "-m", "py", "-b", "0")
+    assert result.returncode == 2 and "at least 1" in result.stderr
+
+
+def test_benchmark_json_record(tmp_path):
+    path = tmp_path / "bench.json"
+    result = run_script("benchmark.py", "-m", "all", "-b", "8", "-i", "16", "-o", "4", "--rounds", "3",
+                        "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(path.read_text())
+    assert {"device", "torch", "threads", "dtype", "shape", "date", "results"} <= record.keys()
+    assert record["shape"] == {"batch": 8, "in": 16, "out": 4} and record["dtype"] == "float32"
+    names = [r["mode"] for r in record["results"]]
+    assert names == ["reference"] + [m for m in modes.MODES if REASONS[m] is None]
+    for r in record["results"]:
+        for key in ("forward_us", "backward_us", "forward_spread_us", "backward_spread_us", "ratio_to_reference"):
+            assert r[key] >= 0, (r["mode"], key)
+        assert r["forward_us"] > 0 and r["backward_us"] > 0
+    assert record["results"][0]["ratio_to_reference"] == 1.0
+    assert "| reference |" in result.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib (optional) not installed")
+def test_benchmark_plot(tmp_path):
+    png = tmp_path / "bench.png"
+    result = run_script("benchmark.py", "-m", "py", "-b", "4", "-i", "4", "-o", "4", "--rounds", "2",
+                        "--dtype", "float64", "--plot", str(png))
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_benchmark_compile_variant(tmp_path):
+    path = tmp_path / "bench.json"
+    result = run_script("benchmark.py", "-m", "py", "-b", "4", "-i", "8", "-o", "4", "--rounds", "2",
+                        "--compile", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    assert [r["mode"] for r in json.loads(path.read_text())["results"]] == ["reference", "compile", "py"]
+
+
+@pytest.mark.parametrize("how", ["python -m pytest", "pytest"])
+def test_pytest_runs_from_the_root_both_ways(how):
+    """The folder py/ must not shadow pytest's own module named py (see modes.py)."""
+    # The pytest console script is a Python file next to the interpreter; running it with
+    # that interpreter is what typing `pytest` does.
+    script = Path(sys.executable).with_name("pytest")
+    if how == "pytest" and not script.exists():
+        pytest.skip(f"no pytest script next to {sys.executable}")
+    runner = ["-m", "pytest"] if how == "python -m pytest" else [str(script)]
+    result = run_script(*runner, "--collect-only", "-q", "tests/test_dense.py", timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "test_gradcheck_float64" in result.stdout
