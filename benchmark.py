@@ -195,7 +195,9 @@ def plot(record: dict, path: str) -> None:
     ax.set_ylabel("median µs per call (lower is better)")
     s = record["shape"]
     ax.set_title(f"Dense {s['batch']}×{s['in']}→{s['out']} {record['dtype']}, {record['device']}", fontsize=9)
-    ax.legend()
+    top = max(max(r["forward_us"], r["backward_us"]) for r in record["results"])
+    ax.set_ylim(0, 1.25 * top)  # room for the legend above the bars
+    ax.legend(ncols=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -235,6 +235,11 @@ def register_dense_op(namespace: str) -> Callable[..., Tensor]:
         ctx.has_bias = bias is not None
 
     def backward(ctx, grad_out: Tensor):
+        # Autograd runs a backward with grad mode on only for create_graph=True. The backward
+        # op has no derivative of its own, so say so rather than return silently wrong zeros.
+        if torch.is_grad_enabled():
+            raise RuntimeError(f"{namespace}: double backward (create_graph=True) is not implemented for "
+                               "this stage; mode 'py' supports it")
         x, weight, out = ctx.saved_tensors
         mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1],
                 ctx.has_bias and ctx.needs_input_grad[2]]

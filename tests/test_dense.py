@@ -193,3 +193,9 @@ def test_dense_repr_and_attributes():
     layer = modes.Dense(3, 2, bias=False, mode="py", dtype=torch.float64)
     assert repr(layer) == "Dense(in_features=3, out_features=2, bias=False, mode='py')"
     assert layer.bias is None and layer.weight.dtype == torch.float64
+
+
+def test_py_stage_supports_double_backward():
+    """Its backward is made of differentiable torch ops (see py/README.md, exercise 3)."""
+    ts = tensors("cpu", (3, 4), 2)
+    assert torch.autograd.gradgradcheck(modes.dense("py"), ts)
