@@ -69,11 +69,13 @@ def describe_device(device: str) -> str:
 
 
 def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: int = 20,
-            warmup: int = 3, min_sample_s: float = 0.01) -> dict[str, Stats]:
+            warmup: int = 3, min_sample_s: float = 0.01, number: int | None = None) -> dict[str, Stats]:
     """Time every callable ``rounds`` times, interleaved; returns per-call Stats in µs.
 
     Each round runs every callable once in an order that rotates from round to round, so
-    no variant always runs first (cold) or right after a heavy one.
+    no variant always runs first (cold) or right after a heavy one. On the CPU a sample
+    averages enough calls to last ``min_sample_s``, or exactly ``number`` calls: ranks that
+    time a collective together must all make the same calls.
     """
     names = list(fns)
     for _ in range(warmup):
@@ -97,14 +99,18 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
     else:
         from torch.utils.benchmark import Timer
 
-        timers, number = {}, {}
-        for name in names:  # enough calls per sample that timer resolution does not matter
-            timers[name] = Timer(stmt="fn()", globals={"fn": fns[name]})
-            once = timers[name].timeit(1).median
-            number[name] = max(1, int(min_sample_s / max(once, 1e-9)))
+        timers, calls = {}, {}
+        for name in names:
+            # Timer runs on one thread unless told otherwise: give it the threads torch has.
+            timers[name] = Timer(stmt="fn()", globals={"fn": fns[name]}, num_threads=torch.get_num_threads())
+            if number is None:  # enough calls per sample that timer resolution does not matter
+                once = timers[name].timeit(1).median
+                calls[name] = max(1, int(min_sample_s / max(once, 1e-9)))
+            else:
+                calls[name] = number
         for r in range(rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:
-                samples[name].append(timers[name].timeit(number[name]).median * 1e6)
+                samples[name].append(timers[name].timeit(calls[name]).median * 1e6)
     return {name: Stats(s) for name, s in samples.items()}
 
 

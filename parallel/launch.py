@@ -1,0 +1,130 @@
+"""The one process launcher: start local ranks, watch them, and never leave one behind.
+
+    results = launch(fn, world_size=2, args=(config,))
+
+starts ``world_size`` processes (spawn), puts each in a process group (a FileStore in a
+temporary folder, so there is no port to race for), runs ``fn(*args)`` on each, and returns
+what each rank returned. If a rank fails, the others get the process-group timeout to fail
+by themselves (a dead peer is usually noticed within a second), then are killed; the error
+names every rank that failed and why. Under torchrun, ``run_in_process_group`` does the same
+for the one rank this process is.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class LaunchError(RuntimeError):
+    """One or more ranks failed; the message names each and its error."""
+
+
+def run_in_process_group(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: float,
+                         init_method: str = "env://", rank: int | None = None,
+                         world_size: int | None = None) -> Any:
+    """Join a process group, run fn(*args), then leave cleanly; returns fn's result."""
+    if backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", rank if rank is not None else 0))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+    kwargs = {} if rank is None else {"rank": rank, "world_size": world_size}
+    dist.init_process_group(backend, init_method=init_method, timeout=timedelta(seconds=timeout_s), **kwargs)
+    try:
+        result = fn(*args)
+        # A rank that leaves while a peer still waits on its last message breaks that peer.
+        dist.barrier()
+        return result
+    finally:
+        dist.destroy_process_group()
+
+
+def _worker(rank: int, world_size: int, folder: str, backend: str, timeout_s: float, threads: int,
+            fn: Callable[..., Any], args: tuple) -> None:
+    torch.set_num_threads(threads)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    try:
+        result = run_in_process_group(fn, args, backend, timeout_s, f"file://{folder}/store", rank, world_size)
+        Path(folder, f"result_{rank}.pkl").write_bytes(pickle.dumps(result))
+    except BaseException as e:  # report it to the launcher, then exit non-zero
+        last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+        where = f" (at {Path(last[0].filename).name}:{last[0].lineno})" if last else ""
+        Path(folder, f"error_{rank}.txt").write_text(f"{type(e).__name__}: {e}{where}".strip())
+        raise SystemExit(1) from None
+
+
+def _describe(rank: int, code: int | None, folder: str) -> str:
+    error = Path(folder, f"error_{rank}.txt")
+    if error.exists():
+        return f"rank {rank}: {error.read_text().splitlines()[0]}"
+    if code is not None and code < 0:
+        return f"rank {rank}: killed by {signal.Signals(-code).name}"
+    return f"rank {rank}: exited with status {code}"
+
+
+def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
+           timeout_s: float = 120.0, threads_per_rank: int | None = None,
+           deadline_s: float | None = None) -> list[Any]:
+    """Run fn(*args) on ``world_size`` local ranks; return their results, index = rank.
+
+    ``timeout_s`` is the process-group timeout: how long a rank waits for a silent peer.
+    ``deadline_s`` bounds the whole run. Raises LaunchError if any rank fails or the
+    deadline passes; no process outlives this call.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+    folder = tempfile.mkdtemp(prefix="dense-launch-")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(r, world_size, folder, backend, timeout_s, threads, fn, args),
+                         name=f"rank{r}") for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        start, first_failure = time.monotonic(), None
+        while any(p.is_alive() for p in procs):
+            time.sleep(0.05)
+            now = time.monotonic()
+            if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
+                first_failure = now
+            # After a failure the others get the process-group timeout to notice it themselves.
+            if first_failure is not None and now - first_failure > timeout_s + 5:
+                break
+            if deadline_s is not None and now - start > deadline_s:
+                break
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        _stop(procs)
+        failures = [_describe(r, p.exitcode, folder) for r, p in enumerate(procs)
+                    if p.exitcode != 0 and r not in hung]
+        failures += [f"rank {r}: still running after the {'failure of another rank' if failures else 'deadline'}"
+                     ", killed" for r in hung]
+        if failures:
+            raise LaunchError(f"{len(failures)} of {world_size} ranks failed:\n  " + "\n  ".join(failures))
+        return [pickle.loads(Path(folder, f"result_{r}.pkl").read_bytes()) for r in range(world_size)]
+    finally:
+        _stop(procs)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -1,0 +1,129 @@
+"""Gradient buckets reduced by the ring while backward is still running (what DDP does).
+
+Parameters are grouped, in reverse order of registration (the order backward produces their
+gradients), into buckets of about ``bucket_bytes``. A hook on each parameter
+(``register_post_accumulate_grad_hook``) notes when its gradient is ready; when a bucket is
+complete it is handed to a communication thread, which flattens it, runs the ring all-reduce
+and writes the result back, while autograd goes on with the earlier layers. ``finish()``
+waits for the last bucket before the optimiser step.
+
+Buckets always start in index order on every rank: the ring is a sequence of point-to-point
+messages, and two ranks that reduced buckets in different orders would pair the wrong ones.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parallel.ring import ring_all_reduce
+
+
+class GradReducer:
+    """Sum the gradients of ``params`` over all ranks, bucket by bucket.
+
+    The loss on each rank must already carry the global scale (this trainer divides the
+    local sum by the global batch size), so a plain sum gives the global-batch gradient
+    whatever the shard sizes. ``staging_device="cpu"`` reduces CUDA gradients through host
+    memory, for gloo (which sends CPU tensors only).
+    """
+
+    def __init__(self, params: list[nn.Parameter], bucket_bytes: int = 1 << 20, overlap: bool = True,
+                 staging_device: str | torch.device | None = None) -> None:
+        params = [p for p in params if p.requires_grad]
+        self.overlap = overlap
+        self.buckets: list[list[nn.Parameter]] = []
+        size = bucket_bytes  # start a new bucket at the first parameter
+        for p in reversed(params):
+            nbytes = p.numel() * p.element_size()
+            if size + nbytes > bucket_bytes and (not self.buckets or self.buckets[-1]):
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self.where = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.buffers = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype,
+                                    device=staging_device or b[0].device) for b in self.buckets]
+        # One reduction with size checks, before training: ranks with different models stop
+        # here with a clear error instead of exchanging garbage later.
+        for buf in self.buffers:
+            ring_all_reduce(buf, check=True)
+        self.comm_s = 0.0
+        self._error: BaseException | None = None
+        self._jobs: queue.Queue[int | None] = queue.Queue()
+        self._done = threading.Semaphore(0)
+        self._thread = threading.Thread(target=self._serve, name="ring-allreduce", daemon=True)
+        self._thread.start()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pending = [len(b) for b in self.buckets]
+        self._next = 0  # the next bucket to start, in index order
+
+    def _ready(self, p: nn.Parameter) -> None:
+        i = self.where[p]
+        self._pending[i] -= 1
+        if self.overlap:
+            self._start_ready()
+
+    def _start_ready(self, everything: bool = False) -> None:
+        while self._next < len(self.buckets) and (everything or self._pending[self._next] == 0):
+            self._jobs.put(self._next)
+            self._next += 1
+
+    def _serve(self) -> None:
+        while (i := self._jobs.get()) is not None:
+            try:
+                if self._error is None:
+                    self._reduce(i)
+            except BaseException as e:  # re-raised on the training thread by finish()
+                self._error = e
+            finally:
+                self._done.release()
+
+    def _reduce(self, i: int) -> None:
+        buf, offset = self.buffers[i], 0
+        for p in self.buckets[i]:  # flatten; a parameter with no gradient contributes zeros
+            part = buf[offset: offset + p.numel()]
+            part.copy_(p.grad.view(-1)) if p.grad is not None else part.zero_()
+            offset += p.numel()
+        start = time.perf_counter()
+        ring_all_reduce(buf, check=False)
+        self.comm_s += time.perf_counter() - start
+        offset = 0
+        for p in self.buckets[i]:
+            grad = buf[offset: offset + p.numel()].view_as(p)
+            if p.grad is None:
+                p.grad = grad.to(p.device, copy=True)
+            else:
+                p.grad.copy_(grad)
+            offset += p.numel()
+
+    def finish(self) -> None:
+        """Wait until every bucket of this step is reduced (starting any not yet started)."""
+        self._start_ready(everything=True)
+        for _ in self.buckets:
+            self._done.acquire()
+        self._reset()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._jobs.put(None)
+        self._thread.join(timeout=5)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the default group, or (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

@@ -1,0 +1,241 @@
+"""Data-parallel training of an MLP of Dense layers, gradients averaged by our ring.
+
+Every rank holds the whole model. For each global batch, rank r takes its disjoint shard,
+computes the loss as (sum over its samples) / (global batch size), and runs backward; the
+GradReducer sums the gradients over ranks while backward runs, so every rank steps its
+optimiser with the gradient of the global-batch mean, exactly as one process would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import modes
+from parallel import data as data_mod
+from parallel.reducer import GradReducer, world
+from parallel.ring import ring_all_reduce, ring_broadcast_from_rank0
+
+
+@dataclass
+class Config:
+    mode: str = "py"
+    world_size: int = 2
+    backend: str = "gloo"
+    device: str = "cpu"
+    epochs: int = 5
+    batch_size: int = 128          # global: split across the ranks
+    lr: float = 2e-3
+    hidden: tuple[int, ...] = (128, 128)
+    seed: int = 0
+    data: str = "synthetic"
+    data_dir: str | None = None
+    checkpoint: str | None = None
+    resume: bool = False
+    timeout: float = 120.0
+    overlap: bool = True
+    bucket_kb: int = 256
+    progress: bool = False
+    return_state: bool = False     # tests compare the final weights
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed by this run."""
+
+
+def build_model(features: int, hidden: tuple[int, ...], classes: int, mode: str,
+                device: str = "cpu") -> nn.Sequential:
+    """Dense layers (sigmoid included) of the chosen mode, then a linear classifier head."""
+    layers: list[nn.Module] = []
+    for width in hidden:
+        layers.append(modes.Dense(features, width, mode=mode, device=device))
+        features = width
+    layers.append(nn.Linear(features, classes, device=device))
+    return nn.Sequential(*layers)
+
+
+def load_data(config: Config) -> data_mod.Dataset:
+    if config.data == "synthetic":
+        return data_mod.synthetic(config.seed)
+    if config.data == "mnist":
+        if not config.data_dir:
+            raise data_mod.DataError("--data mnist needs --data-dir, the folder with MNIST's IDX files")
+        return data_mod.mnist(config.data_dir, config.seed)
+    raise ValueError(f"unknown data set {config.data!r}; choose synthetic or mnist")
+
+
+def _model_signature(config: Config, ds: data_mod.Dataset) -> dict:
+    return {"mode": config.mode, "features": ds.features, "hidden": list(config.hidden), "classes": ds.classes}
+
+
+def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, epoch: int, history: list,
+                    signature: dict, config: Config) -> None:
+    """Rank 0 only. Written to a temporary file and renamed, so a crash never leaves half a file."""
+    state = {"format": 1, "signature": signature, "epoch": epoch, "history": history,
+             "model": model.state_dict(), "optimizer": opt.state_dict(),
+             "data_order": {"seed": config.seed, "batch_size": config.batch_size, "next_epoch": epoch},
+             "rng": torch.get_rng_state()}
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str, signature: dict) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"--resume: no checkpoint at {path}") from None
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict) or state.get("format") != 1:
+        raise CheckpointError(f"{path} is not a checkpoint written by this trainer")
+    if state["signature"] != signature:
+        raise CheckpointError(f"{path} was written for a different model: {state['signature']}; "
+                              f"this run builds {signature}")
+    return state
+
+
+def _evaluate(model: nn.Module, split: data_mod.Split, device: str, rank: int, world_size: int) -> float:
+    """Accuracy over the whole split: each rank counts on its shard, the ring adds the counts."""
+    idx = data_mod.shard(torch.arange(len(split)), rank, world_size)
+    with torch.no_grad():
+        pred = model(split.x[idx].to(device)).argmax(1).cpu() if len(idx) else torch.empty(0)
+    counts = torch.tensor([(pred == split.y[idx]).sum().item(), len(idx)], dtype=torch.int64)
+    _all_reduce_staged(counts, device)
+    return counts[0].item() / max(1, counts[1].item())
+
+
+def _all_reduce_staged(t: torch.Tensor, device: str) -> None:
+    """Ring-sum a small CPU tensor, moving it to the GPU and back where the backend is NCCL."""
+    if world()[1] == 1:
+        return
+    if torch.distributed.get_backend() == "nccl":
+        moved = t.to(device)
+        ring_all_reduce(moved)
+        t.copy_(moved.cpu())
+    else:
+        ring_all_reduce(t)
+
+
+def train(config: Config) -> dict:
+    """Run the training loop on this rank (inside a process group, or alone). Returns the
+    history; rank 0 prints one line per epoch and writes the checkpoint."""
+    rank, world_size = world()
+    torch.manual_seed(config.seed)
+    ds = load_data(config)
+    device = config.device
+    model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode, device)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    signature = _model_signature(config, ds)
+    staging = "cpu" if (device != "cpu" and world_size > 1 and torch.distributed.get_backend() == "gloo") else None
+
+    history: list[dict] = []
+    start_epoch = 0
+    if config.resume:
+        state = load_checkpoint(config.checkpoint, signature)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        start_epoch, history = state["epoch"], state["history"]
+        if rank == 0:
+            print(f"resuming from {config.checkpoint} after epoch {start_epoch}", flush=True)
+    if world_size > 1:  # every rank starts from rank 0's weights
+        for p in model.parameters():
+            if staging:
+                host = p.detach().cpu()
+                p.data.copy_(ring_broadcast_from_rank0(host))
+            else:
+                ring_broadcast_from_rank0(p.data)
+    reducer = GradReducer(list(model.parameters()), bucket_bytes=config.bucket_kb * 1024,
+                          overlap=config.overlap, staging_device=staging) if world_size > 1 else None
+
+    train_x, train_y = ds.train.x, ds.train.y
+    try:
+        for epoch in range(start_epoch, config.epochs):
+            started, comm_before = time.perf_counter(), reducer.comm_s if reducer else 0.0
+            batches = data_mod.epoch_batches(len(ds.train), config.batch_size, config.seed, epoch)
+            loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of losses, samples), this rank
+            last_print = 0.0
+            for i, batch in enumerate(batches):
+                idx = data_mod.shard(batch, rank, world_size)
+                logits = model(train_x[idx].to(device))
+                loss = F.cross_entropy(logits, train_y[idx].to(device), reduction="sum")
+                (loss / len(batch)).backward()
+                if reducer:
+                    reducer.finish()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                loss_sum += torch.tensor([loss.item(), len(idx)], dtype=torch.float64)
+                if config.progress and rank == 0 and time.perf_counter() - last_print > 0.2:
+                    last_print = time.perf_counter()
+                    print(f"\r  epoch {epoch + 1}: batch {i + 1}/{len(batches)}", end="", flush=True)
+            elapsed = time.perf_counter() - started
+            _all_reduce_staged(loss_sum, device)
+            record = {"epoch": epoch + 1, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
+                      "accuracy": _evaluate(model, ds.val, device, rank, world_size),
+                      "samples_per_s": len(ds.train) / elapsed,
+                      "comm_s": (reducer.comm_s - comm_before) if reducer else 0.0}
+            history.append(record)
+            if rank == 0:
+                print(("\r" if config.progress else "") +
+                      f"epoch {record['epoch']:>3}/{config.epochs}  loss {record['loss']:.4f}  "
+                      f"val accuracy {100 * record['accuracy']:5.1f}%  {record['samples_per_s']:8.0f} samples/s  "
+                      f"comm {record['comm_s']:.2f} s", flush=True)
+                if config.checkpoint:
+                    save_checkpoint(config.checkpoint, model, opt, epoch + 1, history, signature, config)
+            if config.checkpoint and world_size > 1:
+                torch.distributed.barrier()  # nobody runs ahead of a checkpoint being written
+    finally:
+        if reducer:
+            reducer.close()
+
+    result = {"epochs": history, "final_accuracy": _evaluate(model, ds.test, device, rank, world_size)}
+    if config.return_state:
+        result["state"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return result
+
+
+def report(config: Config, result: dict, backend: str) -> dict:
+    """The JSON record of a run (written by rank 0)."""
+    return {
+        "device": config.device, "torch": torch.__version__, "backend": backend,
+        "world_size": config.world_size,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python distributed.py " + " ".join(sys.argv[1:]),
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()
+                   if k not in ("return_state", "progress")},
+        "epochs": result["epochs"], "final_accuracy": result["final_accuracy"],
+    }
+
+
+def plot(record: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
+    epochs = [e["epoch"] for e in record["epochs"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.2))
+    a.plot(epochs, [e["loss"] for e in record["epochs"]], marker="o")
+    a.set_xlabel("epoch")
+    a.set_ylabel("training loss")
+    b.plot(epochs, [100 * e["accuracy"] for e in record["epochs"]], marker="o", color="tab:green")
+    b.set_xlabel("epoch")
+    b.set_ylabel("validation accuracy (%)")
+    c = record["config"]
+    fig.suptitle(f"{c['data']}, mode {c['mode']}, {record['world_size']} ranks on {record['backend']}; "
+                 f"test accuracy {100 * record['final_accuracy']:.1f}%", fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
