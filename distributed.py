@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank waits for a silent peer")
     p.add_argument("--no-overlap", action="store_true", help="reduce gradients after backward, not during it")
-    p.add_argument("--bucket-kb", type=int, default=256, help="gradient bucket size")
+    p.add_argument("--bucket-kb", type=int, default=25600, help="gradient bucket cap in KiB (DDP's default: 25 MiB)")
     p.add_argument("--json", metavar="PATH", help="write the run (or the benchmark) as JSON")
     p.add_argument("--plot", metavar="PATH", help="draw the loss and accuracy curves (needs matplotlib)")
     p.add_argument("--bench", choices=["allreduce", "step"],

@@ -57,6 +57,7 @@ class GradReducer:
         self._error: BaseException | None = None
         self._jobs: queue.Queue[int | None] = queue.Queue()
         self._done = threading.Semaphore(0)
+        self._threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._serve, name="ring-allreduce", daemon=True)
         self._thread.start()
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
@@ -78,6 +79,9 @@ class GradReducer:
             self._next += 1
 
     def _serve(self) -> None:
+        # OpenMP's thread count is per thread: a new thread would use every core, fighting
+        # the other ranks for them. Give it the training thread's setting.
+        torch.set_num_threads(self._threads)
         while (i := self._jobs.get()) is not None:
             try:
                 if self._error is None:

@@ -43,9 +43,10 @@ class Config:
     resume: bool = False
     timeout: float = 120.0
     overlap: bool = True
-    bucket_kb: int = 256
+    bucket_kb: int = 25600          # DDP's default cap, 25 MiB
     progress: bool = False
     return_state: bool = False     # tests compare the final weights
+    train_limit: int | None = None  # use only the first N training samples (quick runs, tests)
 
 
 class CheckpointError(ValueError):
@@ -65,12 +66,16 @@ def build_model(features: int, hidden: tuple[int, ...], classes: int, mode: str,
 
 def load_data(config: Config) -> data_mod.Dataset:
     if config.data == "synthetic":
-        return data_mod.synthetic(config.seed)
-    if config.data == "mnist":
+        ds = data_mod.synthetic(config.seed)
+    elif config.data == "mnist":
         if not config.data_dir:
             raise data_mod.DataError("--data mnist needs --data-dir, the folder with MNIST's IDX files")
-        return data_mod.mnist(config.data_dir, config.seed)
-    raise ValueError(f"unknown data set {config.data!r}; choose synthetic or mnist")
+        ds = data_mod.mnist(config.data_dir, config.seed)
+    else:
+        raise ValueError(f"unknown data set {config.data!r}; choose synthetic or mnist")
+    if config.train_limit is not None:
+        ds.train = data_mod.Split(ds.train.x[: config.train_limit], ds.train.y[: config.train_limit])
+    return ds
 
 
 def _model_signature(config: Config, ds: data_mod.Dataset) -> dict:
@@ -212,7 +217,7 @@ def report(config: Config, result: dict, backend: str) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python distributed.py " + " ".join(sys.argv[1:]),
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()
-                   if k not in ("return_state", "progress")},
+                   if k not in ("return_state", "progress", "train_limit")},
         "epochs": result["epochs"], "final_accuracy": result["final_accuracy"],
     }
 

@@ -1,0 +1,389 @@
+"""The ring, the launcher, the trainer and distributed.py: several processes on gloo, bounded in time.
+
+Functions that run inside the ranks are top-level, so the spawned processes can import them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from conftest import ROOT, run_script
+
+from parallel import data as data_mod
+from parallel.launch import LaunchError, launch
+from parallel.ring import RingError, ring_all_reduce, ring_broadcast_from_rank0
+from parallel.trainer import CheckpointError, Config, build_model, train
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+QUICK = {"epochs": 2, "batch_size": 60, "hidden": (16,), "train_limit": 600, "return_state": True, "timeout": 60}
+
+
+# ---------------------------------------------------------------------------
+# The ring
+# ---------------------------------------------------------------------------
+
+NUMELS = [0, 1, 3, 7, 1000, 12345]
+
+
+def ring_cases() -> list:
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = []
+    for numel in NUMELS:
+        for dtype in (torch.float32, torch.float64, torch.int64):
+            for op in ("sum", "avg") if dtype != torch.int64 else ("sum",):
+                g = torch.Generator().manual_seed(7919 * rank + numel)
+                t = (torch.randn(numel, generator=g) * 1000).to(dtype)
+                expected = t.clone()
+                dist.all_reduce(expected)
+                if op == "avg":
+                    expected /= n
+                # small segments, so the pipelined path runs with many segments per chunk
+                ring_all_reduce(t, op, segment_bytes=64)
+                out.append((numel, str(dtype), op, t, expected))
+    # a non-contiguous tensor: handled through a contiguous copy, written back in place
+    base = torch.arange(12.0).reshape(3, 4) * (rank + 1)
+    view = base.t()
+    ring_all_reduce(view)
+    out.append(("t()", "float32", "sum", base, torch.arange(12.0).reshape(3, 4) * sum(range(1, n + 1))))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_ring_matches_dist_all_reduce_and_is_identical_on_every_rank(world_size):
+    results = launch(ring_cases, world_size, deadline_s=180)
+    for case in range(len(results[0])):
+        numel, dtype, op, got, expected = results[0][case]
+        if dtype.endswith("int64"):
+            assert torch.equal(got, expected), (numel, dtype, op)
+        else:  # the ring adds in another order than gloo: equal up to rounding
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-3, msg=f"{numel} {dtype} {op}")
+        for other in results[1:]:  # bit-identical across ranks
+            assert other[case][3].numpy().tobytes() == got.numpy().tobytes(), (numel, dtype, op)
+
+
+def mismatched_call(kind: str) -> str:
+    rank = dist.get_rank()
+    t = torch.zeros(10 + rank) if kind == "size" else torch.zeros(10, dtype=[torch.float32, torch.float64][rank % 2])
+    try:
+        ring_all_reduce(t)
+    except RingError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("kind", ["size", "dtype"])
+def test_ranks_that_disagree_all_get_a_clear_error(kind):
+    messages = launch(mismatched_call, 2, (kind,), deadline_s=60)
+    for m in messages:
+        assert "ranks passed different tensors or ops" in m
+        assert "rank 0: numel 10" in m and ("rank 1: numel 11" in m if kind == "size" else "float64" in m)
+
+
+def test_ring_argument_errors_need_no_process_group():
+    with pytest.raises(ValueError, match="op must be one of"):
+        ring_all_reduce(torch.zeros(3), "max")
+    with pytest.raises(TypeError, match="op 'avg' needs a floating-point tensor"):
+        ring_all_reduce(torch.zeros(3, dtype=torch.int64), "avg")
+    with pytest.raises(TypeError, match="needs a torch.Tensor"):
+        ring_all_reduce([1.0, 2.0])
+
+
+def broadcast_case() -> list:
+    t = torch.tensor([-0.0, 1.5, float("inf"), -2.0]) if dist.get_rank() == 0 else torch.randn(4)
+    return ring_broadcast_from_rank0(t).numpy().tobytes()
+
+
+def test_broadcast_is_bit_exact_including_negative_zero():
+    results = launch(broadcast_case, 3, deadline_s=60)
+    assert results[0] == results[1] == results[2] == torch.tensor([-0.0, 1.5, float("inf"), -2.0]).numpy().tobytes()
+
+
+# ---------------------------------------------------------------------------
+# Data: sharding, the data order, IDX files
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size, world_size", [(128, 2), (130, 4), (3, 4), (0, 3)])
+def test_shards_are_disjoint_and_cover_the_batch(size, world_size):
+    batch = torch.randperm(1000)[:size]
+    parts = [data_mod.shard(batch, r, world_size) for r in range(world_size)]
+    assert torch.equal(torch.cat(parts), batch)
+    assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
+
+
+def test_epoch_order_is_deterministic_and_reshuffled_per_epoch():
+    a = data_mod.epoch_batches(100, 32, seed=1, epoch=0)
+    assert [len(b) for b in a] == [32, 32, 32, 4]
+    assert all(torch.equal(x, y) for x, y in zip(a, data_mod.epoch_batches(100, 32, seed=1, epoch=0)))
+    assert not torch.equal(torch.cat(a), torch.cat(data_mod.epoch_batches(100, 32, seed=1, epoch=1)))
+    assert torch.equal(torch.cat(a).sort().values, torch.arange(100))
+
+
+def test_synthetic_data_is_deterministic_and_balanced():
+    a, b = data_mod.synthetic(3), data_mod.synthetic(3)
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
+    assert not torch.equal(a.train.x, data_mod.synthetic(4).train.x)
+    counts = torch.bincount(a.train.y, minlength=10)
+    assert a.classes == 10 and counts.min() > 0.7 * counts.float().mean()
+
+
+def write_idx(path: Path, array: torch.Tensor, magic_type: int = 0x08, compress: bool = False) -> None:
+    header = bytes([0, 0, magic_type, array.dim()]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    raw = header + array.to(torch.uint8).numpy().tobytes()
+    path.write_bytes(gzip.compress(raw) if compress else raw)
+
+
+def make_mnist(folder: Path, n_train: int = 120, n_test: int = 40, shape=(6, 5), compress: bool = False) -> None:
+    g = torch.Generator().manual_seed(0)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        labels = torch.randint(0, 10, (n,), generator=g)
+        # the label is written into the image, so the task is learnable
+        images = torch.randint(0, 50, (n, *shape), generator=g)
+        images[:, 0, :] = (labels * 25).unsqueeze(1)
+        suffix = ".gz" if compress else ""
+        write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", images, compress=compress)
+        write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", labels, compress=compress)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_mnist_reader_any_image_size(tmp_path, compress):
+    make_mnist(tmp_path, compress=compress)
+    ds = data_mod.mnist(tmp_path)
+    assert ds.features == 30 and len(ds.test) == 40 and len(ds.train) + len(ds.val) == 120
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda p: p.write_bytes(b"\x00\x00\x08\x03" + p.read_bytes()[4:-7]), "file has"),          # truncated
+    (lambda p: p.write_bytes(b"\x12\x34" + p.read_bytes()[2:]), "bad magic number"),
+    (lambda p: p.write_bytes(p.read_bytes()[:2] + b"\x0d" + p.read_bytes()[3:]), "value type 0x0d"),
+    (lambda p: p.write_bytes(b""), "empty file"),
+    (lambda p: p.unlink(), "not found"),
+])
+def test_corrupt_idx_files_name_the_file(tmp_path, damage, message):
+    make_mnist(tmp_path)
+    target = tmp_path / "train-images-idx3-ubyte"
+    damage(target)
+    with pytest.raises(data_mod.DataError, match=message) as err:
+        data_mod.mnist(tmp_path)
+    assert "train-images-idx3-ubyte" in str(err.value)
+
+
+def test_image_and_label_counts_must_agree(tmp_path):
+    make_mnist(tmp_path)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", torch.zeros(39))
+    with pytest.raises(data_mod.DataError, match="holds 40 images but .*t10k-labels-idx1-ubyte holds 39 labels"):
+        data_mod.mnist(tmp_path)
+
+
+def test_bad_gzip_is_a_data_error(tmp_path):
+    make_mnist(tmp_path, compress=True)
+    (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(data_mod.DataError, match="t10k-images-idx3-ubyte.gz: cannot read it"):
+        data_mod.mnist(tmp_path)
+
+
+# ---------------------------------------------------------------------------
+# Training: the same weights as one process, as DDP, with or without overlap
+# ---------------------------------------------------------------------------
+
+def ddp_train(config: Config) -> dict:
+    """The reference: torch's DistributedDataParallel on the same data order and shards."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(config.seed)
+    ds = data_mod.synthetic(config.seed)
+    x, y = ds.train.x[: config.train_limit], ds.train.y[: config.train_limit]
+    model = build_model(ds.features, config.hidden, ds.classes, config.mode)
+    ddp = DistributedDataParallel(model)
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    for epoch in range(config.epochs):
+        for batch in data_mod.epoch_batches(len(x), config.batch_size, config.seed, epoch):
+            idx = data_mod.shard(batch, rank, n)
+            F.cross_entropy(ddp(x[idx]), y[idx]).backward()  # equal shards: DDP's mean is the global mean
+            opt.step()
+            opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same_weights(a: dict, b: dict, exact: bool = False) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["py", "cpp"])
+def test_data_parallel_matches_one_process_and_ddp(mode):
+    single = train(Config(mode=mode, world_size=1, **QUICK))["state"]
+    ours = {}
+    for world_size in (2, 3):
+        ranks = launch(train, world_size, (Config(mode=mode, world_size=world_size, **QUICK),), deadline_s=240)
+        for r in ranks[1:]:
+            assert_same_weights(r["state"], ranks[0]["state"], exact=True)  # identical on every rank
+        assert_same_weights(ranks[0]["state"], single)
+        ours[world_size] = ranks[0]["state"]
+    ddp = launch(ddp_train, 2, (Config(mode=mode, world_size=2, **QUICK),), deadline_s=240)
+    assert_same_weights(ours[2], ddp[0])
+
+
+@pytest.mark.slow
+def test_overlap_and_small_buckets_change_nothing_but_speed():
+    base = launch(train, 2, (Config(**QUICK),), deadline_s=240)[0]["state"]
+    other = launch(train, 2, (Config(overlap=False, bucket_kb=1, **QUICK),), deadline_s=240)[0]["state"]
+    assert_same_weights(base, other, exact=True)
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_interrupted_and_resumed_run_ends_with_exactly_the_same_weights(tmp_path):
+    ckpt = str(tmp_path / "ckpt.pt")
+    straight = launch(train, 2, (Config(**{**QUICK, "epochs": 3}),), deadline_s=240)[0]
+    launch(train, 2, (Config(checkpoint=ckpt, **{**QUICK, "epochs": 1}),), deadline_s=240)
+    assert not list(tmp_path.glob("*.tmp*")), "a temporary checkpoint file was left behind"
+    resumed = launch(train, 2, (Config(checkpoint=ckpt, resume=True, **{**QUICK, "epochs": 3}),), deadline_s=240)[0]
+    assert_same_weights(resumed["state"], straight["state"], exact=True)
+    assert [e["epoch"] for e in resumed["epochs"]] == [1, 2, 3]
+    for a, b in zip(resumed["epochs"], straight["epochs"]):
+        assert (a["loss"], a["accuracy"]) == (b["loss"], b["accuracy"])
+    state = torch.load(ckpt, weights_only=True)
+    assert state["epoch"] == 3 and set(state) >= {"model", "optimizer", "epoch", "data_order", "rng"}
+
+
+def test_checkpoint_of_another_model_or_garbage_is_a_clear_error(tmp_path):
+    ckpt = str(tmp_path / "ckpt.pt")
+    train(Config(world_size=1, checkpoint=ckpt, **{**QUICK, "epochs": 1}))
+    with pytest.raises(CheckpointError, match="different model"):
+        train(Config(world_size=1, checkpoint=ckpt, resume=True, **{**QUICK, "hidden": (8,)}))
+    with pytest.raises(CheckpointError, match="different model"):
+        train(Config(world_size=1, checkpoint=ckpt, resume=True, mode="cpp", **QUICK))
+    Path(ckpt).write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        train(Config(world_size=1, checkpoint=ckpt, resume=True, **QUICK))
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        train(Config(world_size=1, checkpoint=str(tmp_path / "absent.pt"), resume=True, **QUICK))
+
+
+# ---------------------------------------------------------------------------
+# Faults: a dead peer and a hung peer end the run with a clear error, within the timeout
+# ---------------------------------------------------------------------------
+
+def train_with_fault(config: Config, fault: str) -> dict:
+    if dist.get_rank() == 1:
+        def strike() -> None:
+            time.sleep(1.0)
+            if fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:  # hang: stop this rank dead without closing its connections
+                os.kill(os.getpid(), signal.SIGSTOP)
+        threading.Thread(target=strike, daemon=True).start()
+    return train(config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["kill", "hang"])
+def test_a_failed_peer_stops_the_run_with_a_clear_error(fault):
+    config = Config(**{**QUICK, "epochs": 1000, "train_limit": None, "timeout": 8})
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launch(train_with_fault, 2, (config, fault), timeout_s=config.timeout, deadline_s=120)
+    elapsed = time.monotonic() - started
+    message = str(err.value)
+    assert "rank 0:" in message and "rank 1:" in message
+    if fault == "kill":
+        assert "rank 1: killed by SIGKILL" in message
+    assert elapsed < 60, f"took {elapsed:.0f} s to notice"
+
+
+# ---------------------------------------------------------------------------
+# distributed.py as a user runs it
+# ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_default_run_learns_and_writes_json_and_plot(tmp_path):
+    out = tmp_path / "run.json"
+    args = ["distributed.py", "-m", "py", "--json", str(out)]
+    plotting = __import__("importlib").util.find_spec("matplotlib") is not None
+    if plotting:
+        args += ["--plot", str(tmp_path / "run.png")]
+    started = time.monotonic()
+    result = run_script(*args, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.monotonic() - started < 120
+    lines = [line for line in result.stdout.splitlines() if line.startswith("epoch")]
+    assert len(lines) == 5 and "samples/s" in lines[0] and "comm" in lines[0]
+    record = json.loads(out.read_text())
+    assert record["final_accuracy"] > 0.8  # chance is 0.1
+    assert [e["epoch"] for e in record["epochs"]] == [1, 2, 3, 4, 5]
+    assert {"loss", "accuracy", "samples_per_s", "comm_s"} <= record["epochs"][0].keys()
+    if plotting:
+        assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_mnist_from_idx_files(tmp_path):
+    make_mnist(tmp_path, n_train=600, n_test=100, compress=True)
+    result = run_script("distributed.py", "--data", "mnist", "--data-dir", str(tmp_path), "--epochs", "2",
+                        "--batch-size", "50", "--hidden", "16", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test accuracy" in result.stdout
+
+
+def test_cli_errors_exit_non_zero_with_the_reason(tmp_path):
+    result = run_script("distributed.py", "--data", "mnist", "--data-dir", str(tmp_path), "--world-size", "1",
+                        timeout=120)
+    assert result.returncode == 1 and "not found" in result.stderr and "nothing is downloaded" in result.stderr
+    result = run_script("distributed.py", "--resume", timeout=60)
+    assert result.returncode != 0 and "--resume needs --checkpoint" in result.stderr
+    result = run_script("distributed.py", "--hidden", "a,b", timeout=60)
+    assert result.returncode == 2 and "--hidden takes widths" in result.stderr
+    assert "Examples:" in run_script("distributed.py", "--help").stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_on_loopback(tmp_path):
+    """torchrun --nnodes 2: each "node" is a torchrun on this machine; a taken port is retried."""
+    for attempt in range(3):
+        port = _free_port()
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+             "distributed.py", "-m", "py", "--epochs", "1", "--json", str(tmp_path / f"node{node}.json")],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+        try:
+            outputs = [p.communicate(timeout=240)[0] for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        if all(p.returncode == 0 for p in procs):
+            break
+        if "address already in use" not in "".join(outputs).lower():
+            pytest.fail("torchrun failed:\n" + "\n".join(o[-2000:] for o in outputs))
+    record = json.loads((tmp_path / "node0.json").read_text())
+    assert record["world_size"] == 2 and record["final_accuracy"] > 0.3
+    assert not (tmp_path / "node1.json").exists()  # only global rank 0 writes
