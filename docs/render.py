@@ -29,8 +29,9 @@ MARK = re.compile(r"(<!-- (\w+): (\S+) -->\n)(.*?)(<!-- end \2 -->)", re.S)
 def renderers() -> dict[str, Callable[[dict], str]]:
     """Marker kind -> function from a JSON record to Markdown. Stages add their own."""
     import benchmark
+    from parallel import bench, trainer
 
-    return {"table": benchmark.table}
+    return {"table": benchmark.table, "run": trainer.table, **bench.RENDERERS}
 
 
 def render(text: str) -> str:

@@ -222,6 +222,19 @@ def report(config: Config, result: dict, backend: str) -> dict:
     }
 
 
+def table(record: dict) -> str:
+    """A Markdown table of a run's JSON record (docs/render.py puts it into the READMEs)."""
+    rows = ["| epoch | training loss | validation accuracy | samples/s | communication s |", "|---:|---:|---:|---:|---:|"]
+    for e in record["epochs"]:
+        rows.append(f"| {e['epoch']} | {e['loss']:.4f} | {100 * e['accuracy']:.1f}% | {e['samples_per_s']:.0f} "
+                    f"| {e['comm_s']:.2f} |")
+    c = record["config"]
+    rows.append(f"\nTest accuracy {100 * record['final_accuracy']:.1f}%. {c['data']} data, mode {c['mode']}, hidden "
+                f"{c['hidden']}, global batch {c['batch_size']}, {record['world_size']} ranks on {record['backend']}, "
+                f"torch {record['torch']}, {record['date']}: `{record['command']}`")
+    return "\n".join(rows)
+
+
 def plot(record: dict, path: str) -> None:
     try:
         import matplotlib
