@@ -35,7 +35,8 @@ def parse_hidden(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(s) for s in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--hidden takes widths separated by commas, e.g. 128,128; got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--hidden takes widths separated by commas, e.g. 128,128; got {text!r}") from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"every hidden width must be at least 1, got {text!r}")
     return sizes

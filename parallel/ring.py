@@ -57,6 +57,14 @@ def _exchange(send: Tensor | None, recv: Tensor | None, right: int, left: int,
     return dist.batch_isend_irecv(ops) if ops else []
 
 
+def _post_segment(k: int, send: list[Tensor], recv: list[Tensor], buffers: list[Tensor], right: int, left: int,
+                  group: dist.ProcessGroup | None) -> list:
+    """Post segment k of a reduce-scatter step; it lands in buffer k mod DEPTH."""
+    s = send[k] if k < len(send) else None
+    r = buffers[k % DEPTH][: recv[k].numel()] if k < len(recv) else None
+    return _exchange(s, r, right, left, group)
+
+
 def _wait(requests: list) -> None:
     for req in requests:
         req.wait()
@@ -125,20 +133,12 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
         send = segments(chunks[(rank - step) % size])
         recv = segments(chunks[(rank - step - 1) % size])
         n_seg = max(len(send), len(recv))
-
-        def post(k: int) -> list:
-            if k >= n_seg:
-                return []
-            s = send[k] if k < len(send) else None
-            r = buffers[k % DEPTH][: recv[k].numel()] if k < len(recv) else None
-            return _exchange(s, r, right, left, group)
-
-        in_flight = [post(k) for k in range(DEPTH)]
+        in_flight = [_post_segment(k, send, recv, buffers, right, left, group) for k in range(DEPTH)]
         for k in range(n_seg):
             _wait(in_flight[k % DEPTH])
             if k < len(recv):
                 recv[k].add_(buffers[k % DEPTH][: recv[k].numel()])
-            in_flight[k % DEPTH] = post(k + DEPTH)
+            in_flight[k % DEPTH] = _post_segment(k + DEPTH, send, recv, buffers, right, left, group)
 
     owned = chunks[(rank + 1) % size]
     if op == "avg":

@@ -224,7 +224,8 @@ def report(config: Config, result: dict, backend: str) -> dict:
 
 def table(record: dict) -> str:
     """A Markdown table of a run's JSON record (docs/render.py puts it into the READMEs)."""
-    rows = ["| epoch | training loss | validation accuracy | samples/s | communication s |", "|---:|---:|---:|---:|---:|"]
+    rows = ["| epoch | training loss | validation accuracy | samples/s | communication s |",
+            "|---:|---:|---:|---:|---:|"]
     for e in record["epochs"]:
         rows.append(f"| {e['epoch']} | {e['loss']:.4f} | {100 * e['accuracy']:.1f}% | {e['samples_per_s']:.0f} "
                     f"| {e['comm_s']:.2f} |")

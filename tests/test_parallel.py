@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from conftest import ROOT, run_script
 
+from conftest import ROOT, run_script
 from parallel import data as data_mod
 from parallel.launch import LaunchError, launch
 from parallel.ring import RingError, ring_all_reduce, ring_broadcast_from_rank0
@@ -368,7 +368,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_two_torchrun_nodes_on_loopback(tmp_path):
     """torchrun --nnodes 2: each "node" is a torchrun on this machine; a taken port is retried."""
-    for attempt in range(3):
+    for _attempt in range(3):
         port = _free_port()
         procs = [subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
