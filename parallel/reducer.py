@@ -82,6 +82,8 @@ class GradReducer:
         # OpenMP's thread count is per thread: a new thread would use every core, fighting
         # the other ranks for them. Give it the training thread's setting.
         torch.set_num_threads(self._threads)
+        if self.buffers and self.buffers[0].is_cuda:  # the current device is per thread too
+            torch.cuda.set_device(self.buffers[0].device)
         while (i := self._jobs.get()) is not None:
             try:
                 if self._error is None:
