@@ -28,9 +28,17 @@ using dense_kernels::Tiles;
 // to a double (extension-cpp issue #27) is exactly what gradcheck catches too late.
 // ---------------------------------------------------------------------------------------
 
-// Not inlined, so that the PTX holds exactly one copy of each to hand-edit (ptx/README.md).
-__device__ __noinline__ float sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
-__device__ __noinline__ double sigmoid(double z) { return 1.0 / (1.0 + exp(-z)); }
+}  // namespace
+
+// Not inlined, and with C names, so that the PTX holds exactly one copy of each, easy to find
+// and to hand-edit (ptx/README.md). 1/(1 + e^-z) has no NaN: e^-z saturates to 0 or to inf.
+extern "C" __device__ __noinline__ float dense_sigmoid_f32(float z) { return 1.0f / (1.0f + expf(-z)); }
+extern "C" __device__ __noinline__ double dense_sigmoid_f64(double z) { return 1.0 / (1.0 + exp(-z)); }
+
+namespace {
+
+__device__ __forceinline__ float sigmoid(float z) { return dense_sigmoid_f32(z); }
+__device__ __forceinline__ double sigmoid(double z) { return dense_sigmoid_f64(z); }
 
 // Operand access for the three layouts (see dense_kernels.h). TA: A is stored K×M;
 // TB: B is stored N×K. Indices are int64: 4096² elements overflow nothing, larger may.
@@ -234,14 +242,13 @@ __device__ void sigmoid_grad(const T* g, const T* y, T* dz, T* db, int64_t rows,
       const int64_t at = r * cols + c0;
       // CPT adjacent columns, CPT scalar loads: the compiler cannot prove 16-byte alignment,
       // so it will not fuse them. The PTX stage does (ld.global.v4.f32).
+      // (CPT > 1 needs cols % CPT == 0: then a group that starts inside a row ends inside it.)
 #pragma unroll
       for (int j = 0; j < CPT; ++j) {
-        if (CPT == 1 || c0 + j < cols) {
-          const T yv = y[at + j];
-          const T d = g[at + j] * yv * (T(1) - yv);
-          dz[at + j] = d;
-          sum[j] += d;
-        }
+        const T yv = y[at + j];
+        const T d = g[at + j] * yv * (T(1) - yv);
+        dz[at + j] = d;
+        sum[j] += d;
       }
     }
   }

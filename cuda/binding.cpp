@@ -1,0 +1,58 @@
+// Stage 3's binding: registers the kernels of dense_kernels.cu as dense_cuda::forward/backward,
+// the same schema as stage 2, plus dense_cuda::select_kernel to pick the GEMM version.
+//
+// Build and check (on a GPU machine):  python grad_check.py cuda --device cuda
+// Ahead of time:                        pip install --no-build-isolation .
+#include "dense_ops.h"
+
+namespace {
+
+int g_version = dense_kernels::kDefaultVersion;
+
+class RuntimeKernels final : public dense::Kernels {
+ public:
+  void gemm(int version, const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
+            const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue, cudaStream_t stream) override {
+    C10_CUDA_CHECK(static_cast<cudaError_t>(dense_kernels::launch_gemm(
+        version, layout, static_cast<int>(A.element_size()), A.const_data_ptr(), B.const_data_ptr(),
+        C.mutable_data_ptr(), bias ? bias->const_data_ptr() : nullptr, M, N, K, epilogue, stream)));
+  }
+  void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
+                    int64_t cols, cudaStream_t stream) override {
+    C10_CUDA_CHECK(static_cast<cudaError_t>(dense_kernels::launch_sigmoid_grad(
+        static_cast<int>(g.element_size()), /*x4=*/false, g.const_data_ptr(), y.const_data_ptr(),
+        dz.mutable_data_ptr(), db ? db->mutable_data_ptr() : nullptr, rows, cols, stream)));
+  }
+};
+
+RuntimeKernels g_kernels;
+
+at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return dense::gpu_forward(g_kernels, g_version, x, weight, bias, "cuda");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& x,
+                                                        const at::Tensor& weight, const at::Tensor& out,
+                                                        std::array<bool, 3> output_mask) {
+  return dense::gpu_backward(g_kernels, g_version, grad_out, x, weight, out, output_mask, "cuda");
+}
+
+int64_t select_kernel(int64_t version) {
+  const int previous = g_version;
+  g_version = dense::check_version(version);
+  return previous;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(dense_cuda, m) {
+  dense::define_ops(m);
+  m.def("select_kernel(int version) -> int", &select_kernel);
+}
+
+TORCH_LIBRARY_IMPL(dense_cuda, CUDA, m) {
+  m.impl("forward", &forward);
+  m.impl("backward", &backward);
+}
+
+DENSE_PYTHON_MODULE(dense_cuda_ext)

@@ -1,0 +1,92 @@
+// The two ops of the GPU stages, written once: the CUDA stage (cuda/binding.cpp) launches the
+// kernels through the runtime API, the PTX stage (ptx/loader.cpp) through the driver API, and
+// both hand this code a `Kernels` that knows how.
+//
+// Built with either stage, on a machine with a CUDA build of torch:  python grad_check.py cuda
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "dense_common.h"
+#include "dense_kernels.h"
+
+namespace dense {
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  // C[M×N] = op(A) op(B) (+ epilogue), layouts and epilogues as in dense_kernels.h.
+  virtual void gemm(int version, const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
+                    const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue,
+                    cudaStream_t stream) = 0;
+  // dz = g · y · (1 − y); db = Σ_rows dz when db is given.
+  virtual void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db,
+                            int64_t rows, int64_t cols, cudaStream_t stream) = 0;
+};
+
+inline void check_cuda(const at::Tensor& x, const char* stage) {
+  TORCH_CHECK_VALUE(x.is_cuda(), "the ", stage, " stage runs on CUDA tensors; x is on ", x.device());
+}
+
+inline at::Tensor gpu_forward(Kernels& k, int version, const at::Tensor& x, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias, const char* stage) {
+  check_inputs(x, weight, bias);
+  check_cuda(x, stage);
+  const c10::cuda::CUDAGuard guard(x.device());
+  // The kernels read plain row-major memory: a transposed view is copied once here.
+  const at::Tensor x2 = x.reshape({-1, weight.size(1)}).contiguous();
+  const at::Tensor w = weight.contiguous();
+  const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
+  const int64_t M = x2.size(0), N = w.size(0), K = w.size(1);
+  at::Tensor out = at::empty({M, N}, x.options());
+  if (M > 0 && N > 0) {
+    k.gemm(version, "nt", x2, w, out, b.defined() ? &b : nullptr, M, N, K, dense_kernels::kBiasSigmoid,
+           at::cuda::getCurrentCUDAStream());
+  }
+  return out.view(out_shape(x, weight));
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, int version, const at::Tensor& grad_out,
+                                                                   const at::Tensor& x, const at::Tensor& weight,
+                                                                   const at::Tensor& out,
+                                                                   std::array<bool, 3> output_mask,
+                                                                   const char* stage) {
+  check_inputs(x, weight, std::nullopt);
+  check_cuda(x, stage);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t in_f = weight.size(1), out_f = weight.size(0);
+  const at::Tensor g = grad_out.reshape({-1, out_f}).contiguous();  // may be a broadcast view
+  const at::Tensor y = out.reshape({-1, out_f}).contiguous();
+  TORCH_CHECK_VALUE(g.sizes() == y.sizes(), "grad_out has shape ", grad_out.sizes(), " but the output had shape ",
+                    out.sizes());
+  const int64_t rows = y.size(0);
+  at::Tensor dz = at::empty_like(y);
+  at::Tensor grad_b = output_mask[2] ? at::empty({out_f}, y.options()) : unused(y);
+  if (out_f > 0) k.sigmoid_grad(g, y, dz, output_mask[2] ? &grad_b : nullptr, rows, out_f, stream);
+
+  const at::Tensor w = weight.contiguous();
+  at::Tensor grad_x = unused(x), grad_w = unused(x);
+  if (output_mask[0]) {  // dx[rows×in] = dz[rows×out] · W[out×in]
+    grad_x = at::empty({rows, in_f}, x.options());
+    if (rows > 0 && in_f > 0) k.gemm(version, "nn", dz, w, grad_x, nullptr, rows, in_f, out_f, dense_kernels::kPlain, stream);
+    grad_x = grad_x.view(x.sizes());
+  }
+  if (output_mask[1]) {  // dW[out×in] = dzᵀ[out×rows] · x[rows×in]; rows = 0 gives zeros
+    const at::Tensor x2 = x.reshape({-1, in_f}).contiguous();
+    grad_w = at::empty({out_f, in_f}, x.options());
+    if (out_f > 0 && in_f > 0) k.gemm(version, "tn", dz, x2, grad_w, nullptr, out_f, in_f, rows, dense_kernels::kPlain, stream);
+  }
+  return {grad_x, grad_w, grad_b};
+}
+
+// Which GEMM version the ops use: 0 picks by shape (dense_kernels::choose_version).
+inline int check_version(int64_t version) {
+  TORCH_CHECK_VALUE(version >= 0 && version <= dense_kernels::kVersions, "kernel version must be 0 (automatic) to ",
+                    dense_kernels::kVersions, ", got ", version);
+  return static_cast<int>(version);
+}
+
+}  // namespace dense
