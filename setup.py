@@ -31,7 +31,7 @@ if torch.version.cuda is not None and CUDA_HOME is not None:
             extra_link_args=LD_FLAGS))
     if (ROOT / "ptx" / "loader.cpp").exists():
         ext_modules.append(CUDAExtension(
-            "dense_ptx_ext", ["ptx/loader.cpp"], include_dirs=[str(ROOT / "cpp")],
+            "dense_ptx_ext", ["ptx/loader.cpp"], include_dirs=[str(ROOT / "cpp"), str(ROOT / "cuda")],
             extra_compile_args={"cxx": CXX_FLAGS}, extra_link_args=LD_FLAGS, libraries=["cuda"]))
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": BuildExtension})

@@ -1,0 +1,142 @@
+// Stage 4's loader: JIT-loads hand-edited PTX with the CUDA driver API and registers its kernels
+// as dense_ptx::forward/backward (the same schema as stages 2 and 3).
+//
+// Build and check (on a GPU machine):  python grad_check.py ptx --device cuda
+// Ahead of time:                        pip install --no-build-isolation .   (links -lcuda)
+#include <cuda.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dense_ops.h"
+
+namespace {
+
+void check_driver(CUresult result, const char* what) {
+  if (result == CUDA_SUCCESS) return;
+  const char* name = nullptr;
+  const char* text = nullptr;
+  cuGetErrorName(result, &name);
+  cuGetErrorString(result, &text);
+  TORCH_CHECK(false, what, " failed: ", name ? name : "?", " (", text ? text : "no description", ")");
+}
+
+// One module per device: a CUmodule belongs to the context it was loaded in.
+class DriverKernels final : public dense::Kernels {
+ public:
+  void set_ptx(std::string ptx) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [device, module] : modules_) cuModuleUnload(module.handle);
+    modules_.clear();
+    ptx_ = std::move(ptx);
+  }
+
+  void gemm(int version, const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
+            const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue, cudaStream_t stream) override {
+    const int bytes = static_cast<int>(A.element_size());
+    if (version == 0) version = dense_kernels::choose_version(M, N);
+    const auto geo = dense_kernels::gemm_geometry(version, bytes, M, N);
+    CUdeviceptr a = ptr(A), b = ptr(B), c = ptr(C), bi = bias ? ptr(*bias) : 0;
+    void* args[] = {&a, &b, &c, &bi, &M, &N, &K, &epilogue};
+    launch(dense_kernels::gemm_name(version, layout, bytes), geo, args, stream);
+  }
+
+  void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
+                    int64_t cols, cudaStream_t stream) override {
+    const int bytes = static_cast<int>(g.element_size());
+    // The 128-bit kernel needs whole, aligned groups of 4 floats in every row.
+    const bool x4 = bytes == 4 && cols % 4 == 0 && aligned(g) && aligned(y) && aligned(dz);
+    const auto geo = dense_kernels::sigmoid_grad_geometry(cols, x4 ? 4 : 1);
+    CUdeviceptr gp = ptr(g), yp = ptr(y), dzp = ptr(dz), dbp = db ? ptr(*db) : 0;
+    void* args[] = {&gp, &yp, &dzp, &dbp, &rows, &cols};
+    launch(dense_kernels::sigmoid_grad_name(bytes, x4), geo, args, stream);
+  }
+
+ private:
+  struct Module {
+    CUmodule handle = nullptr;
+    std::unordered_map<std::string, CUfunction> functions;
+  };
+
+  static CUdeviceptr ptr(const at::Tensor& t) { return reinterpret_cast<CUdeviceptr>(t.const_data_ptr()); }
+  static bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
+
+  CUfunction function(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!ptx_.empty(), "dense_ptx: no PTX loaded; call torch.ops.dense_ptx.load_ptx first");
+    int device = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    Module& module = modules_[device];
+    if (module.handle == nullptr) {
+      // torch made the device's primary context current; load into that one.
+      C10_CUDA_CHECK(cudaFree(nullptr));
+      std::vector<char> log(1 << 16, '\0');
+      CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+      void* values[] = {log.data(), reinterpret_cast<void*>(log.size())};
+      const CUresult result = cuModuleLoadDataEx(&module.handle, ptx_.c_str(), 2, options, values);
+      if (result != CUDA_SUCCESS) {
+        modules_.erase(device);
+        const char* name = nullptr;
+        cuGetErrorName(result, &name);
+        TORCH_CHECK(false, "the PTX did not load (", name ? name : "?", "); the JIT compiler said:\n", log.data());
+      }
+    }
+    auto found = module.functions.find(name);
+    if (found != module.functions.end()) return found->second;
+    CUfunction fn = nullptr;
+    const CUresult result = cuModuleGetFunction(&fn, module.handle, name.c_str());
+    TORCH_CHECK(result == CUDA_SUCCESS, "the PTX has no kernel named ", name, " (edited away or renamed?)");
+    module.functions.emplace(name, fn);
+    return fn;
+  }
+
+  void launch(const std::string& name, const dense_kernels::Geometry& geo, void** args, cudaStream_t stream) {
+    CUfunction fn = function(name);
+    // torch's current stream, so the kernel is ordered with torch's own work (and graphs).
+    check_driver(cuLaunchKernel(fn, geo.grid.x, geo.grid.y, geo.grid.z, geo.block.x, geo.block.y, geo.block.z,
+                                0, reinterpret_cast<CUstream>(stream), args, nullptr),
+                 ("launching " + name).c_str());
+  }
+
+  std::mutex mutex_;
+  std::string ptx_;
+  std::unordered_map<int, Module> modules_;
+};
+
+DriverKernels g_kernels;
+int g_version = dense_kernels::kDefaultVersion;
+
+void load_ptx(std::string ptx) { g_kernels.set_ptx(std::move(ptx)); }
+
+at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return dense::gpu_forward(g_kernels, g_version, x, weight, bias, "ptx");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& x,
+                                                        const at::Tensor& weight, const at::Tensor& out,
+                                                        std::array<bool, 3> output_mask) {
+  return dense::gpu_backward(g_kernels, g_version, grad_out, x, weight, out, output_mask, "ptx");
+}
+
+int64_t select_kernel(int64_t version) {
+  const int previous = g_version;
+  g_version = dense::check_version(version);
+  return previous;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(dense_ptx, m) {
+  dense::define_ops(m);
+  m.def("select_kernel(int version) -> int", &select_kernel);
+  m.def("load_ptx(str ptx) -> ()", &load_ptx);
+}
+
+TORCH_LIBRARY_IMPL(dense_ptx, CUDA, m) {
+  m.impl("forward", &forward);
+  m.impl("backward", &backward);
+}
+
+DENSE_PYTHON_MODULE(dense_ptx_ext)
