@@ -14,6 +14,8 @@ Examples:
   python benchmark.py -m cpp -b 1024 -i 1024 -o 1024 --json docs/results/cpu_1024.json
   python benchmark.py -m all --compile --plot docs/results/cpu_1024.png
   python benchmark.py -m py --dtype float64 --rounds 5
+  python benchmark.py -m cuda --device cuda -b 4096 -i 4096 -o 4096 --kernel 3
+  python benchmark.py -m ptx --device cuda --ptx compiler      # the compiler's PTX, to measure the edits
 """
 
 from __future__ import annotations
@@ -220,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the reference")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved samples per variant")
+    parser.add_argument("--kernel", type=int, choices=range(5), metavar="N",
+                        help="GEMM version of the cuda and ptx modes (0 automatic, 1-4; see cuda/README.md)")
+    parser.add_argument("--ptx", choices=["edited", "compiler"], default="edited",
+                        help="ptx mode: the hand-edited PTX, or the compiler's own (bash ptx/regen.sh)")
     parser.add_argument("--json", metavar="PATH", help="write the results as one JSON object")
     parser.add_argument("--plot", metavar="PATH", help="draw a bar chart PNG (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -240,9 +246,21 @@ def main(argv: list[str] | None = None) -> int:
     else:
         selected = [args.mode]
 
+    gpu_stages = [m for m in selected if m in ("cuda", "ptx")]
+    if (args.kernel is not None or args.ptx != "edited") and not gpu_stages:
+        parser.error("--kernel and --ptx apply to the cuda and ptx modes, and neither is selected or available")
+    for m in gpu_stages:
+        if args.kernel is not None:
+            modes.stage(m).select_kernel(args.kernel)
+    if "ptx" in gpu_stages and args.ptx == "compiler":
+        modes.stage("ptx").load_ptx(modes.stage("ptx").GENERATED)
+    # A float32 benchmark means float32 GEMMs: TF32 would make the reference 8x faster and less exact.
+    torch.backends.cuda.matmul.allow_tf32 = False
+
     variants = ["reference"] + (["compile"] if args.compile else []) + selected
     record = run(variants, args.batch, args.in_features, args.out_features, args.device,
                  getattr(torch, args.dtype), args.rounds)
+    record.update(kernel=args.kernel if args.kernel is not None else 0, ptx=args.ptx, tf32=False)
     print(table(record))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,184 @@
+"""Stages cuda and ptx on a GPU: every kernel version, opcheck, torch.compile, streams, the PTX
+edits' error bound, the loader's errors. (tests/test_dense.py runs the shared semantics on them too.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import GPU, NO_GPU, REASONS, run_script
+
+import modes
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=NO_GPU)]
+STAGES = [pytest.param(m, marks=pytest.mark.skipif(REASONS[m] is not None, reason=f"mode {m}: {REASONS[m]}"))
+          for m in ("cuda", "ptx")]
+VERSIONS = [0, 1, 2, 3, 4]
+SHAPES = [((1, 1), 1), ((127, 131), 129), ((0, 16), 8), ((2, 3, 64), 96), ((32, 256), 256)]
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    """The reference must be a true float32 GEMM, or it is the reference that is off."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def version(mode: str, v: int):
+    stage = modes.stage(mode)
+
+    class Selected:
+        def __enter__(self):
+            self.previous = stage.select_kernel(v)
+
+        def __exit__(self, *exc):
+            stage.select_kernel(self.previous)
+
+    return Selected()
+
+
+def check_against_reference(mode, shape_x, out_f, dtype, atol, rtol):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(shape_x, device="cuda", dtype=dtype, generator=g, requires_grad=True)
+    w = torch.randn(out_f, shape_x[-1], device="cuda", dtype=dtype, generator=g, requires_grad=True)
+    b = torch.randn(out_f, device="cuda", dtype=dtype, generator=g, requires_grad=True)
+    grad = torch.randn(*shape_x[:-1], out_f, device="cuda", dtype=dtype, generator=g)
+    y = modes.dense(mode)(x, w, b)
+    ours = [y, *torch.autograd.grad(y, (x, w, b), grad)]
+    y_ref = torch.sigmoid(F.linear(x, w, b))
+    ref = [y_ref, *torch.autograd.grad(y_ref, (x, w, b), grad)]
+    for a, r, name in zip(ours, ref, ("y", "grad x", "grad weight", "grad bias")):
+        scale = max(1.0, r.abs().max().item()) if r.numel() else 1.0
+        torch.testing.assert_close(a, r, atol=atol * scale, rtol=rtol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("mode", STAGES)
+@pytest.mark.parametrize("v", VERSIONS)
+@pytest.mark.parametrize("shape_x, out_f", SHAPES)
+def test_every_kernel_version_matches_the_reference_float32(mode, v, shape_x, out_f):
+    with version(mode, v):
+        check_against_reference(mode, shape_x, out_f, torch.float32, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", STAGES)
+@pytest.mark.parametrize("v", VERSIONS)
+def test_every_kernel_version_passes_gradcheck_float64(mode, v):
+    with version(mode, v):
+        ts = [torch.randn(s, device="cuda", dtype=torch.float64, requires_grad=True) for s in ((5, 7), (3, 7), (3,))]
+        assert torch.autograd.gradcheck(modes.dense(mode), ts)
+        check_against_reference(mode, (33, 65), 17, torch.float64, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("mode", STAGES)
+def test_opcheck(mode):
+    ops = getattr(torch.ops, f"dense_{mode}")
+    modes.dense(mode)
+    for bias in (True, False):
+        x = torch.randn(6, 5, device="cuda", requires_grad=True)
+        w = torch.randn(4, 5, device="cuda", requires_grad=True)
+        b = torch.randn(4, device="cuda", requires_grad=True) if bias else None
+        torch.library.opcheck(ops.forward.default, (x, w, b))
+        y = ops.forward(x, w, b).detach()
+        torch.library.opcheck(ops.backward.default, (torch.randn_like(y), x.detach(), w.detach(), y, [True, True, bias]))
+
+
+@pytest.mark.parametrize("mode", STAGES)
+@pytest.mark.parametrize("compile_mode", ["default", "reduce-overhead"])
+def test_torch_compile_fullgraph(mode, compile_mode):
+    layer = modes.Dense(64, 32, mode=mode, device="cuda")
+    x = torch.randn(16, 64, device="cuda")
+
+    def step(inp):
+        return (layer(inp) * 3).sum()
+
+    compiled = torch.compile(step, fullgraph=True, mode=compile_mode)
+    eager = step(x)
+    eager.backward()
+    grads = [p.grad.clone() for p in layer.parameters()]
+    for _ in range(3):  # reduce-overhead records a CUDA graph after warm-up runs
+        layer.zero_grad()
+        out = compiled(x)
+        out.backward()
+    torch.testing.assert_close(out, eager)
+    for p, g in zip(layer.parameters(), grads):
+        torch.testing.assert_close(p.grad, g)
+
+
+@pytest.mark.parametrize("mode", STAGES)
+def test_runs_on_a_non_default_stream(mode):
+    layer = modes.Dense(256, 128, mode=mode, device="cuda")
+    x = torch.randn(512, 256, device="cuda")
+    expected = torch.sigmoid(F.linear(x, layer.weight, layer.bias)).detach()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y = layer(x)
+        y.sum().backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.testing.assert_close(y.detach(), expected, atol=1e-5, rtol=1e-4)
+    assert layer.weight.grad is not None
+
+
+def test_ptx_sigmoid_error_bound():
+    """The approximate sigmoid of the PTX stage stays within 1e-6 of the exact one."""
+    if REASONS["ptx"] is not None:
+        pytest.skip(REASONS["ptx"])
+    z = torch.linspace(-30, 30, 200_001, device="cuda")
+    one = torch.ones(1, 1, device="cuda")
+    y = modes.dense("ptx")(z.unsqueeze(1), one, None).squeeze(1)
+    exact = torch.sigmoid(z.double())
+    assert (y.double() - exact).abs().max().item() <= 1e-6
+    big = modes.dense("ptx")(torch.tensor([[1000.0], [-1000.0]], device="cuda"), one, None)
+    assert big.flatten().tolist() == [1.0, 0.0]
+
+
+def test_ptx_loader_reports_bad_ptx_and_recovers():
+    if REASONS["ptx"] is not None:
+        pytest.skip(REASONS["ptx"])
+    stage = modes.stage("ptx")
+    x, w = torch.randn(4, 3, device="cuda"), torch.randn(2, 3, device="cuda")
+    torch.ops.dense_ptx.load_ptx(".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry broken( {\n")
+    try:
+        with pytest.raises(RuntimeError, match="the PTX did not load"):
+            modes.dense("ptx")(x, w, None)
+    finally:
+        stage.load_ptx()
+    torch.testing.assert_close(modes.dense("ptx")(x, w, None), torch.sigmoid(x @ w.t()), atol=1e-5, rtol=1e-4)
+
+
+def test_ptx_stage_runs_the_compilers_ptx_too(tmp_path):
+    """What the edits buy is measured against the compiler's own PTX (bash ptx/regen.sh)."""
+    if REASONS["ptx"] is not None:
+        pytest.skip(REASONS["ptx"])
+    import subprocess
+
+    from conftest import ROOT
+
+    if subprocess.run(["bash", str(ROOT / "ptx" / "regen.sh")], capture_output=True).returncode != 0:
+        pytest.skip("nvcc could not regenerate the PTX")
+    stage = modes.stage("ptx")
+    try:
+        stage.load_ptx(stage.GENERATED)
+        check_against_reference("ptx", (64, 128), 96, torch.float32, atol=1e-5, rtol=1e-4)
+    finally:
+        stage.load_ptx()
+
+
+@pytest.mark.parametrize("mode", STAGES)
+def test_grad_check_script(mode):
+    result = run_script("grad_check.py", mode, "--device", "cuda", "-b", "33", "-i", "65", "-o", "17")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", STAGES)
+def test_distributed_training_with_gpu_stages(mode):
+    gpus = torch.cuda.device_count()
+    result = run_script("distributed.py", "-m", mode, "--world-size", str(gpus), "--epochs", "1", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # more ranks than GPUs: gloo, gradients staged through host memory
+    result = run_script("distributed.py", "-m", mode, "--world-size", str(gpus + 1), "--epochs", "1", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "using gloo with the gradients staged through host memory" in result.stderr
