@@ -184,7 +184,8 @@ def table(record: dict) -> str:
     return "\n".join(rows)
 
 
-def plot(record: dict, path: str) -> None:
+def pyplot():
+    """matplotlib.pyplot without a display; matplotlib is an optional extra."""
     try:
         import matplotlib
 
@@ -192,6 +193,11 @@ def plot(record: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def plot(record: dict, path: str) -> None:
+    plt = pyplot()
     names = [r["mode"] for r in record["results"]]
     fig, ax = plt.subplots(figsize=(1.6 * len(names) + 2, 3.5))
     xs = range(len(names))
@@ -234,17 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda needs a CUDA build of torch and a GPU (this torch is {torch.__version__})")
 
-    reasons = modes.available()
-    if args.mode == "all":
-        selected = [m for m in modes.MODES if reasons[m] is None]
-        for m in modes.MODES:
-            if reasons[m] is not None:
-                print(f"skipping {m}: {reasons[m]}", file=sys.stderr)
-    elif reasons[args.mode] is not None:
-        print(f"mode {args.mode!r} is not available here: {reasons[args.mode]}", file=sys.stderr)
+    try:
+        selected, skipped = modes.resolve(args.mode)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
         return 2
-    else:
-        selected = [args.mode]
+    for m, reason in skipped.items():
+        print(f"skipping {m}: {reason}", file=sys.stderr)
 
     gpu_stages = [m for m in selected if m in ("cuda", "ptx")]
     if (args.kernel is not None or args.ptx != "edited") and not gpu_stages:

@@ -99,17 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda needs a CUDA build of torch and a GPU (this torch is {torch.__version__})")
 
-    reasons = modes.available()
-    if args.mode == "all":
-        selected = [m for m in modes.MODES if reasons[m] is None]
-        for m in modes.MODES:
-            if reasons[m] is not None:
-                print(f"SKIP  {m:<4}  {reasons[m]}")
-    else:
-        if reasons[args.mode] is not None:
-            print(f"mode {args.mode!r} is not available here: {reasons[args.mode]}", file=sys.stderr)
-            return 2
-        selected = [args.mode]
+    try:
+        selected, skipped = modes.resolve(args.mode)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 2
+    for m, reason in skipped.items():
+        print(f"SKIP  {m:<4}  {reason}")
 
     failed = 0
     for mode in selected:

@@ -82,6 +82,21 @@ def available() -> dict[str, str | None]:
     return reasons
 
 
+def resolve(mode: str) -> tuple[list[str], dict[str, str]]:
+    """A mode or "all" -> (the modes to run here, {skipped mode: why}), for the scripts.
+
+    A single mode that cannot run here raises RuntimeError with the reason.
+    """
+    if mode != "all" and mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)} or all")
+    reasons = available()
+    if mode != "all":
+        if reasons[mode] is not None:
+            raise RuntimeError(f"mode {mode!r} is not available here: {reasons[mode]}")
+        return [mode], {}
+    return [m for m in MODES if reasons[m] is None], {m: r for m, r in reasons.items() if r is not None}
+
+
 def _stage(mode: str) -> ModuleType:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")

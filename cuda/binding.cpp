@@ -7,8 +7,6 @@
 
 namespace {
 
-int g_version = dense_kernels::kDefaultVersion;
-
 class RuntimeKernels final : public dense::Kernels {
  public:
   void gemm(int version, const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
@@ -25,34 +23,19 @@ class RuntimeKernels final : public dense::Kernels {
   }
 };
 
-RuntimeKernels g_kernels;
-
-at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  return dense::gpu_forward(g_kernels, g_version, x, weight, bias, "cuda");
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& x,
-                                                        const at::Tensor& weight, const at::Tensor& out,
-                                                        std::array<bool, 3> output_mask) {
-  return dense::gpu_backward(g_kernels, g_version, grad_out, x, weight, out, output_mask, "cuda");
-}
-
-int64_t select_kernel(int64_t version) {
-  const int previous = g_version;
-  g_version = dense::check_version(version);
-  return previous;
-}
+struct CudaStage {
+  static constexpr const char* name = "cuda";
+  static inline int version = dense_kernels::kDefaultVersion;
+  static dense::Kernels& kernels() {
+    static RuntimeKernels k;
+    return k;
+  }
+};
+using Ops = dense::GpuOps<CudaStage>;
 
 }  // namespace
 
-TORCH_LIBRARY(dense_cuda, m) {
-  dense::define_ops(m);
-  m.def("select_kernel(int version) -> int", &select_kernel);
-}
-
-TORCH_LIBRARY_IMPL(dense_cuda, CUDA, m) {
-  m.impl("forward", &forward);
-  m.impl("backward", &backward);
-}
+TORCH_LIBRARY(dense_cuda, m) { Ops::define(m); }
+TORCH_LIBRARY_IMPL(dense_cuda, CUDA, m) { Ops::implement(m); }
 
 DENSE_PYTHON_MODULE(dense_cuda_ext)

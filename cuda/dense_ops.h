@@ -82,11 +82,33 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, i
   return {grad_x, grad_w, grad_b};
 }
 
-// Which GEMM version the ops use: 0 picks by shape (dense_kernels::choose_version).
-inline int check_version(int64_t version) {
-  TORCH_CHECK_VALUE(version >= 0 && version <= dense_kernels::kVersions, "kernel version must be 0 (automatic) to ",
-                    dense_kernels::kVersions, ", got ", version);
-  return static_cast<int>(version);
-}
+// The functions a GPU stage registers. `Stage` supplies `name`, the selected GEMM `version`
+// (0 picks by shape, see dense_kernels::choose_version) and `kernels()`; the rest is shared.
+template <class Stage>
+struct GpuOps {
+  static at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+    return gpu_forward(Stage::kernels(), Stage::version, x, weight, bias, Stage::name);
+  }
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& x,
+                                                                 const at::Tensor& weight, const at::Tensor& out,
+                                                                 std::array<bool, 3> output_mask) {
+    return gpu_backward(Stage::kernels(), Stage::version, grad_out, x, weight, out, output_mask, Stage::name);
+  }
+  static int64_t select_kernel(int64_t version) {
+    TORCH_CHECK_VALUE(version >= 0 && version <= dense_kernels::kVersions, "kernel version must be 0 (automatic) to ",
+                      dense_kernels::kVersions, ", got ", version);
+    const int previous = Stage::version;
+    Stage::version = static_cast<int>(version);
+    return previous;
+  }
+  static void define(torch::Library& m) {
+    define_ops(m);
+    m.def("select_kernel(int version) -> int", &select_kernel);
+  }
+  static void implement(torch::Library& m) {
+    m.impl("forward", &forward);
+    m.impl("backward", &backward);
+  }
+};
 
 }  // namespace dense

@@ -237,13 +237,9 @@ def table(record: dict) -> str:
 
 
 def plot(record: dict, path: str) -> None:
-    try:
-        import matplotlib
+    from benchmark import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install matplotlib") from None
+    plt = pyplot()
     epochs = [e["epoch"] for e in record["epochs"]]
     fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.2))
     a.plot(epochs, [e["loss"] for e in record["epochs"]], marker="o")

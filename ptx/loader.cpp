@@ -105,38 +105,25 @@ class DriverKernels final : public dense::Kernels {
   std::unordered_map<int, Module> modules_;
 };
 
-DriverKernels g_kernels;
-int g_version = dense_kernels::kDefaultVersion;
+struct PtxStage {
+  static constexpr const char* name = "ptx";
+  static inline int version = dense_kernels::kDefaultVersion;
+  static DriverKernels& driver() {
+    static DriverKernels k;
+    return k;
+  }
+  static dense::Kernels& kernels() { return driver(); }
+};
+using Ops = dense::GpuOps<PtxStage>;
 
-void load_ptx(std::string ptx) { g_kernels.set_ptx(std::move(ptx)); }
-
-at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  return dense::gpu_forward(g_kernels, g_version, x, weight, bias, "ptx");
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& x,
-                                                        const at::Tensor& weight, const at::Tensor& out,
-                                                        std::array<bool, 3> output_mask) {
-  return dense::gpu_backward(g_kernels, g_version, grad_out, x, weight, out, output_mask, "ptx");
-}
-
-int64_t select_kernel(int64_t version) {
-  const int previous = g_version;
-  g_version = dense::check_version(version);
-  return previous;
-}
+void load_ptx(std::string ptx) { PtxStage::driver().set_ptx(std::move(ptx)); }
 
 }  // namespace
 
 TORCH_LIBRARY(dense_ptx, m) {
-  dense::define_ops(m);
-  m.def("select_kernel(int version) -> int", &select_kernel);
+  Ops::define(m);
   m.def("load_ptx(str ptx) -> ()", &load_ptx);
 }
-
-TORCH_LIBRARY_IMPL(dense_ptx, CUDA, m) {
-  m.impl("forward", &forward);
-  m.impl("backward", &backward);
-}
+TORCH_LIBRARY_IMPL(dense_ptx, CUDA, m) { Ops::implement(m); }
 
 DENSE_PYTHON_MODULE(dense_ptx_ext)

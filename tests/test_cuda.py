@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import GPU, NO_GPU, REASONS, run_script
 
 import modes
+from conftest import GPU, NO_GPU, REASONS, run_script
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=NO_GPU)]
 STAGES = [pytest.param(m, marks=pytest.mark.skipif(REASONS[m] is not None, reason=f"mode {m}: {REASONS[m]}"))
@@ -81,7 +81,8 @@ def test_opcheck(mode):
         b = torch.randn(4, device="cuda", requires_grad=True) if bias else None
         torch.library.opcheck(ops.forward.default, (x, w, b))
         y = ops.forward(x, w, b).detach()
-        torch.library.opcheck(ops.backward.default, (torch.randn_like(y), x.detach(), w.detach(), y, [True, True, bias]))
+        args = (torch.randn_like(y), x.detach(), w.detach(), y, [True, True, bias])
+        torch.library.opcheck(ops.backward.default, args)
 
 
 @pytest.mark.parametrize("mode", STAGES)
