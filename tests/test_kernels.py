@@ -100,12 +100,13 @@ def test_ptx_edits_are_in_place():
 
 
 def normalised(ptx: str) -> list[str]:
-    """Code lines only: comments go, and nvcc's per-path hash in internal names is blanked."""
+    """Code lines only: comments go, and the hash of the source's path that nvcc puts into the
+    names of internal symbols is blanked (a clone elsewhere gets other names)."""
     lines = []
     for line in ptx.splitlines():
         code = line.split("//", 1)[0].rstrip()
         if code.strip():
-            lines.append(re.sub(r"_INTERNAL_[0-9a-f]{8}_", "_INTERNAL_", code))
+            lines.append(re.sub(r"(_INTERNAL_|_GLOBAL__N__)[0-9a-f]{8}_", r"\1", code))
     return lines
 
 
