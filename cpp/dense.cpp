@@ -55,13 +55,17 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
     at::Tensor z = bias ? at::addmm(*bias, x2, weight.t()) : at::mm(x2, weight.t());
     return z.sigmoid_().view(dense::out_shape(x, weight));
   }
-  at::Tensor z = at::mm(x2, weight.t());
+  // The output is allocated in its final shape and the GEMM writes into a 2-d view of it:
+  // an op that returns a view of an internal tensor makes autograd track that view.
+  at::Tensor out = at::empty(dense::out_shape(x, weight), x.options());
+  at::Tensor z = out.view({x2.size(0), weight.size(0)});
+  at::mm_out(z, x2, weight.t());
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "dense_cpp_forward", [&] {
     bias_sigmoid_(z.data_ptr<scalar_t>(), b.defined() ? b.data_ptr<scalar_t>() : nullptr,
                   z.size(0), z.size(1));
   });
-  return z.view(dense::out_shape(x, weight));
+  return out;
 }
 
 // dz = g · y · (1 − y) and db = Σ_rows dz in one pass over g and y, where the plain ATen
