@@ -7,7 +7,7 @@ as in training; the backward is timed alone, replayed on a retained graph.
 CPU: torch.utils.benchmark.Timer. CUDA: events around each call, after warm-up and with the
 L2 cache flushed before every timed call. Reported: median and spread (interquartile range)
 in µs, GFLOP/s (2·B·I·O forward, 4·B·I·O backward), and each variant's fwd+bwd time over
-the reference's.
+the reference's (the median over rounds of the ratio within a round).
 
 Examples:
   python benchmark.py -m all
@@ -153,9 +153,12 @@ def run(variants: Sequence[str], batch: int, in_f: int, out_f: int, device: str 
             "forward_spread_us": fwd.spread, "backward_spread_us": bwd.spread,
             "forward_gflops": flops / fwd.median / 1e3, "backward_gflops": 2 * flops / bwd.median / 1e3,
         })
-    ref = results[0]["forward_us"] + results[0]["backward_us"]
+    # Paired: each round's fwd+bwd time over the reference's in the same round, then the median.
+    # Drift that slows a whole round (another process, clocks) cancels out of every ratio.
+    ref = [f + b for f, b in zip(stats["reference/forward"].samples, stats["reference/backward"].samples)]
     for r in results:
-        r["ratio_to_reference"] = (r["forward_us"] + r["backward_us"]) / ref
+        mine = [f + b for f, b in zip(stats[f"{r['mode']}/forward"].samples, stats[f"{r['mode']}/backward"].samples)]
+        r["ratio_to_reference"] = statistics.median(m / q for m, q in zip(mine, ref))
     return {
         "device": describe_device(device),
         "torch": torch.__version__,
