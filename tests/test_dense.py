@@ -150,6 +150,18 @@ def test_available_lists_every_mode_with_none_or_a_reason():
         assert reason is None or (isinstance(reason, str) and reason)
 
 
+def test_resolve_picks_the_modes_a_script_runs():
+    selected, skipped = modes.resolve("all")
+    assert selected == [m for m in modes.MODES if modes.available()[m] is None]
+    assert set(skipped) == {m for m in modes.MODES if modes.available()[m] is not None}
+    assert modes.resolve("py") == (["py"], {})
+    with pytest.raises(ValueError, match="unknown mode 'fortran'"):
+        modes.resolve("fortran")
+    for mode, reason in skipped.items():
+        with pytest.raises(RuntimeError, match=f"mode '{mode}' is not available here"):
+            modes.resolve(mode)
+
+
 def test_unknown_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown mode 'fortran'; choose one of py, cpp, cuda, ptx"):
         modes.dense("fortran")
