@@ -40,12 +40,14 @@ inline at::Tensor gpu_forward(Kernels& k, int version, const at::Tensor& x, cons
   const at::Tensor w = weight.contiguous();
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
   const int64_t M = x2.size(0), N = w.size(0), K = w.size(1);
-  at::Tensor out = at::empty({M, N}, x.options());
+  // Allocated in its final shape, written through a 2-d view: the op returns its own tensor.
+  at::Tensor out = at::empty(out_shape(x, weight), x.options());
+  at::Tensor out2 = out.view({M, N});
   if (M > 0 && N > 0) {
-    k.gemm(version, "nt", x2, w, out, b.defined() ? &b : nullptr, M, N, K, dense_kernels::kBiasSigmoid,
+    k.gemm(version, "nt", x2, w, out2, b.defined() ? &b : nullptr, M, N, K, dense_kernels::kBiasSigmoid,
            at::cuda::getCurrentCUDAStream());
   }
-  return out.view(out_shape(x, weight));
+  return out;
 }
 
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, int version, const at::Tensor& grad_out,
