@@ -266,12 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     record = run(variants, args.batch, args.in_features, args.out_features, args.device,
                  getattr(torch, args.dtype), args.rounds)
     record.update(kernel=args.kernel if args.kernel is not None else 0, ptx=args.ptx, tf32=False)
-    print(table(record))
+    # Files first: a reader that closes stdout early (| head) must not cost the results.
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     if args.plot:
         plot(record, args.plot)
+    print(table(record))
     return 0
 
 

@@ -59,10 +59,10 @@ def _header(config: Config, kind: str) -> dict:
 def _write(record: dict, path: str | None, table: str) -> None:
     if world()[0] != 0:
         return
-    print(table, flush=True)
-    if path:
+    if path:  # the file first: a reader that closes stdout early must not cost the results
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(record, indent=2) + "\n")
+    print(table, flush=True)
 
 
 def allreduce(config: Config, json_path: str | None) -> None:

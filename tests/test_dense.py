@@ -157,7 +157,7 @@ def test_resolve_picks_the_modes_a_script_runs():
     assert modes.resolve("py") == (["py"], {})
     with pytest.raises(ValueError, match="unknown mode 'fortran'"):
         modes.resolve("fortran")
-    for mode, reason in skipped.items():
+    for mode in skipped:
         with pytest.raises(RuntimeError, match=f"mode '{mode}' is not available here"):
             modes.resolve(mode)
 
