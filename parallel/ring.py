@@ -124,30 +124,32 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
     steps = 2 * (size - 1)
 
     # A wavefront: at slot t, piece k takes its step t − k. Piece k + 1 runs one step behind
-    # piece k, so the all-gather of early pieces overlaps the reduce-scatter of later ones, and
-    # adding one piece overlaps the transfer of the next. Every rank runs the same schedule, so
-    # the messages between two neighbours pair up in order.
+    # piece k, so the all-gather of early pieces overlaps the reduce-scatter of later ones.
+    # A piece's next step is posted as soon as its current one is done (and added), so the
+    # wire is busy while the next piece is being added. Every rank posts in the same order,
+    # so the messages between two neighbours pair up.
+    def post(k: int, step: int) -> tuple:
+        if step < size - 1:  # reduce-scatter: send a partial sum, receive one to add
+            dst = pieces[(rank - step - 1) % size][k]
+            buf = buffers[k % n_buffers][: dst.numel()]
+            return k, step, _exchange(pieces[(rank - step) % size][k], buf, right, left, group), dst, buf
+        a = step - (size - 1)  # all-gather: pass a finished piece on, receive one straight into place
+        return k, step, _exchange(pieces[(rank + 1 - a) % size][k], pieces[(rank - a) % size][k],
+                                  right, left, group), None, None
+
+    in_flight = [post(0, 0)]
     for slot in range(n_pieces + steps - 1):
-        active = range(max(0, slot - steps + 1), min(n_pieces, slot + 1))
-        posted = []
-        for k in active:
-            step = slot - k
-            if step < size - 1:  # reduce-scatter: send a partial sum, receive one to add
-                dst = pieces[(rank - step - 1) % size][k]
-                buf = buffers[k % n_buffers][: dst.numel()]
-                posted.append((_exchange(pieces[(rank - step) % size][k], buf, right, left, group), dst, buf,
-                               step == size - 2))
-            else:  # all-gather: pass a finished piece on, receive one straight into place
-                a = step - (size - 1)
-                recv = pieces[(rank - a) % size][k]
-                posted.append((_exchange(pieces[(rank + 1 - a) % size][k], recv, right, left, group), None, None,
-                               False))
-        for requests, dst, buf, last in posted:
+        posted, in_flight = in_flight, []
+        for k, step, requests, dst, buf in posted:
             _wait(requests)
             if dst is not None:
                 dst.add_(buf)
-                if last and op == "avg":  # this piece of the owned chunk is now complete
+                if step == size - 2 and op == "avg":  # this piece of the owned chunk is complete
                     dst.div_(size)
+            if step + 1 < steps:
+                in_flight.append(post(k, step + 1))
+        if slot + 1 < n_pieces:  # the next piece joins one step behind
+            in_flight.append(post(slot + 1, 0))
 
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
