@@ -16,6 +16,7 @@ Examples:
   python benchmark.py -m py --dtype float64 --rounds 5
   python benchmark.py -m cuda --device cuda -b 4096 -i 4096 -o 4096 --kernel 3
   python benchmark.py -m ptx --device cuda --ptx compiler      # the compiler's PTX, to measure the edits
+  python benchmark.py -m all --device cuda -b 4096 -i 4096 -o 4096 --roofline
 """
 
 from __future__ import annotations
@@ -172,6 +173,61 @@ def run(variants: Sequence[str], batch: int, in_f: int, out_f: int, device: str 
     }
 
 
+# Peak rates from NVIDIA's datasheets (SXM parts): FP32 and FP64 without tensor cores, HBM GB/s.
+PEAKS = {"H200": {"float32": 67.0, "float64": 34.0, "gbs": 4800.0},
+         "H100": {"float32": 67.0, "float64": 34.0, "gbs": 3350.0}}
+
+
+def roofline(stages: Sequence[str], batch: int, in_f: int, out_f: int, device: str, dtype: torch.dtype,
+             rounds: int, peak_tflops: float | None = None, peak_gbs: float | None = None) -> list[dict]:
+    """Each kernel of the compiled stages, timed alone through its op, against the device's peak.
+
+    The forward op is the fused GEMM (compute-bound: TFLOP/s); the backward op with only the bias
+    gradient asked for runs just the elementwise kernel (memory-bound: GB/s, 3 tensors of B×O
+    moved). torch's own kernels for the same work are measured alongside.
+    """
+    name = describe_device(device)
+    known = next((v for k, v in PEAKS.items() if k in name), None) if device.startswith("cuda") else None
+    dname = str(dtype).removeprefix("torch.")
+    peak_tflops = peak_tflops or (known[dname] if known else None)
+    peak_gbs = peak_gbs or (known["gbs"] if known else None)
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(s, generator=gen, dtype=dtype).to(device) for s in ((batch, in_f), (out_f, in_f), (out_f,)))
+    g = torch.randn(batch, out_f, generator=gen, dtype=dtype).to(device)
+    y = torch.sigmoid(F.linear(x, w, b))
+    flops, nbytes = 2 * batch * in_f * out_f, (3 * batch * out_f + out_f) * x.element_size()
+    kernels = {"reference: addmm + sigmoid": (lambda: torch.sigmoid(F.linear(x, w, b)), "flops"),
+               "reference: sigmoid_backward + sum": (lambda: torch.ops.aten.sigmoid_backward(g, y).sum(0), "bytes")}
+    for m in stages:
+        modes.dense(m)  # loads and registers the stage
+        ops = getattr(torch.ops, f"dense_{m}")
+        kernels[f"{m}: fused GEMM + bias + sigmoid"] = (lambda ops=ops: ops.forward(x, w, b), "flops")
+        kernels[f"{m}: sigmoid-grad + bias sum"] = (
+            lambda ops=ops: ops.backward(g, x, w, y, [False, False, True]), "bytes")
+    with torch.no_grad():
+        stats = measure({k: v[0] for k, v in kernels.items()}, device=device, rounds=rounds)
+    rows = []
+    for k, (_, kind) in kernels.items():
+        t = stats[k].median
+        rate = flops / t / 1e6 if kind == "flops" else nbytes / t / 1e3  # TFLOP/s or GB/s
+        peak = peak_tflops if kind == "flops" else peak_gbs
+        rows.append({"kernel": k, "time_us": t, "unit": "TFLOP/s" if kind == "flops" else "GB/s",
+                     "achieved": rate, "peak": peak, "fraction_of_peak": rate / peak if peak else None})
+    return rows
+
+
+def roofline_table(record: dict) -> str:
+    rows = ["| kernel | µs | achieved | peak | share of peak |", "|---|---:|---:|---:|---:|"]
+    for r in record["roofline"]:
+        peak = f"{r['peak']:g} {r['unit']}" if r["peak"] else "unknown"
+        share = f"{100 * r['fraction_of_peak']:.1f}%" if r["fraction_of_peak"] is not None else "–"
+        rows.append(f"| {r['kernel']} | {r['time_us']:.1f} | {r['achieved']:.2f} {r['unit']} | {peak} | {share} |")
+    s = record["shape"]
+    rows.append(f"\n{record['device']}, torch {record['torch']}, {record['dtype']}, B={s['batch']} I={s['in']} "
+                f"O={s['out']}, {record['date']}: `{record['command']}`")
+    return "\n".join(rows)
+
+
 def table(record: dict) -> str:
     """A Markdown table of one benchmark record (docs/render.py puts these into the READMEs)."""
     rows = ["| variant | forward µs (IQR) | backward µs (IQR) | fwd GFLOP/s | bwd GFLOP/s | fwd+bwd / reference |",
@@ -233,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=20, help="interleaved samples per variant")
     parser.add_argument("--kernel", type=int, choices=range(5), metavar="N",
                         help="GEMM version of the cuda and ptx modes (0 automatic, 1-4; see cuda/README.md)")
+    parser.add_argument("--roofline", action="store_true",
+                        help="also time each compiled stage's kernels alone, against the device's peak")
+    parser.add_argument("--peak-tflops", type=float, help="peak TFLOP/s for --roofline (known for H100/H200)")
+    parser.add_argument("--peak-gbs", type=float, help="peak memory GB/s for --roofline (known for H100/H200)")
     parser.add_argument("--ptx", choices=["edited", "compiler"], default="edited",
                         help="ptx mode: the hand-edited PTX, or the compiler's own (bash ptx/regen.sh)")
     parser.add_argument("--json", metavar="PATH", help="write the results as one JSON object")
@@ -266,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     record = run(variants, args.batch, args.in_features, args.out_features, args.device,
                  getattr(torch, args.dtype), args.rounds)
     record.update(kernel=args.kernel if args.kernel is not None else 0, ptx=args.ptx, tf32=False)
+    if args.roofline:
+        stages = [m for m in selected if m != "py"]  # py has no kernels of its own
+        record["roofline"] = roofline(stages, args.batch, args.in_features, args.out_features, args.device,
+                                      getattr(torch, args.dtype), args.rounds, args.peak_tflops, args.peak_gbs)
     # Files first: a reader that closes stdout early (| head) must not cost the results.
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -273,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(record, args.plot)
     print(table(record))
+    if args.roofline:
+        print("\n" + roofline_table(record))
     return 0
 
 

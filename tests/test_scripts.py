@@ -110,3 +110,17 @@ def test_pytest_runs_from_the_root_both_ways(how):
     result = run_script(*runner, "--collect-only", "-q", "tests/test_dense.py", timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "test_gradcheck_float64" in result.stdout
+
+
+def test_benchmark_roofline_record(tmp_path):
+    path = tmp_path / "roof.json"
+    result = run_script("benchmark.py", "-m", "all", "-b", "16", "-i", "32", "-o", "8", "--rounds", "2",
+                        "--roofline", "--peak-tflops", "1", "--peak-gbs", "10", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(path.read_text())["roofline"]
+    compiled = [m for m in modes.MODES if REASONS[m] is None and m != "py"]
+    assert len(rows) == 2 + 2 * len(compiled)
+    for r in rows:
+        assert r["time_us"] > 0 and r["achieved"] > 0 and r["unit"] in ("TFLOP/s", "GB/s")
+        assert r["fraction_of_peak"] == pytest.approx(r["achieved"] / r["peak"])
+    assert "| kernel | µs | achieved |" in result.stdout
