@@ -36,6 +36,16 @@ class Dataset:
         return self.train.x.shape[1]
 
 
+def snap(x: Tensor) -> Tensor:
+    """float64 -> float32 through a 2^-16 grid, so that the data is the same bit for bit in
+    every process. A GEMM or a reduction may round its last bit differently from one call to
+    the next (MKL picks code paths by memory alignment); float64 keeps those differences far
+    below the grid, so no value lands on the other side of a grid point. Ranks that build the
+    data themselves, and a run resumed from a checkpoint, then see identical inputs.
+    """
+    return (torch.round(x * 65536.0) / 65536.0).float()
+
+
 # ---------------------------------------------------------------------------
 # Synthetic: learnable by a small MLP, but not by a linear model
 # ---------------------------------------------------------------------------
@@ -54,10 +64,10 @@ def synthetic(seed: int = 0, n_train: int = 16000, n_test: int = 2000, features:
 
     def sample(n: int) -> Split:
         cluster = torch.randint(len(centres), (n,), generator=g)
-        z = centres[cluster] + 0.5 * torch.randn(n, latent, generator=g)
-        h = z @ lift
-        x = torch.tanh(h) + 0.3 * torch.sin(h @ mix)
-        return Split(((x - x.mean(0)) / x.std(0)).float(), (cluster % classes).long())
+        z = (centres[cluster] + 0.5 * torch.randn(n, latent, generator=g)).double()
+        h = z @ lift.double()
+        x = torch.tanh(h) + 0.3 * torch.sin(h @ mix.double())
+        return Split(snap((x - x.mean(0)) / x.std(0)), (cluster % classes).long())
 
     train, test = sample(n_train), sample(n_test)
     n_val = n_train // 10
@@ -118,7 +128,7 @@ def _load_split(folder: Path, which: str) -> Split:
         raise DataError(f"{lbl_path}: labels need 1 dimension, got shape {tuple(labels.shape)}")
     if len(images) != len(labels):
         raise DataError(f"{img_path} holds {len(images)} images but {lbl_path} holds {len(labels)} labels")
-    x = images.reshape(len(images), -1).float() / 255.0
+    x = images.reshape(len(images), -1).double() / 255.0
     return Split(x, labels.long())
 
 
@@ -129,7 +139,7 @@ def mnist(folder: str | Path, seed: int = 0, val_fraction: float = 1 / 12) -> Da
     if train.x.shape[1] != test.x.shape[1]:
         raise DataError(f"train images have {train.x.shape[1]} pixels but test images {test.x.shape[1]}")
     mean, std = train.x.mean(), train.x.std().clamp_min(1e-6)
-    train.x, test.x = (train.x - mean) / std, (test.x - mean) / std
+    train.x, test.x = snap((train.x - mean) / std), snap((test.x - mean) / std)
     classes = int(max(train.y.max(), test.y.max())) + 1 if len(train) else 10
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
     n_val = max(1, int(len(train) * val_fraction)) if len(train) > 1 else 0

@@ -133,8 +133,15 @@ def test_epoch_order_is_deterministic_and_reshuffled_per_epoch():
 
 
 def test_synthetic_data_is_deterministic_and_balanced():
+    """Bit for bit, also in another process: every rank builds the data itself."""
+    import hashlib
+
     a, b = data_mod.synthetic(3), data_mod.synthetic(3)
     assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
+    code = ("import hashlib, torch; torch.set_num_threads(1); from parallel.data import synthetic; "
+            "print(hashlib.sha256(synthetic(3).train.x.numpy().tobytes()).hexdigest())")
+    other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert other.stdout.strip() == hashlib.sha256(a.train.x.numpy().tobytes()).hexdigest(), other.stderr
     assert not torch.equal(a.train.x, data_mod.synthetic(4).train.x)
     counts = torch.bincount(a.train.y, minlength=10)
     assert a.classes == 10 and counts.min() > 0.7 * counts.float().mean()
