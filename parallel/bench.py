@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from benchmark import describe_device, measure
+from benchmark import Stats, describe_device, measure
 from parallel import data as data_mod
 from parallel.reducer import GradReducer, world
-from parallel.ring import ring_all_reduce
+from parallel.ring import ring_all_reduce, ring_all_reduce_host
 from parallel.trainer import Config, build_model
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -35,18 +35,7 @@ def _slowest_rank(samples: list[float]) -> list[float]:
     rank, n = world()
     table = torch.zeros(n, len(samples), dtype=torch.float64)
     table[rank] = torch.tensor(samples, dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        moved = table.cuda()
-        ring_all_reduce(moved)
-        table = moved.cpu()
-    else:
-        ring_all_reduce(table)
-    return table.max(0).values.tolist()
-
-
-def _spread(samples: list[float]) -> float:
-    q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [0.0, 0.0, 0.0]
-    return q[2] - q[0]
+    return ring_all_reduce_host(table).max(0).values.tolist()
 
 
 def _header(config: Config, kind: str) -> dict:
@@ -78,7 +67,7 @@ def allreduce(config: Config, json_path: str | None) -> None:
         for variant, samples in slowest.items():
             time_us = statistics.median(samples)
             algbw = nbytes / time_us / 1e3  # GB/s
-            results.append({"bytes": nbytes, "variant": variant, "time_us": time_us, "spread_us": _spread(samples),
+            results.append({"bytes": nbytes, "variant": variant, "time_us": time_us, "spread_us": Stats(samples).spread,
                             "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (n - 1) / n,
                             # paired, round by round: dist.all_reduce's time over this variant's
                             "busbw_ratio_to_dist": statistics.median(
@@ -125,7 +114,7 @@ def step(config: Config, json_path: str | None) -> None:
         if reducer:
             reducer.close()
     slowest = {name: _slowest_rank(s.samples) for name, s in stats.items()}
-    results = [{"variant": name, "step_us": statistics.median(samples), "spread_us": _spread(samples),
+    results = [{"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
                 # paired, round by round, like every ratio in these benchmarks
                 "ratio_to_ddp": statistics.median(m / d for m, d in zip(samples, slowest["ddp"]))}
                for name, samples in slowest.items()]

@@ -156,6 +156,18 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
     return tensor
 
 
+def ring_all_reduce_host(tensor: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
+    """Ring-sum a small CPU tensor (counts, losses, timings) on any backend, in place.
+
+    NCCL sends CUDA tensors only, so there the values go through the current GPU and back.
+    """
+    if dist.get_backend(group) == "nccl":
+        moved = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        ring_all_reduce(moved, group=group)
+        return tensor.copy_(moved.cpu())
+    return ring_all_reduce(tensor, group=group)
+
+
 def ring_broadcast_from_rank0(tensor: Tensor, group: dist.ProcessGroup | None = None) -> Tensor:
     """Give every rank rank 0's values: the others contribute −0.0 to a ring sum.
 

@@ -23,7 +23,7 @@ from torch import nn
 import modes
 from parallel import data as data_mod
 from parallel.reducer import GradReducer, world
-from parallel.ring import ring_all_reduce, ring_broadcast_from_rank0
+from parallel.ring import ring_all_reduce_host, ring_broadcast_from_rank0
 
 
 @dataclass
@@ -115,20 +115,9 @@ def _evaluate(model: nn.Module, split: data_mod.Split, device: str, rank: int, w
     with torch.no_grad():
         pred = model(split.x[idx].to(device)).argmax(1).cpu() if len(idx) else torch.empty(0)
     counts = torch.tensor([(pred == split.y[idx]).sum().item(), len(idx)], dtype=torch.int64)
-    _all_reduce_staged(counts, device)
+    if world_size > 1:
+        ring_all_reduce_host(counts)
     return counts[0].item() / max(1, counts[1].item())
-
-
-def _all_reduce_staged(t: torch.Tensor, device: str) -> None:
-    """Ring-sum a small CPU tensor, moving it to the GPU and back where the backend is NCCL."""
-    if world()[1] == 1:
-        return
-    if torch.distributed.get_backend() == "nccl":
-        moved = t.to(device)
-        ring_all_reduce(moved)
-        t.copy_(moved.cpu())
-    else:
-        ring_all_reduce(t)
 
 
 def train(config: Config) -> dict:
@@ -184,7 +173,8 @@ def train(config: Config) -> dict:
                     last_print = time.perf_counter()
                     print(f"\r  epoch {epoch + 1}: batch {i + 1}/{len(batches)}", end="", flush=True)
             elapsed = time.perf_counter() - started
-            _all_reduce_staged(loss_sum, device)
+            if world_size > 1:
+                ring_all_reduce_host(loss_sum)
             record = {"epoch": epoch + 1, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
                       "accuracy": _evaluate(model, ds.val, device, rank, world_size),
                       "samples_per_s": len(ds.train) / elapsed,
