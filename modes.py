@@ -82,29 +82,31 @@ def available() -> dict[str, str | None]:
     return reasons
 
 
+def _require(mode: str) -> None:
+    """Raise the clear error for a mode that is unknown or cannot run here."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    reason = available()[mode]
+    if reason is not None:
+        raise RuntimeError(f"mode {mode!r} is not available here: {reason}")
+
+
 def resolve(mode: str) -> tuple[list[str], dict[str, str]]:
     """A mode or "all" -> (the modes to run here, {skipped mode: why}), for the scripts.
 
     A single mode that cannot run here raises RuntimeError with the reason.
     """
-    if mode != "all" and mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)} or all")
-    reasons = available()
     if mode != "all":
-        if reasons[mode] is not None:
-            raise RuntimeError(f"mode {mode!r} is not available here: {reasons[mode]}")
+        _require(mode)
         return [mode], {}
+    reasons = available()
     return [m for m in MODES if reasons[m] is None], {m: r for m, r in reasons.items() if r is not None}
 
 
 def _stage(mode: str) -> ModuleType:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if mode in _stages:
         return _stages[mode]
-    reason = available()[mode]
-    if reason is not None:
-        raise RuntimeError(f"mode {mode!r} is not available here: {reason}")
+    _require(mode)
     name = f"dense_stage_{mode}"
     spec = importlib.util.spec_from_file_location(name, ROOT / mode / "dense.py")
     assert spec is not None and spec.loader is not None
