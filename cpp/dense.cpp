@@ -50,15 +50,16 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
   dense::check_inputs(x, weight, bias);
   const at::Tensor x2 = x.reshape({-1, weight.size(1)});
   // The GEMM is ATen's (MKL/oneDNN on CPU, cuBLAS on GPU): nobody beats those by hand here.
-  // The forward allocates exactly one tensor; everything after the GEMM happens in it.
-  if (!x.is_cpu()) {
-    at::Tensor z = bias ? at::addmm(*bias, x2, weight.t()) : at::mm(x2, weight.t());
-    return z.sigmoid_().view(dense::out_shape(x, weight));
-  }
-  // The output is allocated in its final shape and the GEMM writes into a 2-d view of it:
-  // an op that returns a view of an internal tensor makes autograd track that view.
+  // The output is allocated once, in its final shape, and the GEMM writes into a 2-d view of
+  // it; everything after the GEMM happens in place. (Returning a view of an internal tensor
+  // instead would make autograd track that view.)
   at::Tensor out = at::empty(dense::out_shape(x, weight), x.options());
   at::Tensor z = out.view({x2.size(0), weight.size(0)});
+  if (!x.is_cpu()) {  // on a GPU this stage leans on ATen; fused kernels are stage 3's job
+    bias ? at::addmm_out(z, *bias, x2, weight.t()) : at::mm_out(z, x2, weight.t());
+    z.sigmoid_();
+    return out;
+  }
   at::mm_out(z, x2, weight.t());
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "dense_cpp_forward", [&] {
