@@ -157,7 +157,9 @@ def train(config: Config) -> dict:
         for epoch in range(start_epoch, config.epochs):
             started, comm_before = time.perf_counter(), reducer.comm_s if reducer else 0.0
             batches = data_mod.epoch_batches(len(ds.train), config.batch_size, config.seed, epoch)
-            loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of losses, samples), this rank
+            # This rank's sum of losses stays on the device: .item() every step would make a GPU
+            # wait for each step before the next is queued.
+            loss_total, samples = torch.zeros((), dtype=torch.float64, device=device), 0
             last_print = 0.0
             for i, batch in enumerate(batches):
                 idx = data_mod.shard(batch, rank, world_size)
@@ -168,11 +170,13 @@ def train(config: Config) -> dict:
                     reducer.finish()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-                loss_sum += torch.tensor([loss.item(), len(idx)], dtype=torch.float64)
+                loss_total += loss.detach()
+                samples += len(idx)
                 if config.progress and rank == 0 and time.perf_counter() - last_print > 0.2:
                     last_print = time.perf_counter()
                     print(f"\r  epoch {epoch + 1}: batch {i + 1}/{len(batches)}", end="", flush=True)
             elapsed = time.perf_counter() - started
+            loss_sum = torch.tensor([loss_total.item(), samples], dtype=torch.float64)
             if world_size > 1:
                 ring_all_reduce_host(loss_sum)
             record = {"epoch": epoch + 1, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
