@@ -9,6 +9,7 @@ Examples:
   python grad_check.py all                      # every mode that works here
   python grad_check.py cpp -b 64 -i 128 -o 32 --no-bias
   python grad_check.py cuda --device cuda
+  python grad_check.py cuda --emulate --kernel 3   # stage 3's kernels on the CPU (cuda/emulated.py)
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ def compare(actual: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
 
 
 def run_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu",
-               bias: bool = True, seed: int = 0) -> list[Check]:
-    """Run gradcheck and the reference comparison for one mode; one Check per line."""
-    fn = modes.dense(mode)
+               bias: bool = True, seed: int = 0, fn: modes.DenseFn | None = None) -> list[Check]:
+    """Run gradcheck and the reference comparison for one mode (or ``fn``); one Check per line."""
+    fn = fn or modes.dense(mode)
     gen = torch.Generator().manual_seed(seed)
     names = ("x", "weight", "bias")[: 3 if bias else 2]
 
@@ -93,12 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--out-features", type=int, default=12)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--no-bias", action="store_true")
+    parser.add_argument("--emulate", action="store_true",
+                        help="mode cuda only: run stage 3's kernels on the CPU through the execution-model emulation")
+    parser.add_argument("--kernel", type=int, metavar="N", default=None,
+                        help="with --emulate: GEMM version N only (0 = automatic; default: every version)")
     args = parser.parse_args(argv)
     if min(args.batch, args.in_features, args.out_features) < 1:
         parser.error("batch, in and out features must be at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda needs a CUDA build of torch and a GPU (this torch is {torch.__version__})")
 
+    if args.emulate or args.kernel is not None:
+        return emulated(parser, args)
     try:
         selected, skipped = modes.resolve(args.mode)
     except RuntimeError as e:
@@ -116,6 +123,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'all checks passed' if not failed else f'{failed} check(s) FAILED'} "
           f"({', '.join(selected)}; B={args.batch}, in={args.in_features}, out={args.out_features}, "
           f"{args.device})")
+    return 1 if failed else 0
+
+
+def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """grad_check.py cuda --emulate: every (or one) GEMM version of stage 3, run on the CPU."""
+    import importlib.util
+
+    if not args.emulate or args.mode != "cuda" or args.device != "cpu":
+        parser.error("--kernel goes with --emulate, and --emulate with mode cuda on the CPU (no --device cuda)")
+    spec = importlib.util.spec_from_file_location("dense_cuda_emulated", modes.ROOT / "cuda" / "emulated.py")
+    emu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(emu)
+    versions = [args.kernel] if args.kernel is not None else list(emu.versions())
+    if any(v not in emu.versions() for v in versions):
+        parser.error(f"--kernel must be one of {', '.join(map(str, emu.versions()))}")
+    if emu.unavailable_reason():
+        print(f"cannot emulate: {emu.unavailable_reason()}", file=sys.stderr)
+        return 2
+    failed = 0
+    for v in versions:
+        for check in run_checks(f"v{v}", args.batch, args.in_features, args.out_features,
+                                bias=not args.no_bias, fn=emu.dense(v)):
+            print(check.line(), flush=True)
+            failed += not check.passed
+    print(f"{'all checks passed' if not failed else f'{failed} check(s) FAILED'} (cuda kernels emulated on the "
+          f"CPU, versions {', '.join(map(str, versions))}; B={args.batch}, in={args.in_features}, "
+          f"out={args.out_features})")
     return 1 if failed else 0
 
 

@@ -1,0 +1,119 @@
+// Every emulated kernel against a plain-loop reference, as a standalone program, so it can run
+// under AddressSanitizer (out-of-bounds reads and writes, global and "shared") and
+// ThreadSanitizer (races between the threads of a block). tests/test_emulate.py builds and runs:
+//   c++ -std=c++17 -O1 -g -pthread -fsanitize=thread -Icuda cuda/emulate/driver.cpp -o /tmp/emu_tsan
+//   /tmp/emu_tsan [--quick] [version ...]      (default: every GEMM version; exit status 0 iff all match)
+// Buffers are allocated at their exact size, so a read one element past the end is caught.
+// Standard headers before the emulation's keyword macros (cuda_emu.h says why).
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "emulate/emulate.cpp"
+
+namespace {
+
+struct Shape {
+  int64_t M, N, K;
+};
+// Small, but across the edges of the 16/32/64/128-wide tiles and the 8/16-deep k steps.
+const Shape kShapes[] = {{1, 1, 1}, {0, 5, 3}, {17, 15, 9}, {33, 65, 17}, {65, 129, 33}, {37, 41, 43}};
+
+template <typename T>
+std::vector<T> random_vector(size_t n, std::mt19937& gen) {
+  std::normal_distribution<double> dist;
+  std::vector<T> v(n);
+  for (auto& x : v) x = T(dist(gen));
+  return v;
+}
+
+// An exact-size heap copy (vector capacity could hide an overrun from ASan).
+template <typename T>
+std::unique_ptr<T[]> exact(const std::vector<T>& v) {
+  std::unique_ptr<T[]> p(new T[v.size() ? v.size() : 1]);
+  std::copy(v.begin(), v.end(), p.get());
+  return p;
+}
+
+template <typename T>
+int check_gemm(int version, const char* layout, Shape s, int epilogue, bool with_bias, std::mt19937& gen) {
+  const bool ta = layout[0] == 't', tb = layout[1] == 't';
+  const auto a = random_vector<T>(s.M * s.K, gen), b = random_vector<T>(s.K * s.N, gen);
+  const auto bias = random_vector<T>(s.N, gen);
+  auto A = exact(a), B = exact(b), Bias = exact(bias);
+  std::unique_ptr<T[]> C(new T[s.M * s.N ? s.M * s.N : 1]);
+  const int rc = emu_gemm(version, layout, sizeof(T), A.get(), B.get(), C.get(), with_bias ? Bias.get() : nullptr,
+                          s.M, s.N, s.K, epilogue);
+  if (rc != 0) return std::printf("v%d %s: launch refused\n", version, layout), 1;
+  const double tol = sizeof(T) == 4 ? 1e-4 : 1e-12;
+  for (int64_t m = 0; m < s.M; ++m)
+    for (int64_t n = 0; n < s.N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < s.K; ++k) acc += double(a[ta ? k * s.M + m : m * s.K + k]) * b[tb ? n * s.K + k : k * s.N + n];
+      if (epilogue == kBiasSigmoid) acc = 1.0 / (1.0 + std::exp(-(acc + (with_bias ? double(bias[n]) : 0.0))));
+      const double got = C[m * s.N + n];
+      if (!(std::fabs(got - acc) <= tol * (1 + std::fabs(acc) + std::sqrt(double(s.K))))) {
+        std::printf("MISMATCH v%d %s f%zu M=%lld N=%lld K=%lld epilogue=%d bias=%d at (%lld,%lld): %g vs %g\n", version,
+                    layout, 8 * sizeof(T), (long long)s.M, (long long)s.N, (long long)s.K, epilogue, with_bias,
+                    (long long)m, (long long)n, got, acc);
+        return 1;
+      }
+    }
+  return 0;
+}
+
+template <typename T>
+int check_sigmoid_grad(int x4, int64_t rows, int64_t cols, std::mt19937& gen) {
+  const auto g = random_vector<T>(rows * cols, gen);
+  auto y = random_vector<T>(rows * cols, gen);
+  for (auto& v : y) v = T(1 / (1 + std::exp(-double(v))));
+  auto G = exact(g), Y = exact(y);
+  std::unique_ptr<T[]> dz(new T[rows * cols ? rows * cols : 1]), db(new T[cols ? cols : 1]);
+  if (emu_sigmoid_grad(sizeof(T), x4, G.get(), Y.get(), dz.get(), db.get(), rows, cols) != 0) return 1;
+  for (int64_t c = 0; c < cols; ++c) {
+    double sum = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const double d = double(g[r * cols + c]) * y[r * cols + c] * (1 - double(y[r * cols + c]));
+      sum += d;
+      if (std::fabs(dz[r * cols + c] - d) > 1e-6 * (1 + std::fabs(d))) return std::printf("MISMATCH dz\n"), 1;
+    }
+    if (std::fabs(db[c] - sum) > 1e-5 * (1 + std::fabs(sum) + rows)) return std::printf("MISMATCH db col %lld\n", (long long)c), 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> versions;
+  bool quick = false;  // --quick: three shapes, for ThreadSanitizer's slower runs
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--quick") quick = true;
+    else versions.push_back(std::atoi(argv[i]));
+  }
+  if (versions.empty())
+    for (int v = 1; v <= kVersions; ++v) versions.push_back(v);
+  std::mt19937 gen(0);
+  int failures = 0, runs = 0;
+  for (int v : versions)
+    for (const char* layout : {"nt", "nn", "tn"})
+      for (const Shape& s : kShapes) {
+        if (quick && !(s.M == 1 || s.M == 33 || s.M == 37)) continue;
+        // both types; the fused epilogue with and without bias, and the plain one
+        failures += check_gemm<float>(v, layout, s, kBiasSigmoid, true, gen);
+        failures += check_gemm<double>(v, layout, s, kBiasSigmoid, false, gen);
+        failures += check_gemm<float>(v, layout, s, kPlain, false, gen);
+        failures += check_gemm<double>(v, layout, s, kPlain, false, gen);
+        runs += 4;
+      }
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {0, 5}, {33, 31}, {70, 64}}) {
+    failures += check_sigmoid_grad<float>(0, rows, cols, gen) + check_sigmoid_grad<double>(0, rows, cols, gen);
+    runs += 2;
+    if (cols % 4 == 0) failures += check_sigmoid_grad<float>(1, rows, cols, gen), ++runs;
+  }
+  std::printf("%d of %d kernel runs matched the reference\n", runs - failures, runs);
+  return failures ? 1 : 0;
+}

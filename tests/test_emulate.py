@@ -1,0 +1,187 @@
+"""Stage 3's kernels run on the CPU through the execution-model emulation (cuda/emulate/): every
+GEMM version × layout × dtype × epilogue and the backward kernels against torch, NaN/±inf, and
+the same kernels under AddressSanitizer and ThreadSanitizer (plus proof that a race is caught)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import ROOT, run_script
+
+spec = importlib.util.spec_from_file_location("dense_cuda_emulated", ROOT / "cuda" / "emulated.py")
+emu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(emu)
+
+CXX = shutil.which(os.environ.get("CXX", "c++"))
+pytestmark = pytest.mark.skipif(emu.unavailable_reason() is not None, reason=str(emu.unavailable_reason()))
+VERSIONS = list(emu.versions())[1:]  # 0 only picks one of them
+# (M, N, K): 1×1×1, an empty batch, one below / at / above the 16-, 32-, 64- and 128-wide tiles
+# and the 8-, 16- and 32-deep k steps, primes.
+SHAPES = [(1, 1, 1), (0, 7, 5), (15, 17, 9), (31, 33, 16), (63, 65, 7), (64, 32, 33), (129, 127, 17),
+          (37, 41, 43)]
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float64: dict(atol=1e-12, rtol=1e-10)}
+
+
+def reference(layout: str, a, b, bias, epilogue):
+    c = (a.t() if layout[0] == "t" else a) @ (b.t() if layout[1] == "t" else b)
+    if epilogue == emu.KBIAS_SIGMOID:
+        c = torch.sigmoid(c + bias if bias is not None else c)
+    return c
+
+
+def run_gemm(version, layout, a, b, bias, epilogue, m, n, k):
+    c = torch.full((m, n), float("nan"), dtype=a.dtype)  # every output must be written
+    emu.gemm(version, layout, a, b, c, bias, m, n, k, epilogue)
+    return c
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_gemm_layout_and_epilogue_matches_torch(version, dtype):
+    g = torch.Generator().manual_seed(version)
+    for m, n, k in SHAPES:
+        for layout in ("nt", "nn", "tn"):
+            a = torch.randn((k, m) if layout[0] == "t" else (m, k), generator=g, dtype=dtype)
+            b = torch.randn((n, k) if layout[1] == "t" else (k, n), generator=g, dtype=dtype)
+            bias = torch.randn(n, generator=g, dtype=dtype)
+            for epilogue, bi in ((emu.KPLAIN, None), (emu.KBIAS_SIGMOID, bias), (emu.KBIAS_SIGMOID, None)):
+                got = run_gemm(version, layout, a, b, bi, epilogue, m, n, k)
+                torch.testing.assert_close(got, reference(layout, a, b, bi, epilogue), **TOL[dtype],
+                                           msg=lambda s, t=(layout, m, n, k, epilogue): f"v{version} {t}: {s}")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_nan_and_inf_give_torchs_nan_pattern(version):
+    """sigmoid(F.linear(...)) of NaN is NaN, of ±inf 0 or 1, of inf − inf NaN: the same here."""
+    x = torch.randn(19, 23, dtype=torch.float64)
+    w = torch.randn(29, 23, dtype=torch.float64)
+    b = torch.randn(29, dtype=torch.float64)
+    x[0, 3], x[1, :] = float("nan"), float("inf")
+    x[2, 5], x[3, 0] = float("inf"), float("-inf")
+    w[4, 1], b[5], b[6] = float("nan"), float("inf"), float("-inf")
+    for dtype in (torch.float32, torch.float64):
+        xs, ws, bs = x.to(dtype), w.to(dtype), b.to(dtype)
+        got = emu.forward(xs, ws, bs, version)
+        want = torch.sigmoid(F.linear(xs, ws, bs))
+        assert torch.equal(got.isnan(), want.isnan()), f"v{version} {dtype}: NaN pattern differs"
+        assert want.isnan().any() and (want == 1).any() and (want == 0).any()
+        torch.testing.assert_close(got, want, equal_nan=True, **TOL[dtype])
+
+
+def test_forward_and_backward_against_nn_linear_every_version():
+    g = torch.Generator().manual_seed(1)
+    for version in [0, *VERSIONS]:
+        for dtype in (torch.float32, torch.float64):
+            x = torch.randn(3, 11, 13, generator=g, dtype=dtype, requires_grad=True)  # (*, in) input
+            w = torch.randn(9, 13, generator=g, dtype=dtype, requires_grad=True)
+            b = torch.randn(9, generator=g, dtype=dtype, requires_grad=True)
+            grad = torch.randn(3, 11, 9, generator=g, dtype=dtype)
+            y = emu.dense(version)(x, w, b)
+            ours = [y, *torch.autograd.grad(y, (x, w, b), grad)]
+            y_ref = torch.sigmoid(F.linear(x, w, b))
+            ref = [y_ref, *torch.autograd.grad(y_ref, (x, w, b), grad)]
+            for o, r in zip(ours, ref):
+                torch.testing.assert_close(o, r, **TOL[dtype])
+        # an empty batch: y is empty, grad weight is zero, grad bias is zero
+        x0 = torch.zeros(0, 13, dtype=torch.float64, requires_grad=True)
+        w0 = torch.randn(9, 13, dtype=torch.float64, requires_grad=True)
+        b0 = torch.randn(9, dtype=torch.float64, requires_grad=True)
+        y0 = emu.dense(version)(x0, w0, b0)
+        y0.sum().backward()
+        assert y0.shape == (0, 9) and torch.equal(w0.grad, torch.zeros_like(w0)) and torch.equal(b0.grad, 0 * b0)
+
+
+def test_sigmoid_grad_kernels_match_torch_and_are_bit_identical_run_to_run():
+    g = torch.Generator().manual_seed(2)
+    for rows, cols in ((1, 1), (0, 5), (33, 31), (1025, 64), (70, 4)):
+        for dtype in (torch.float32, torch.float64):
+            for x4 in ((False, True) if dtype == torch.float32 and cols % 4 == 0 else (False,)):
+                gr = torch.randn(rows, cols, generator=g, dtype=dtype)
+                y = torch.rand(rows, cols, generator=g, dtype=dtype)
+                dz, db = torch.empty_like(y), torch.empty(cols, dtype=dtype)
+                emu.sigmoid_grad(gr, y, dz, db, x4=x4)
+                want = gr * y * (1 - y)
+                torch.testing.assert_close(dz, want, **TOL[dtype])
+                torch.testing.assert_close(db, want.sum(0), **TOL[dtype])
+                dz2, db2 = torch.empty_like(y), torch.empty(cols, dtype=dtype)
+                emu.sigmoid_grad(gr, y, dz2, db2, x4=x4)
+                assert torch.equal(db, db2) and torch.equal(dz, dz2), "the bias gradient changed between runs"
+
+
+def test_grad_check_script_emulated():
+    result = run_script("grad_check.py", "cuda", "--emulate", "--kernel", str(VERSIONS[-1]), "-b", "3", "-i", "5",
+                        "-o", "4", "--no-bias")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all checks passed" in result.stdout and "FAIL" not in result.stdout
+    bad = run_script("grad_check.py", "cuda", "--emulate", "--kernel", "99")
+    assert bad.returncode == 2 and "--kernel must be one of" in bad.stderr
+
+
+# ---- the same kernels under the sanitizers (a standalone driver: cuda/emulate/driver.cpp) ----
+
+def build_driver(tmp_path: Path, sanitizer: str, source_root: Path = ROOT / "cuda") -> Path:
+    if CXX is None:
+        pytest.skip("needs a C++ compiler")
+    exe = tmp_path / f"driver_{sanitizer}"
+    cmd = [CXX, "-std=c++17", "-O1", "-g", "-pthread", f"-fsanitize={sanitizer}", "-fno-omit-frame-pointer",
+           f"-I{source_root}", str(source_root / "emulate" / "driver.cpp"), "-o", str(exe)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0 and "sanitize" in result.stderr and "cannot find" in result.stderr:
+        pytest.skip(f"this compiler has no {sanitizer} sanitizer runtime: {result.stderr[-300:]}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    return exe
+
+
+def run_driver(exe: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.slow
+def test_every_kernel_under_address_sanitizer(tmp_path):
+    result = run_driver(build_driver(tmp_path, "address"), env={"ASAN_OPTIONS": "detect_leaks=0"})
+    assert "ERROR: AddressSanitizer" not in result.stderr, result.stderr[-4000:]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert re.search(r"(\d+) of \1 kernel runs matched", result.stdout), result.stdout
+
+
+@pytest.mark.slow
+def test_every_kernel_under_thread_sanitizer(tmp_path):
+    result = run_driver(build_driver(tmp_path, "thread"), "--quick")
+    assert "ThreadSanitizer" not in result.stderr, result.stderr[-4000:]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert re.search(r"(\d+) of \1 kernel runs matched", result.stdout), result.stdout
+
+
+@pytest.mark.slow
+def test_thread_sanitizer_reports_a_missing_syncthreads(tmp_path):
+    """The race check can fail: the shared-memory kernel without the __syncthreads that ends a
+    k step (fast threads overwrite the tile that slow ones still read) must be reported."""
+    copy = tmp_path / "cuda"
+    shutil.copytree(ROOT / "cuda", copy, ignore=shutil.ignore_patterns("*.py", "*.md"))
+    path, version = racy_source(copy)
+    exe = build_driver(tmp_path, "thread", copy)
+    result = run_driver(exe, "--quick", str(version), env={"TSAN_OPTIONS": "halt_on_error=1"})
+    assert "WARNING: ThreadSanitizer: data race" in result.stderr, result.stderr[-3000:]
+    assert path.name in result.stderr  # the report points into the edited kernel
+    assert result.returncode != 0
+
+
+def racy_source(copy: Path) -> tuple[Path, int]:
+    """Remove the second __syncthreads of the shared-memory-tile version in a copy of cuda/."""
+    path = copy / "kernels" / "all.cuh"
+    text = path.read_text()
+    start = text.index("void gemm_v2(")
+    first = text.index("__syncthreads();", start)
+    second = text.index("__syncthreads();", first + 1)
+    path.write_text(text[:second] + "/* removed */" + text[second + len("__syncthreads();"):])
+    return path, 2
