@@ -287,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the reference")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved samples per variant")
-    parser.add_argument("--kernel", type=int, choices=range(5), metavar="N",
-                        help="GEMM version of the cuda and ptx modes (0 automatic, 1-4; see cuda/README.md)")
+    parser.add_argument("--kernel", type=int, choices=range(10), metavar="N",
+                        help="GEMM version of the cuda and ptx modes (0 automatic, 1-9; see cuda/README.md)")
     parser.add_argument("--roofline", action="store_true",
                         help="also time each compiled stage's kernels alone, against the device's peak")
     parser.add_argument("--peak-tflops", type=float, help="peak TFLOP/s for --roofline (known for H100/H200)")

@@ -10,16 +10,18 @@ namespace {
 class RuntimeKernels final : public dense::Kernels {
  public:
   void gemm(int version, const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
-            const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue, cudaStream_t stream) override {
+            const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace,
+            cudaStream_t stream) override {
     C10_CUDA_CHECK(static_cast<cudaError_t>(dense_kernels::launch_gemm(
         version, layout, static_cast<int>(A.element_size()), A.const_data_ptr(), B.const_data_ptr(),
-        C.mutable_data_ptr(), bias ? bias->const_data_ptr() : nullptr, M, N, K, epilogue, stream)));
+        C.mutable_data_ptr(), bias ? bias->const_data_ptr() : nullptr, M, N, K, epilogue, sm_count, workspace,
+        stream)));
   }
   void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
-                    int64_t cols, cudaStream_t stream) override {
+                    int64_t cols, int sm_count, void* workspace, cudaStream_t stream) override {
     C10_CUDA_CHECK(static_cast<cudaError_t>(dense_kernels::launch_sigmoid_grad(
-        static_cast<int>(g.element_size()), /*x4=*/false, g.const_data_ptr(), y.const_data_ptr(),
-        dz.mutable_data_ptr(), db ? db->mutable_data_ptr() : nullptr, rows, cols, stream)));
+        grad_version(), static_cast<int>(g.element_size()), /*x4=*/false, g.const_data_ptr(), y.const_data_ptr(),
+        dz.mutable_data_ptr(), db ? db->mutable_data_ptr() : nullptr, rows, cols, sm_count, workspace, stream)));
   }
 };
 

@@ -5,6 +5,7 @@ Check it (GPU):  python grad_check.py cuda --device cuda
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -12,13 +13,16 @@ import torch
 import modes
 
 HERE = Path(__file__).resolve().parent
-KERNELS = {
-    0: "automatic: v3 when its 128×128 tiles fill the GPU, else v4",
-    1: "one thread per output",
-    2: "32×32 shared-memory tiles",
-    3: "register tiles (8×8 per thread, 128×128 per block), 128-bit loads",
-    4: "register tiles, smaller (4×4 per thread, 64×64 per block) for small batches",
-}
+
+
+def _version_ideas() -> dict[int, str]:
+    """dense_kernels.h's kVersionIdeas, the one list of the versions and their ideas."""
+    text = (HERE / "dense_kernels.h").read_text()
+    block = text.split("kVersionIdeas[kVersions + 1] = {", 1)[1].split("};", 1)[0]
+    return dict(enumerate(re.findall(r'"((?:[^"\\]|\\.)*)"', block)))
+
+
+KERNELS = _version_ideas()  # {0: "automatic: ...", 1: "naive, uncoalesced: ...", ...}
 
 BUILD = modes.load_extension(
     "dense_cuda_ext", [HERE / "binding.cpp", HERE / "dense_kernels.cu"],

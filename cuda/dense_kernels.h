@@ -1,8 +1,8 @@
-// What the CUDA binding (cuda/binding.cpp) and the PTX loader (ptx/loader.cpp) both need to
-// know about the kernels in dense_kernels.cu: their names, their parameters and the launch
-// geometry of each. Plain C++, no CUDA headers, so both sides include it.
+// What the CUDA binding (cuda/binding.cpp), the PTX loader (ptx/loader.cpp) and the CPU emulation
+// (cuda/emulate/emulate.cpp) all need to know about the kernels in cuda/kernels/: their names,
+// their parameters and the launch geometry of each. Plain C++, no CUDA headers.
 //
-// Checked without a GPU by: python -m pytest tests/test_kernels.py
+// Checked without a GPU by: python -m pytest tests/test_kernels.py tests/test_emulate.py
 #pragma once
 
 #include <cstdint>
@@ -19,13 +19,25 @@ namespace dense_kernels {
 //   "nt": A is M×K, B is given as N×K  (forward:  y  = x · Wᵀ)
 //   "nn": A is M×K, B is K×N           (backward: dx = dz · W)
 //   "tn": A is given as K×M, B is K×N  (backward: dW = dzᵀ · x)
+// Entry names: dense_gemm_v{N}_{nt|nn|tn}_{f32|f64} (extern "C", the same in the PTX).
 // Parameters: (const T* A, const T* B, T* C, const T* bias, int64 M, int64 N, int64 K, int epilogue)
 enum Epilogue : int { kPlain = 0, kBiasSigmoid = 1 };
 
-// The GEMM progression. Version 3 (register tiles) is the default for large M; version 4 is
-// the same kernel with smaller tiles, for the small batches where version 3 leaves SMs idle.
-constexpr int kVersions = 4;
-constexpr int kDefaultVersion = 0;  // 0: choose by shape (see choose_version)
+// The GEMM progression, one idea per version (cuda/kernels/v{N}_*.cuh; cuda/README.md):
+constexpr int kVersions = 9;
+constexpr const char* kVersionIdeas[kVersions + 1] = {
+    "automatic: v8, or v9 when v8's tiles leave SMs idle",
+    "naive, uncoalesced: one thread per output, a warp's threads walk down a column",
+    "naive, coalesced: a warp's threads take neighbouring columns",
+    "shared-memory tiles: a 32x32 tile of A and of B staged once, read 32 times",
+    "1-D register blocking: each thread computes a column of 8 outputs",
+    "2-D register blocking: each thread computes an 8x8 (f64: 4x4) block of outputs",
+    "vectorised: 128-bit global loads, A's tile stored transposed, 128-bit shared loads",
+    "warp tiling: a warp's threads own one compact sub-tile (fewer shared-memory bytes per step)",
+    "double buffering: the next k-step's tiles load while this one computes (cp.async on sm_80+)",
+    "split-K for small batches: the k loop split over blocks until every SM has work",
+};
+constexpr int kDefaultVersion = 0;  // 0: choose by shape and SM count (see choose_version)
 
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -35,89 +47,148 @@ struct Geometry {
   Dim3 grid, block;
 };
 
-// Tile shapes; the kernels are instantiated with the same numbers.
-template <int Bytes>
-struct Tiles;
-template <>
-struct Tiles<4> {  // float
-  static constexpr int BM = 128, BN = 128, BK = 8, TM = 8, TN = 8;           // version 3
-  static constexpr int SBM = 64, SBN = 64, SBK = 16, STM = 4, STN = 4;       // version 4
+// Tile of C per block (BM×BN), k-step (BK) and outputs per thread (TM×TN). The kernels are
+// instantiated from these numbers. float64 halves the 2-D tiles: 8×8 doubles per thread need
+// about twice the registers of 8×8 floats.
+struct Tile {
+  int BM, BN, BK, TM, TN;
 };
-template <>
-struct Tiles<8> {  // double: half the tile, the same number of registers
-  static constexpr int BM = 64, BN = 64, BK = 8, TM = 4, TN = 4;
-  static constexpr int SBM = 32, SBN = 32, SBK = 16, STM = 2, STN = 2;
+constexpr Tile tile(int version, int element_bytes) {
+  switch (version) {
+    case 1: return {32, 8, 1, 1, 1};    // block 32×8 threads, x along m
+    case 2: return {8, 32, 1, 1, 1};    // block 32×8 threads, x along n
+    case 3: return {32, 32, 32, 1, 1};  // block 32×32 threads
+    case 4: return {64, 64, 8, 8, 1};   // 512 threads
+    default: return element_bytes == 4 ? Tile{128, 128, 8, 8, 8} : Tile{64, 64, 8, 4, 4};  // 256 threads
+  }
+}
+// The same numbers as compile-time constants, for the kernels (device code cannot call tile()).
+template <int Version, int Bytes>
+struct TileOf {
+  static constexpr Tile t = tile(Version, Bytes);
+  static constexpr int BM = t.BM, BN = t.BN, BK = t.BK, TM = t.TM, TN = t.TN;
 };
-constexpr int kNaiveBlock = 16;   // version 1: 16×16 threads, one output each
-constexpr int kSmemTile = 32;     // version 2: 32×32 threads, one output each, 32×32 tiles
+constexpr int threads(int version, int element_bytes) {
+  return (tile(version, element_bytes).BM / tile(version, element_bytes).TM) *
+         (tile(version, element_bytes).BN / tile(version, element_bytes).TN);
+}
+// Warp tiling (v7+): a warp's 32 lanes form an 8×4 grid, so a warp owns (8·TM)×(4·TN) of C.
+constexpr int kWarpLanesM = 8, kWarpLanesN = 4;
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
-inline int choose_version(int64_t M, int64_t N) {
-  // Version 3's 128×128 tiles need enough of them to fill the GPU (132 SMs on an H100/H200).
-  return (ceil_div(M, 128) * ceil_div(N, 128) >= 132) ? 3 : 4;
+// v9: how many slices of the k loop, so that tiles × slices covers every SM once, each slice
+// keeping at least kMinSliceK of K (below that the reduction costs more than it spreads).
+constexpr int64_t kMinSliceK = 128;
+inline int splitk_slices(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
+  const Tile t = tile(9, element_bytes);
+  const int64_t tiles = int64_t(ceil_div(M, t.BM)) * ceil_div(N, t.BN);
+  if (tiles <= 0 || tiles >= sm_count) return 1;
+  int64_t s = (sm_count + tiles - 1) / tiles;
+  if (s > K / kMinSliceK) s = K / kMinSliceK;
+  return s < 1 ? 1 : static_cast<int>(s);
 }
 
-inline Geometry gemm_geometry(int version, int element_bytes, int64_t M, int64_t N) {
+// Version 0: v8 when its tiles fill the GPU (the device's SM count, queried by the caller),
+// else v9 (which splits K, when K is deep enough to split).
+inline int choose_version(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
+  return splitk_slices(M, N, K, element_bytes, sm_count) > 1 ? 9 : 8;
+}
+
+inline Geometry gemm_geometry(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
   Geometry g;
-  const bool f32 = element_bytes == 4;
-  switch (version) {
-    case 1:
-      g.block = {kNaiveBlock, kNaiveBlock, 1};
-      g.grid = {ceil_div(N, kNaiveBlock), ceil_div(M, kNaiveBlock), 1};
-      break;
-    case 2:
-      g.block = {kSmemTile, kSmemTile, 1};
-      g.grid = {ceil_div(N, kSmemTile), ceil_div(M, kSmemTile), 1};
-      break;
-    case 3: {
-      const int bm = f32 ? Tiles<4>::BM : Tiles<8>::BM, bn = f32 ? Tiles<4>::BN : Tiles<8>::BN;
-      const int tm = f32 ? Tiles<4>::TM : Tiles<8>::TM, tn = f32 ? Tiles<4>::TN : Tiles<8>::TN;
-      g.block = {static_cast<unsigned>((bm / tm) * (bn / tn)), 1, 1};
-      g.grid = {ceil_div(N, bn), ceil_div(M, bm), 1};
-      break;
-    }
-    default: {
-      const int bm = f32 ? Tiles<4>::SBM : Tiles<8>::SBM, bn = f32 ? Tiles<4>::SBN : Tiles<8>::SBN;
-      const int tm = f32 ? Tiles<4>::STM : Tiles<8>::STM, tn = f32 ? Tiles<4>::STN : Tiles<8>::STN;
-      g.block = {static_cast<unsigned>((bm / tm) * (bn / tn)), 1, 1};
-      g.grid = {ceil_div(N, bn), ceil_div(M, bm), 1};
-    }
+  const Tile t = tile(version, element_bytes);
+  if (version <= 3) {  // one output per thread; x is the fast index of a warp
+    g.block = {32, static_cast<unsigned>(threads(version, element_bytes) / 32), 1};
+    g.grid = version == 1 ? Dim3{ceil_div(M, t.BM), ceil_div(N, t.BN), 1} : Dim3{ceil_div(N, t.BN), ceil_div(M, t.BM), 1};
+  } else {
+    g.block = {static_cast<unsigned>(threads(version, element_bytes)), 1, 1};
+    g.grid = {ceil_div(N, t.BN), ceil_div(M, t.BM), 1};
+    if (version == 9) g.grid.z = static_cast<unsigned>(splitk_slices(M, N, K, element_bytes, sm_count));
   }
   return g;
 }
 
-// "dense_gemm_v3_nt_f32", ...: the extern "C" entry names, the same in the PTX.
-inline std::string gemm_name(int version, const char* layout, int element_bytes) {
-  return "dense_gemm_v" + std::to_string(version) + "_" + layout + (element_bytes == 4 ? "_f32" : "_f64");
+// v9 with S > 1 slices writes S partial M×N products into a workspace, then
+// dense_splitk_reduce_{f32|f64}(const T* partial, T* C, const T* bias, int64 M, int64 N, int slices,
+// int epilogue) adds them in slice order (deterministic) and applies the epilogue.
+inline int64_t gemm_workspace_elements(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
+  const int s = version == 9 ? splitk_slices(M, N, K, element_bytes, sm_count) : 1;
+  return s > 1 ? s * M * N : 0;
 }
-
-// dz = g · y · (1 − y) and db = Σ_rows dz (db may be null). One block of 1024 threads per 32
-// columns walks all rows, so each column's sum is made by one block in a fixed order:
-// deterministic, no atomics. Parameters: (const T* g, const T* y, T* dz, T* db, int64 rows, int64 cols)
-// The _x4 entry (float only) gives each thread 4 adjacent columns; it needs cols % 4 == 0
-// and 16-byte aligned pointers (the PTX stage loads those 4 columns as one 128-bit load).
-constexpr int kGradCols = 32, kGradThreads = 1024;
-
-inline Geometry sigmoid_grad_geometry(int64_t cols, int cols_per_thread) {
+constexpr int kReduceThreads = 256;
+inline Geometry reduce_geometry(int64_t M, int64_t N) {
   Geometry g;
-  const unsigned x = kGradCols / cols_per_thread;
-  g.block = {x, kGradThreads / x, 1};
-  g.grid = {ceil_div(cols, kGradCols), 1, 1};
+  g.block = {kReduceThreads, 1, 1};
+  g.grid = {ceil_div(M * N, kReduceThreads), 1, 1};
   return g;
 }
 
-inline std::string sigmoid_grad_name(int element_bytes, bool x4) {
-  return std::string("dense_sigmoid_grad") + (x4 ? "_x4" : "") + (element_bytes == 4 ? "_f32" : "_f64");
+inline std::string gemm_name(int version, const char* layout, int element_bytes) {
+  return "dense_gemm_v" + std::to_string(version) + "_" + layout + (element_bytes == 4 ? "_f32" : "_f64");
+}
+inline std::string splitk_reduce_name(int element_bytes) {
+  return std::string("dense_splitk_reduce") + (element_bytes == 4 ? "_f32" : "_f64");
 }
 
-// Host-side launchers, defined in dense_kernels.cu: the CUDA stage calls these. They return
-// a cudaError_t (as int): the launch's own error, from cudaGetLastError.
+// The backward's elementwise kernel: dz = g · y · (1 − y) and db = Σ_rows dz (db may be null),
+// in a short progression of its own (cuda/kernels/sigmoid_grad.cuh), every version
+// deterministic (the same bits on every run):
+//   v1  a block owns 32 columns and walks all rows; its 32 row lanes' sums meet in shared memory,
+//       one thread per column adds them in order
+//   v2  the same, the 32 partial sums of a column added by one warp with shuffles (5 steps, not 32)
+//   v3  the rows spread over several blocks (enough for every SM), each writing its partial
+//       column sums; a second kernel dense_bias_grad_v3 adds them in block order
+// Parameters: (const T* g, const T* y, T* dz, T* db, int64 rows, int64 cols); v3's db is the
+// workspace of partial sums, and dense_bias_grad_v3_{f32|f64}(const T* partial, T* db, int64 parts,
+// int64 cols) finishes. The v1 _x4 entry (float only) gives each thread 4 adjacent columns; it
+// needs cols % 4 == 0 and 16-byte aligned pointers (the PTX stage loads them as one 128-bit load).
+constexpr int kGradVersions = 3, kDefaultGradVersion = 3;
+constexpr int kGradCols = 32, kGradThreads = 1024;
+
+// v3: blocks per column group along the rows: enough to cover the SMs, at least 64 rows each.
+inline int grad_row_blocks(int version, int64_t rows, int64_t cols, int sm_count) {
+  if (version != 3) return 1;
+  const int64_t groups = ceil_div(cols, kGradCols);
+  int64_t parts = (sm_count + groups - 1) / groups;
+  if (parts > rows / 64) parts = rows / 64;
+  return parts < 1 ? 1 : static_cast<int>(parts);
+}
+
+inline Geometry sigmoid_grad_geometry(int version, int64_t rows, int64_t cols, int cols_per_thread, int sm_count) {
+  Geometry g;
+  const unsigned x = kGradCols / cols_per_thread;
+  g.block = {x, kGradThreads / x, 1};
+  g.grid = {ceil_div(cols, kGradCols), static_cast<unsigned>(grad_row_blocks(version, rows, cols, sm_count)), 1};
+  return g;
+}
+inline int64_t sigmoid_grad_workspace_elements(int version, int64_t rows, int64_t cols, int sm_count) {
+  const int parts = grad_row_blocks(version, rows, cols, sm_count);
+  return parts > 1 ? parts * cols : 0;
+}
+inline Geometry bias_grad_geometry(int64_t cols) {
+  Geometry g;
+  g.block = {kReduceThreads, 1, 1};
+  g.grid = {ceil_div(cols, kReduceThreads), 1, 1};
+  return g;
+}
+
+inline std::string sigmoid_grad_name(int version, int element_bytes, bool x4) {
+  return "dense_sigmoid_grad_v" + std::to_string(version) + (x4 ? "_x4" : "") + (element_bytes == 4 ? "_f32" : "_f64");
+}
+inline std::string bias_grad_name(int element_bytes) {
+  return std::string("dense_bias_grad_v3") + (element_bytes == 4 ? "_f32" : "_f64");
+}
+
+// Host-side launchers (cuda/kernels/launch.cuh): the CUDA stage and the CPU emulation call these.
+// `workspace` holds at least gemm_workspace_elements / sigmoid_grad_workspace_elements elements
+// (may be null when those are 0). They return a cudaError_t (as int), 0 on success.
 using Stream = ::CUstream_st*;  // cudaStream_t, without including CUDA's headers
 
 int launch_gemm(int version, const char* layout, int element_bytes, const void* A, const void* B, void* C,
-                const void* bias, int64_t M, int64_t N, int64_t K, int epilogue, Stream stream);
-int launch_sigmoid_grad(int element_bytes, bool x4, const void* g, const void* y, void* dz, void* db,
-                        int64_t rows, int64_t cols, Stream stream);
+                const void* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace,
+                Stream stream);
+int launch_sigmoid_grad(int version, int element_bytes, bool x4, const void* g, const void* y, void* dz, void* db,
+                        int64_t rows, int64_t cols, int sm_count, void* workspace, Stream stream);
 
 }  // namespace dense_kernels

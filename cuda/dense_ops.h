@@ -17,14 +17,41 @@ namespace dense {
 class Kernels {
  public:
   virtual ~Kernels() = default;
-  // C[M×N] = op(A) op(B) (+ epilogue), layouts and epilogues as in dense_kernels.h.
+  // C[M×N] = op(A) op(B) (+ epilogue), layouts and epilogues as in dense_kernels.h. `version` is
+  // never 0 here (run_gemm chose it); `workspace` holds gemm_workspace_elements elements.
   virtual void gemm(int version, const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
-                    const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue,
-                    cudaStream_t stream) = 0;
-  // dz = g · y · (1 − y); db = Σ_rows dz when db is given.
-  virtual void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db,
-                            int64_t rows, int64_t cols, cudaStream_t stream) = 0;
+                    const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count,
+                    void* workspace, cudaStream_t stream) = 0;
+  // dz = g · y · (1 − y); db = Σ_rows dz when db is given, with grad_version()'s kernel.
+  virtual void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
+                            int64_t cols, int sm_count, void* workspace, cudaStream_t stream) = 0;
+  virtual int grad_version() const { return dense_kernels::kDefaultGradVersion; }
 };
+
+// The device's SM count, queried (an H100 SXM has 132, an H100 PCIe 114, ...): the small-batch
+// choices (split-K, the backward's row blocks) depend on it.
+inline int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+// Chooses the version (0: by shape and SM count) and allocates the split-K workspace from
+// torch's caching allocator, on the current stream like the kernels.
+inline void run_gemm(Kernels& k, int version, const char* layout, const at::Tensor& A, const at::Tensor& B,
+                     at::Tensor& C, const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue,
+                     cudaStream_t stream) {
+  const int sms = sm_count(), bytes = static_cast<int>(A.element_size());
+  if (version == 0) version = dense_kernels::choose_version(M, N, K, bytes, sms);
+  const int64_t elements = dense_kernels::gemm_workspace_elements(version, bytes, M, N, K, sms);
+  at::Tensor work = elements > 0 ? at::empty({elements}, A.options()) : at::Tensor();
+  k.gemm(version, layout, A, B, C, bias, M, N, K, epilogue, sms, elements > 0 ? work.mutable_data_ptr() : nullptr,
+         stream);
+}
+
+inline void run_sigmoid_grad(Kernels& k, const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db,
+                             int64_t rows, int64_t cols, cudaStream_t stream) {
+  const int sms = sm_count();
+  const int64_t elements = db ? dense_kernels::sigmoid_grad_workspace_elements(k.grad_version(), rows, cols, sms) : 0;
+  at::Tensor work = elements > 0 ? at::empty({elements}, y.options()) : at::Tensor();
+  k.sigmoid_grad(g, y, dz, db, rows, cols, sms, elements > 0 ? work.mutable_data_ptr() : nullptr, stream);
+}
 
 inline void check_cuda(const at::Tensor& x, const char* stage) {
   TORCH_CHECK_VALUE(x.is_cuda(), "the ", stage, " stage runs on CUDA tensors; x is on ", x.device());
@@ -44,8 +71,8 @@ inline at::Tensor gpu_forward(Kernels& k, int version, const at::Tensor& x, cons
   at::Tensor out = at::empty(out_shape(x, weight), x.options());
   at::Tensor out2 = out.view({M, N});
   if (M > 0 && N > 0) {
-    k.gemm(version, "nt", x2, w, out2, b.defined() ? &b : nullptr, M, N, K, dense_kernels::kBiasSigmoid,
-           at::cuda::getCurrentCUDAStream());
+    run_gemm(k, version, "nt", x2, w, out2, b.defined() ? &b : nullptr, M, N, K, dense_kernels::kBiasSigmoid,
+             at::cuda::getCurrentCUDAStream());
   }
   return out;
 }
@@ -67,25 +94,25 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, i
   const int64_t rows = y.size(0);
   at::Tensor dz = at::empty_like(y);
   at::Tensor grad_b = output_mask[2] ? at::empty({out_f}, y.options()) : unused(y);
-  if (out_f > 0) k.sigmoid_grad(g, y, dz, output_mask[2] ? &grad_b : nullptr, rows, out_f, stream);
+  if (out_f > 0) run_sigmoid_grad(k, g, y, dz, output_mask[2] ? &grad_b : nullptr, rows, out_f, stream);
 
   const at::Tensor w = weight.contiguous();
   at::Tensor grad_x = unused(x), grad_w = unused(x);
   if (output_mask[0]) {  // dx[rows×in] = dz[rows×out] · W[out×in]
     grad_x = at::empty({rows, in_f}, x.options());
-    if (rows > 0 && in_f > 0) k.gemm(version, "nn", dz, w, grad_x, nullptr, rows, in_f, out_f, dense_kernels::kPlain, stream);
+    if (rows > 0 && in_f > 0) run_gemm(k, version, "nn", dz, w, grad_x, nullptr, rows, in_f, out_f, dense_kernels::kPlain, stream);
     grad_x = grad_x.view(x.sizes());
   }
   if (output_mask[1]) {  // dW[out×in] = dzᵀ[out×rows] · x[rows×in]; rows = 0 gives zeros
     const at::Tensor x2 = x.reshape({-1, in_f}).contiguous();
     grad_w = at::empty({out_f, in_f}, x.options());
-    if (out_f > 0 && in_f > 0) k.gemm(version, "tn", dz, x2, grad_w, nullptr, out_f, in_f, rows, dense_kernels::kPlain, stream);
+    if (out_f > 0 && in_f > 0) run_gemm(k, version, "tn", dz, x2, grad_w, nullptr, out_f, in_f, rows, dense_kernels::kPlain, stream);
   }
   return {grad_x, grad_w, grad_b};
 }
 
 // The functions a GPU stage registers. `Stage` supplies `name`, the selected GEMM `version`
-// (0 picks by shape, see dense_kernels::choose_version) and `kernels()`; the rest is shared.
+// (0 picks by shape and SM count, see dense_kernels::choose_version) and `kernels()`; the rest is shared.
 template <class Stage>
 struct GpuOps {
   static at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {

@@ -27,6 +27,9 @@ SOURCES = sorted([HERE / "dense_kernels.h", *(HERE / "kernels").glob("*.cuh"), *
                   HERE / "emulate" / "emulate.cpp"])
 CXX_FLAGS = ["-std=c++17", "-O2", "-pthread", "-shared", "-fPIC", f"-I{HERE}"]
 KPLAIN, KBIAS_SIGMOID = 0, 1  # dense_kernels::Epilogue
+# The emulated device's SM count: small, so that the small shapes of the tests already take
+# the paths a real GPU takes for small batches (v9's split-K, the backward's v3 row blocks).
+SM_COUNT = 8
 
 _lib: ctypes.CDLL | None = None
 
@@ -73,9 +76,12 @@ def library() -> ctypes.CDLL:
     if _lib is None:
         lib = ctypes.CDLL(str(build()))
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.emu_gemm.argtypes = [i32, ctypes.c_char_p, i32, p, p, p, p, i64, i64, i64, i32]
-        lib.emu_sigmoid_grad.argtypes = [i32, i32, p, p, p, p, i64, i64]
+        lib.emu_gemm.argtypes = [i32, ctypes.c_char_p, i32, p, p, p, p, i64, i64, i64, i32, i32, p]
+        lib.emu_gemm_workspace.argtypes = [i32, i32, i64, i64, i64, i32]
+        lib.emu_sigmoid_grad.argtypes = [i32, i32, i32, p, p, p, p, i64, i64, i32, p]
+        lib.emu_sigmoid_grad_workspace.argtypes = [i32, i64, i64, i32]
         lib.emu_gemm.restype = lib.emu_sigmoid_grad.restype = i32
+        lib.emu_gemm_workspace.restype = lib.emu_sigmoid_grad_workspace.restype = i64
         _lib = lib
     return _lib
 
@@ -91,26 +97,34 @@ def _check(*tensors: Tensor | None) -> None:
 
 
 def gemm(version: int, layout: str, a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None,
-         m: int, n: int, k: int, epilogue: int) -> None:
+         m: int, n: int, k: int, epilogue: int, sm_count: int = SM_COUNT) -> None:
     """c[m×n] = op(a)·op(b) (+ epilogue), the layouts of cuda/dense_kernels.h; writes c."""
     _check(a, b, c, bias)
-    if m == 0 or n == 0:
-        return
-    rc = library().emu_gemm(version, layout.encode(), a.element_size(), _ptr(a), _ptr(b), _ptr(c), _ptr(bias),
-                            m, n, k, epilogue)
+    lib = library()
+    # the split-K workspace, allocated by the caller as cuda/dense_ops.h does on the GPU
+    size = lib.emu_gemm_workspace(version, a.element_size(), m, n, k, sm_count)
+    work = torch.empty(max(size, 0), dtype=a.dtype)
+    rc = lib.emu_gemm(version, layout.encode(), a.element_size(), _ptr(a), _ptr(b), _ptr(c), _ptr(bias),
+                      m, n, k, epilogue, sm_count, _ptr(work) if size > 0 else None)
     if rc != 0:
         raise ValueError(f"no emulated GEMM version {version} for layout {layout!r} and dtype {a.dtype}")
 
 
-def sigmoid_grad(g: Tensor, y: Tensor, dz: Tensor, db: Tensor | None, x4: bool = False) -> None:
+GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions
+
+
+def sigmoid_grad(g: Tensor, y: Tensor, dz: Tensor, db: Tensor | None, version: int = 0, x4: bool = False,
+                 sm_count: int = SM_COUNT) -> None:
     """dz = g·y·(1 − y); db = Σ_rows dz when db is given (rows × cols = y's shape)."""
     _check(g, y, dz, db)
     rows, cols = y.shape
-    if cols == 0:
-        return
-    rc = library().emu_sigmoid_grad(y.element_size(), int(x4), _ptr(g), _ptr(y), _ptr(dz), _ptr(db), rows, cols)
+    lib = library()
+    size = lib.emu_sigmoid_grad_workspace(version, rows, cols, sm_count) if db is not None else 0
+    work = torch.empty(max(size, 0), dtype=y.dtype)
+    rc = lib.emu_sigmoid_grad(version, y.element_size(), int(x4), _ptr(g), _ptr(y), _ptr(dz), _ptr(db), rows, cols,
+                              sm_count, _ptr(work) if size > 0 else None)
     if rc != 0:
-        raise ValueError(f"no emulated sigmoid-grad kernel for x4={x4} and dtype {y.dtype}")
+        raise ValueError(f"no emulated sigmoid-grad kernel v{version} for x4={x4}, dtype {y.dtype}, {cols} columns")
 
 
 # The two ops, step for step as cuda/dense_ops.h does them on the GPU.
@@ -124,14 +138,14 @@ def forward(x: Tensor, weight: Tensor, bias: Tensor | None, version: int = 0) ->
 
 
 def backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor, mask: tuple[bool, bool, bool],
-             version: int = 0) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+             version: int = 0, grad_version: int = 0) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     in_f, out_f = weight.shape[1], weight.shape[0]
     g = grad_out.reshape(-1, out_f).contiguous()
     y = out.reshape(-1, out_f).contiguous()
     rows = y.shape[0]
     dz = torch.empty_like(y)
     db = torch.empty(out_f, dtype=y.dtype) if mask[2] else None
-    sigmoid_grad(g, y, dz, db)
+    sigmoid_grad(g, y, dz, db, grad_version)
     w = weight.contiguous()
     dx = dw = None
     if mask[0]:
@@ -141,8 +155,6 @@ def backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor, mask: tup
     if mask[1]:
         x2 = x.reshape(-1, in_f).contiguous()
         dw = torch.empty(out_f, in_f, dtype=x.dtype)
-        if rows == 0:
-            dw.zero_()  # (the GPU kernels do this too: an empty sum over k is 0)
         gemm(version, "tn", dz, x2, dw, None, out_f, in_f, rows, KPLAIN)
     return dx, dw, db
 

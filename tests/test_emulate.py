@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(emu.unavailable_reason() is not None, reason=str
 VERSIONS = list(emu.versions())[1:]  # 0 only picks one of them
 # (M, N, K): 1×1×1, an empty batch, one below / at / above the 16-, 32-, 64- and 128-wide tiles
 # and the 8-, 16- and 32-deep k steps, primes.
-SHAPES = [(1, 1, 1), (0, 7, 5), (15, 17, 9), (31, 33, 16), (63, 65, 7), (64, 32, 33), (129, 127, 17),
+SHAPES = [(1, 1, 1), (0, 7, 5), (15, 17, 9), (31, 33, 16), (63, 65, 7), (64, 32, 33), (129, 127, 17), (33, 40, 260),
           (37, 41, 43)]
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float64: dict(atol=1e-12, rtol=1e-10)}
 
@@ -100,21 +100,42 @@ def test_forward_and_backward_against_nn_linear_every_version():
         assert y0.shape == (0, 9) and torch.equal(w0.grad, torch.zeros_like(w0)) and torch.equal(b0.grad, 0 * b0)
 
 
-def test_sigmoid_grad_kernels_match_torch_and_are_bit_identical_run_to_run():
+@pytest.mark.parametrize("version", emu.GRAD_VERSIONS)
+def test_sigmoid_grad_kernels_match_torch_and_are_bit_identical_run_to_run(version):
     g = torch.Generator().manual_seed(2)
+    # (1025, 64): v3 spreads the rows over 4 blocks per column group (8 emulated SMs)
     for rows, cols in ((1, 1), (0, 5), (33, 31), (1025, 64), (70, 4)):
         for dtype in (torch.float32, torch.float64):
-            for x4 in ((False, True) if dtype == torch.float32 and cols % 4 == 0 else (False,)):
+            x4s = (False, True) if version == 1 and dtype == torch.float32 and cols % 4 == 0 else (False,)
+            for x4 in x4s:
                 gr = torch.randn(rows, cols, generator=g, dtype=dtype)
                 y = torch.rand(rows, cols, generator=g, dtype=dtype)
                 dz, db = torch.empty_like(y), torch.empty(cols, dtype=dtype)
-                emu.sigmoid_grad(gr, y, dz, db, x4=x4)
+                emu.sigmoid_grad(gr, y, dz, db, version, x4=x4)
                 want = gr * y * (1 - y)
                 torch.testing.assert_close(dz, want, **TOL[dtype])
                 torch.testing.assert_close(db, want.sum(0), **TOL[dtype])
                 dz2, db2 = torch.empty_like(y), torch.empty(cols, dtype=dtype)
-                emu.sigmoid_grad(gr, y, dz2, db2, x4=x4)
-                assert torch.equal(db, db2) and torch.equal(dz, dz2), "the bias gradient changed between runs"
+                for _ in range(3):  # "the same bits on every run"
+                    emu.sigmoid_grad(gr, y, dz2, db2, version, x4=x4)
+                    assert torch.equal(db, db2) and torch.equal(dz, dz2), "the bias gradient changed between runs"
+    dz_only = torch.empty(70, 4)
+    emu.sigmoid_grad(torch.ones(70, 4), torch.full((70, 4), 0.5), dz_only, None, version)  # no bias gradient
+    assert torch.equal(dz_only, torch.full((70, 4), 0.25))
+
+
+def test_small_batch_paths_are_taken_and_deterministic():
+    """With 8 emulated SMs, B = 32 gives v8 two tiles: version 0 must pick v9 and split K."""
+    lib = emu.library()
+    assert lib.emu_gemm_workspace(0, 4, 32, 200, 4096, emu.SM_COUNT) == 4 * 32 * 200  # 4 slices × M × N
+    assert lib.emu_gemm_workspace(0, 4, 32, 200, 4096, 2) == 0  # two SMs: two tiles fill them, plain v8
+    assert lib.emu_sigmoid_grad_workspace(3, 4096, 64, emu.SM_COUNT) == 4 * 64
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(32, 700, generator=g), torch.randn(200, 700, generator=g)
+    bias = torch.randn(200, generator=g)
+    runs = [run_gemm(0, "nt", a, b, bias, emu.KBIAS_SIGMOID, 32, 200, 700) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+    torch.testing.assert_close(runs[0], torch.sigmoid(a @ b.t() + bias), **TOL[torch.float32])
 
 
 def test_grad_check_script_emulated():
@@ -178,10 +199,10 @@ def test_thread_sanitizer_reports_a_missing_syncthreads(tmp_path):
 
 def racy_source(copy: Path) -> tuple[Path, int]:
     """Remove the second __syncthreads of the shared-memory-tile version in a copy of cuda/."""
-    path = copy / "kernels" / "all.cuh"
+    path = copy / "kernels" / "v3_smem.cuh"
     text = path.read_text()
-    start = text.index("void gemm_v2(")
+    start = text.index("void gemm_v3(")
     first = text.index("__syncthreads();", start)
     second = text.index("__syncthreads();", first + 1)
     path.write_text(text[:second] + "/* removed */" + text[second + len("__syncthreads();"):])
-    return path, 2
+    return path, 3

@@ -18,6 +18,7 @@ from conftest import ROOT
 
 NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
 KERNELS = ROOT / "cuda" / "dense_kernels.cu"
+LESSON = ROOT / "ptx" / "lesson_kernels.cu"  # what the PTX stage's PTX is generated from
 EDITED = ROOT / "ptx" / "dense_kernels.ptx"
 ARCHS = ["sm_80", "sm_90"]
 
@@ -27,11 +28,15 @@ needs_ptxas = pytest.mark.skipif(PTXAS is None, reason="ptxas not found on PATH"
 # The entry points ptx/loader.cpp asks for by name (dense_kernels.h: gemm_name, sigmoid_grad_name).
 GEMM_PARAMS = ["u64"] * 4 + ["u64"] * 3 + ["u32"]  # A, B, C, bias; M, N, K; epilogue
 GRAD_PARAMS = ["u64"] * 4 + ["u64"] * 2             # g, y, dz, db; rows, cols
+REDUCE_PARAMS = ["u64"] * 3 + ["u64"] * 2 + ["u32"] * 2  # partial, C, bias; M, N; slices, epilogue
 ENTRIES = {f"dense_gemm_v{v}_{layout}_{t}": GEMM_PARAMS
-           for v in (1, 2, 3, 4) for layout in ("nt", "nn", "tn") for t in ("f32", "f64")}
+           for v in (8, 9) for layout in ("nt", "nn", "tn") for t in ("f32", "f64")}
 ENTRIES.update({name: GRAD_PARAMS for name in
-                ("dense_sigmoid_grad_f32", "dense_sigmoid_grad_f64", "dense_sigmoid_grad_x4_f32")})
-DEFAULT = re.compile(r"dense_gemm_v[34]_|dense_sigmoid_grad")  # the kernels the stages use unless told otherwise
+                ("dense_sigmoid_grad_v1_f32", "dense_sigmoid_grad_v1_f64", "dense_sigmoid_grad_v1_x4_f32")})
+ENTRIES.update({f"dense_splitk_reduce_{t}": REDUCE_PARAMS for t in ("f32", "f64")})
+# Every entry of the CUDA stage (cuda/dense_kernels.cu), for the spill check.
+ALL_ENTRIES = {f"dense_gemm_v{v}_{layout}_{t}" for v in range(1, 10) for layout in ("nt", "nn", "tn")
+               for t in ("f32", "f64")} | {f"dense_sigmoid_grad_v{v}_{t}" for v in (1, 2, 3) for t in ("f32", "f64")}
 
 
 def resource_usage(output: str) -> dict[str, str]:
@@ -46,11 +51,11 @@ def resource_usage(output: str) -> dict[str, str]:
     return usage
 
 
-def assert_no_spills(output: str) -> None:
+def assert_no_spills(output: str, expected: set[str], only: set[str] | None = None) -> None:
     usage = resource_usage(output)
-    assert set(ENTRIES) <= set(usage), f"entries missing from ptxas output: {set(ENTRIES) - set(usage)}"
+    assert expected <= set(usage), f"entries missing from ptxas output: {expected - set(usage)}"
     for name, line in usage.items():
-        if DEFAULT.match(name):
+        if only is None or name in only:
             assert "0 bytes spill stores, 0 bytes spill loads" in line, f"{name}: {line}"
 
 
@@ -61,7 +66,10 @@ def test_kernels_compile_without_register_spills(arch, tmp_path):
     result = subprocess.run([NVCC, "-c", "-std=c++17", "-O3", f"-arch={arch}", "-Xptxas", "-v", str(KERNELS),
                              "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert_no_spills(result.stderr)
+    # sm_90: every version. sm_80: the kernels the stages run by default (v8, v9, the backward's);
+    # there ptxas 13.0 gives v4 f32 64 registers and 8 bytes of spills.
+    assert_no_spills(result.stderr, ALL_ENTRIES if arch == "sm_90" else set(ENTRIES),
+                     only=None if arch == "sm_90" else set(ENTRIES))
 
 
 @needs_ptxas
@@ -70,7 +78,7 @@ def test_hand_edited_ptx_assembles_without_spills(arch, tmp_path):
     result = subprocess.run([PTXAS, f"-arch={arch}", "-v", str(EDITED), "-o", str(tmp_path / "k.cubin")],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert_no_spills(result.stderr + result.stdout)
+    assert_no_spills(result.stderr + result.stdout, set(ENTRIES))
 
 
 def entries(ptx: str) -> dict[str, list[str]]:
@@ -92,11 +100,12 @@ def test_ptx_edits_are_in_place():
     ptx = "\n".join(normalised(EDITED.read_text()))  # code only, so comments can name what they replaced
     sigmoid = re.search(r"\.func .*?dense_sigmoid_f32\((.*?)\n}", ptx, re.S).group(1)
     assert "ex2.approx.ftz.f32" in sigmoid and "rcp.approx.ftz.f32" in sigmoid and "rcp.rn" not in sigmoid
-    x4 = re.search(r"\.entry dense_sigmoid_grad_x4_f32\((.*?)\n}", ptx, re.S).group(1)
+    x4 = re.search(r"\.entry dense_sigmoid_grad_v1_x4_f32\((.*?)\n}", ptx, re.S).group(1)
     # all loads of g and y and all stores of dz are 128-bit; the one scalar store left writes db
     assert "ld.global.f32" not in x4 and x4.count("st.global.f32") == 1
     assert x4.count("ld.global.v4.f32") >= 2 and "st.global.v4.f32" in x4
-    assert EDITED.read_text().count("EDIT(") >= 3
+    text = EDITED.read_text()
+    assert text.count("EDIT-A") >= 1 and text.count("EDIT-B") >= 3 and "EDIT(" not in text
 
 
 def normalised(ptx: str) -> list[str]:
@@ -121,15 +130,15 @@ def function_of(lines: list[str], index: int) -> str:
 @needs_nvcc
 @pytest.mark.slow
 def test_edited_ptx_differs_from_the_compilers_only_where_marked(tmp_path):
-    """The committed PTX is the compiler's PTX of cuda/dense_kernels.cu plus the marked edits:
-    a change to the .cu without redoing the edits fails here."""
+    """The committed PTX is the compiler's PTX of ptx/lesson_kernels.cu plus the marked edits:
+    a change to the kernels without redoing the edits fails here."""
     ptx = EDITED.read_text()
     ours = re.search(r"Cuda compilation tools, release [\d.]+, V[\d.]+", ptx).group(0)
     nvcc = subprocess.run([NVCC, "--version"], capture_output=True, text=True).stdout
     if ours not in nvcc:
         pytest.skip(f"the committed PTX came from {ours}; this nvcc differs, so its PTX would too")
     generated = tmp_path / "generated.ptx"
-    result = subprocess.run([NVCC, "-ptx", "-arch=sm_80", "-O3", "-std=c++17", str(KERNELS), "-o", str(generated)],
+    result = subprocess.run([NVCC, "-ptx", "-arch=sm_80", "-O3", "-std=c++17", str(LESSON), "-o", str(generated)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     before, after = normalised(generated.read_text()), normalised(ptx)
@@ -138,7 +147,7 @@ def test_edited_ptx_differs_from_the_compilers_only_where_marked(tmp_path):
     for tag, i1, _, j1, j2 in matcher.get_opcodes():
         if tag != "equal":
             touched.add(function_of(after, j1) if j2 > j1 else function_of(before, i1))
-    assert touched == {"dense_sigmoid_f32", "dense_sigmoid_grad_x4_f32"}, touched
+    assert touched == {"dense_sigmoid_f32", "dense_sigmoid_grad_v1_x4_f32"}, touched
 
 
 # The CPU wheel of torch ships the CUDA headers of ATen but not those of the CUDA maths
@@ -182,11 +191,14 @@ def test_gpu_bindings_type_check_against_torch_headers(source, tmp_path):
 
 
 def test_kernel_files_start_with_the_command_that_builds_or_checks_them():
+    kernel_files = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "cuda" / "kernels").glob("*.cuh"))]
+    emulation = ["cuda/emulate/cuda_emu.h", "cuda/emulate/emulate.cpp", "cuda/emulate/driver.cpp"]
     for name in ["cuda/dense_kernels.cu", "cuda/binding.cpp", "cuda/dense_kernels.h", "cuda/dense_ops.h",
-                 "ptx/loader.cpp", "ptx/dense_kernels.ptx", "cpp/dense.cpp", "cpp/dense_common.h"]:
+                 "ptx/loader.cpp", "ptx/dense_kernels.ptx", "ptx/lesson_kernels.cu", "cpp/dense.cpp",
+                 "cpp/dense_common.h", *kernel_files, *emulation]:
         path = ROOT / name
         head = "\n".join(path.read_text().splitlines()[:8])
-        assert re.search(r"(nvcc|ptxas|python|pip|pytest|bash) ", head), f"{path.name} does not say how to build it"
+        assert re.search(r"(nvcc|ptxas|python|pip|pytest|bash|c\+\+) ", head), f"{path.name}: no build command"
 
 
 if __name__ == "__main__":
