@@ -129,6 +129,8 @@ def test_small_batch_paths_are_taken_and_deterministic():
     lib = emu.library()
     assert lib.emu_gemm_workspace(0, 4, 32, 200, 4096, emu.SM_COUNT) == 4 * 32 * 200  # 4 slices × M × N
     assert lib.emu_gemm_workspace(0, 4, 32, 200, 4096, 2) == 0  # two SMs: two tiles fill them, plain v8
+    # the chapter's example: B = 32, I = O = 4096 on 132 SMs → 32 tiles × 5 slices = 160 blocks
+    assert lib.emu_gemm_workspace(0, 4, 32, 4096, 4096, 132) == 5 * 32 * 4096
     assert lib.emu_sigmoid_grad_workspace(3, 4096, 64, emu.SM_COUNT) == 4 * 64
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(32, 700, generator=g), torch.randn(200, 700, generator=g)
