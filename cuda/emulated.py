@@ -177,6 +177,11 @@ def dense(version: int = 0) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]
             return backward(grad_out, x, weight, out, mask, version)
 
     def call(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+        import modes  # the repository's one set of input checks (shapes, dtypes, devices)
+
+        modes.check_inputs(x, weight, bias)
+        if x.device.type != "cpu":
+            raise ValueError(f"the emulated kernels run on CPU tensors; x is on {x.device}")
         return Emulated.apply(x, weight, bias)
 
     call.__name__ = f"dense_cuda_emulated_v{version}"

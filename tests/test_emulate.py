@@ -100,6 +100,16 @@ def test_forward_and_backward_against_nn_linear_every_version():
         assert y0.shape == (0, 9) and torch.equal(w0.grad, torch.zeros_like(w0)) and torch.equal(b0.grad, 0 * b0)
 
 
+def test_bad_inputs_get_clear_errors():
+    fn = emu.dense(8)
+    with pytest.raises(TypeError, match="dtype mismatch"):
+        fn(torch.randn(2, 3), torch.randn(4, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="in_features"):
+        fn(torch.randn(2, 3), torch.randn(4, 5))
+    with pytest.raises(ValueError, match="no emulated GEMM version 12"):
+        emu.gemm(12, "nt", torch.ones(1, 1), torch.ones(1, 1), torch.empty(1, 1), None, 1, 1, 1, emu.KPLAIN)
+
+
 @pytest.mark.parametrize("version", emu.GRAD_VERSIONS)
 def test_sigmoid_grad_kernels_match_torch_and_are_bit_identical_run_to_run(version):
     g = torch.Generator().manual_seed(2)
