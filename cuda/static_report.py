@@ -303,8 +303,8 @@ def width(op: str) -> str:
 def mix(code: list[Instr]) -> dict:
     """Counts that tell the story of a GEMM loop: multiply-adds, and loads by kind and width.
     (Instructions: without the NOPs that pad a function to its alignment.)"""
-    out: dict = {"instructions": sum(1 for i in code if i.op != "NOP"), "fma": 0, "lds": {}, "ldg": {}, "ldgsts": {}, "sts": {}, "stg": {},
-                 "bar": 0, "shfl": 0, "mufu": {}}
+    out: dict = {"instructions": sum(1 for i in code if i.op != "NOP"), "fma": 0,
+                 "lds": {}, "ldg": {}, "ldgsts": {}, "sts": {}, "stg": {}, "bar": 0, "shfl": 0, "mufu": {}}
     for i in code:
         base = i.op.split(".")[0]
         if is_fma(i.op):

@@ -214,8 +214,9 @@ def table(record: dict) -> str:
                 f"`{record['compiler_ptx_from']}`, {record['date']}: `{record['command']}`")
     for e in record["edits"]:
         if "compiler" in e:
+            changed = ", ".join(f"`{op}` {a}→{b}" for op, (a, b) in e["changed"].items())
             rows.append(f"\n{e['tag'] or e['function']}: {e['scope']}; opcodes whose count changed "
-                        f"(compiler's → edited): " + ", ".join(f"`{op}` {a}→{b}" for op, (a, b) in e["changed"].items()))
+                        f"(compiler's → edited): {changed}")
     return "\n".join(rows)
 
 
