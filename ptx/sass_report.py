@@ -35,9 +35,10 @@ EDITED = ROOT / "ptx" / "dense_kernels.ptx"
 
 def _static_report():
     """cuda/static_report.py holds the tool lookup and the SASS parser; cuda/ is not a package."""
+    if "static_report" in sys.modules:
+        return sys.modules["static_report"]
     spec = importlib.util.spec_from_file_location("static_report", ROOT / "cuda" / "static_report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("static_report", module)
+    module = sys.modules["static_report"] = importlib.util.module_from_spec(spec)  # dataclasses need it there
     spec.loader.exec_module(module)
     return module
 
