@@ -41,6 +41,8 @@ GEMM = re.compile(r"^dense_gemm_v(\d+)_(nt|nn|tn)_(f32|f64)$")
 # tile (BM×BN), each thread's register tile (TM×TN), and whether operands are staged in
 # shared memory. Threads per block = BM·BN/(TM·TN); the report checks that against each
 # kernel's __launch_bounds__ and warns when they disagree (the table is then stale).
+# A version that allocates dynamic shared memory (extern __shared__, which ptxas cannot see)
+# adds "dynamic_shared": {"f32": bytes, "f64": bytes}; it counts towards the occupancy.
 # ---------------------------------------------------------------------------------------
 TILES: dict[int, dict] = {
     1: {"idea": "one thread per output, operands from global memory",
@@ -417,8 +419,11 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
         rec.update(threads=threads, threads_from=source, registers=u["registers"], barriers=u["barriers"],
                    shared_bytes=u["shared_bytes"], spill_bytes=u["spill_stores"] + u["spill_loads"],
                    spill_stores=u["spill_stores"], spill_loads=u["spill_loads"], stack_bytes=u["stack_bytes"])
+        dynamic = TILES.get(int(m.group(1)), {}).get("dynamic_shared", {}).get(m.group(3), 0) if m else 0
+        rec["dynamic_shared_bytes"] = dynamic
         if threads is not None:
-            occ = occupancy(u["registers"], threads, u["shared_bytes"], 0, u["barriers"], device)
+            occ = occupancy(u["registers"], threads, u["shared_bytes"], dynamic, u["barriers"], device,
+                            optin=u["shared_bytes"] + dynamic > device.shared_per_block)
             rec.update(occupancy=occ["occupancy"], blocks_per_sm=occ["blocks_per_sm"],
                        warps_per_sm=occ["warps_per_sm"], occupancy_limited_by=occ["limited_by"],
                        occupancy_limits=occ["limits"])
@@ -467,7 +472,8 @@ def _mix_cell(loop: dict | None) -> str:
         return "–"
     def widths(d: dict) -> str:
         return "+".join(f"{n}×{w}" for w, n in sorted(d.items(), key=lambda kv: int(kv[0]))) or "0"
-    return f"{loop['fma']} : {widths(loop['lds'])} : {widths(loop['ldg'])}"
+    cp_async = f" + cp.async {widths(loop['ldgsts'])}" if loop["ldgsts"] else ""
+    return f"{loop['fma']} : {widths(loop['lds'])} : {widths(loop['ldg'])}{cp_async}"
 
 
 def table(record: dict) -> str:
