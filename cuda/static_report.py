@@ -553,9 +553,9 @@ def main(argv: list[str] | None = None) -> int:
               "warnings": report.warnings}
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    print(table(record), flush=True)
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    print(table(record))
     return 0
 
 

@@ -253,6 +253,37 @@ def test_static_report_inner_loop_matches_the_register_tiles(static_record):
         assert loop["fma"] / elements == pytest.approx(k["napkin"]["fma_per_operand_load"], rel=0.25), k["name"]
 
 
+SYNTHETIC = r"""
+// A version the TILES table has never heard of, with launch bounds, one layout and dtype.
+extern "C" __global__ void __launch_bounds__(128) dense_gemm_v9_nt_f32(const float* A, const float* B, float* C,
+    const float* bias, long long M, long long N, long long K, int epilogue) {
+  long long m = blockIdx.y, n = blockIdx.x * 128 + threadIdx.x;
+  if (m >= M || n >= N) return;
+  float acc = 0;
+  for (long long k = 0; k < K; ++k) acc += A[m * K + k] * B[n * K + k];
+  C[m * N + n] = acc;
+}
+extern "C" __global__ void dense_bias_grad_f32(const float* dz, float* db, long long rows, long long cols) {}
+"""
+
+
+@needs_nvcc
+def test_static_report_discovers_versions_from_the_compiled_symbols(tmp_path):
+    """After a re-cut the report still runs: versions come from the entry names, and a version
+    missing from TILES is reported (napkin maths left out, occupancy from the launch bounds)."""
+    (tmp_path / "k.cu").write_text(SYNTHETIC)
+    out = tmp_path / "s.json"
+    result = run_script("cuda/static_report.py", "--source", str(tmp_path / "k.cu"), "--json", str(out), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    (k,) = record["kernels"]
+    assert (k["version"], k["layout"], k["dtype"], k["threads"]) == (9, "nt", "f32", 128)
+    assert "napkin" not in k and k["occupancy"] > 0
+    assert any("v9" in w and "TILES" in w for w in record["warnings"]) and "warning: " in result.stderr
+    assert [o["name"] for o in record["other_kernels"]] == ["dense_bias_grad_f32"]
+    assert "| 9 | f32 | ? | 128 | ? |" in result.stdout  # the table shows what is unknown as unknown
+
+
 @needs_nvcc
 def test_static_report_without_sass_says_so(tmp_path):
     out = tmp_path / "s.json"
