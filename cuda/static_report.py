@@ -502,7 +502,7 @@ def table(record: dict) -> str:
         rows.append(f"| {v} | {dt} | {tile_cell} | {nt['threads']} | {ai} | {regs} | {nt['shared_bytes']} | "
                     f"{spills} | {occ} | {loop} | {gf} | {share} |")
     d = record["device"]
-    notes = [f"\n{record['arch']}, {record['tools']['ptxas']}, {d['name']}, K={record['k']} for FLOP/B, "
+    notes = [f"\n{record['arch']}, ptxas {record['tools']['ptxas']}, {d['name']}, K={record['k']} for FLOP/B, "
              f"{record['date']}: `{record['command']}`"]
     if not sass:
         notes.append(f"SASS columns left out: {record['tools']['sass']['reason']}.")
