@@ -31,7 +31,21 @@ def renderers() -> dict[str, Callable[[dict], str]]:
     import benchmark
     from parallel import bench, trainer
 
-    return {"table": benchmark.table, "roofline": benchmark.roofline_table, "run": trainer.table, **bench.RENDERERS}
+    return {"table": benchmark.table, "roofline": benchmark.roofline_table, "run": trainer.table, **bench.RENDERERS,
+            "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table}
+
+
+def _script(path: str):
+    """A script outside any package (cuda/, ptx/), loaded by file for its table function."""
+    import importlib.util
+
+    name = Path(path).stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def render(text: str) -> str:

@@ -1,0 +1,563 @@
+"""Napkin maths and static evidence for every GEMM version, for sm_90, without a GPU.
+
+For each GEMM entry point found in the compiled kernels (dense_gemm_v{N}_{nt|nn|tn}_{f32|f64}):
+  * FLOPs and global-memory bytes per output tile (from TILES below) and the arithmetic
+    intensity they give;
+  * registers, shared memory and spills from ptxas (-v), and the launch bounds (.maxntid);
+  * the occupancy these allow on an H100/H200 (the CUDA occupancy rules, `occupancy()`);
+  * from the SASS (cuobjdump -sass; optional) the instruction mix of the innermost loop
+    that does multiply-adds: FFMA/DFMA against shared (LDS) and global (LDG) loads by width.
+GPU timings (GFLOP/s, % of cuBLAS) join the table when benchmark.py records are given.
+
+Examples:
+  python cuda/static_report.py                                  # print the table, write nothing
+  python cuda/static_report.py --json /tmp/static.json          # also write the JSON
+  python cuda/static_report.py --no-sass                        # ptxas figures only
+The committed table (cuda/README.md, "Static figures") comes from:
+  python cuda/static_report.py --json docs/results/cuda_static_sm90.json && python docs/render.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SOURCES = ["cuda/dense_kernels.cu"]
+GEMM = re.compile(r"^dense_gemm_v(\d+)_(nt|nn|tn)_(f32|f64)$")
+
+# ---------------------------------------------------------------------------------------
+# The one table to keep in step with the kernels: per version and dtype, the block's output
+# tile (BM×BN), each thread's register tile (TM×TN), and whether operands are staged in
+# shared memory. Threads per block = BM·BN/(TM·TN); the report checks that against each
+# kernel's __launch_bounds__ and warns when they disagree (the table is then stale).
+# A version that allocates dynamic shared memory (extern __shared__, which ptxas cannot see)
+# adds "dynamic_shared": {"f32": bytes, "f64": bytes}; it counts towards the occupancy.
+# ---------------------------------------------------------------------------------------
+TILES: dict[int, dict] = {
+    1: {"idea": "one thread per output, operands from global memory",
+        "f32": (16, 16, 1, 1, False), "f64": (16, 16, 1, 1, False)},
+    2: {"idea": "32×32 shared-memory tiles, one output per thread",
+        "f32": (32, 32, 1, 1, True), "f64": (32, 32, 1, 1, True)},
+    3: {"idea": "register tiles (2-D block tiling), 128-bit global loads",
+        "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True)},
+    4: {"idea": "v3 with smaller tiles, for small batches",
+        "f32": (64, 64, 4, 4, True), "f64": (32, 32, 2, 2, True)},
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Occupancy. The limits of compute capability 9.0 (H100 and H200 alike) are those of the
+# CUDA C++ Programming Guide, "Technical Specifications per Compute Capability", and the
+# Hopper Tuning Guide (228 KiB shared memory per SM, at most 227 KiB per block); the rules
+# (per-warp register allocation in units of 256, registers split over 4 sub-partitions,
+# 1 KiB reserved shared memory per block, 128-byte shared allocation unit) are those of
+# cuda_occupancy.h, the calculator shipped in the toolkit's include/ folder, which
+# tests/test_static.py compiles and compares against.
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Device:
+    name: str = "H100 / H200 (compute capability 9.0)"
+    compute_capability: str = "9.0"
+    warp_size: int = 32
+    max_threads_per_block: int = 1024
+    max_warps_per_sm: int = 64
+    max_blocks_per_sm: int = 32
+    registers_per_sm: int = 65536
+    registers_per_block: int = 65536
+    max_registers_per_thread: int = 255
+    register_allocation_unit: int = 256        # registers, per warp
+    register_sub_partitions: int = 4
+    shared_per_sm: int = 228 * 1024
+    shared_per_block: int = 48 * 1024          # static, or dynamic without the opt-in
+    shared_per_block_optin: int = 227 * 1024   # dynamic, after cudaFuncSetAttribute
+    shared_reserved_per_block: int = 1024
+    shared_allocation_unit: int = 128
+    barriers_per_block_slot: int = 2           # named barriers available: 2 per block slot
+    sources: tuple[str, ...] = (
+        "CUDA C++ Programming Guide: Technical Specifications per Compute Capability (9.0)",
+        "NVIDIA Hopper Tuning Guide: shared memory capacity per SM 228 KB, 227 KB per thread block",
+        "cuda_occupancy.h (CUDA toolkit include/): allocation granularities and sub-partitions",
+    )
+
+
+H100 = Device()
+
+
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+def occupancy(registers: int, threads: int, static_shared: int = 0, dynamic_shared: int = 0, barriers: int = 1,
+              device: Device = H100, optin: bool = False) -> dict:
+    """Resident blocks per SM for one kernel, and what limits them (the cuda_occupancy.h rules).
+
+    Returns blocks_per_sm, warps_per_sm, occupancy (resident warps over the SM's maximum),
+    limited_by (the limits equal to the result) and the limit from each resource.
+    """
+    if registers < 0 or threads < 1 or static_shared < 0 or dynamic_shared < 0 or barriers < 0:
+        raise ValueError("registers, shared bytes and barriers must be >= 0 and threads >= 1")
+    d = device
+    warps = -(-threads // d.warp_size)
+    limits: dict[str, int] = {}
+    limits["threads"] = 0 if threads > d.max_threads_per_block else math.inf
+    limits["warps"] = d.max_warps_per_sm // warps
+    limits["blocks"] = d.max_blocks_per_sm
+    # Registers go to warps in units of 256, out of four sub-partitions of 16384 each; the
+    # hardware's per-block check assumes the block's warps are rounded up to the 4 partitions.
+    per_warp = _round_up(registers * d.warp_size, d.register_allocation_unit)
+    if registers > d.max_registers_per_thread or \
+            per_warp * _round_up(warps, d.register_sub_partitions) > d.registers_per_block:
+        limits["registers"] = 0
+    elif per_warp == 0:
+        limits["registers"] = math.inf
+    else:
+        per_partition = (d.registers_per_sm // d.register_sub_partitions) // per_warp
+        limits["registers"] = per_partition * d.register_sub_partitions // warps
+    # Shared memory: 1 KiB per block is the driver's; allocations are in 128-byte units.
+    shared = _round_up(static_shared + dynamic_shared + d.shared_reserved_per_block, d.shared_allocation_unit)
+    per_block_limit = (d.shared_per_block_optin if optin else d.shared_per_block) + d.shared_reserved_per_block
+    limits["shared"] = 0 if shared > per_block_limit else d.shared_per_sm // shared
+    limits["barriers"] = (d.max_blocks_per_sm * d.barriers_per_block_slot) // barriers if barriers else math.inf
+    blocks = int(min(limits.values()))
+    limited_by = [k for k, v in limits.items() if v == blocks]
+    return {"blocks_per_sm": blocks, "warps_per_sm": blocks * warps,
+            "occupancy": blocks * warps / d.max_warps_per_sm, "limited_by": limited_by,
+            "limits": {k: (None if v == math.inf else int(v)) for k, v in limits.items()},
+            "shared_allocated_per_block": shared, "registers_allocated_per_warp": per_warp}
+
+
+# ---------------------------------------------------------------------------------------
+# Napkin maths per output tile
+# ---------------------------------------------------------------------------------------
+def napkin(bm: int, bn: int, tm: int, tn: int, staged: bool, element_bytes: int, k: int) -> dict:
+    """FLOPs and global bytes of one BM×BN output tile over a K-long reduction.
+
+    Staged operands: the block loads each of its BM rows of A and BN columns of B once, so
+    (BM+BN)·K elements. Unstaged (v1): every thread loads its own row and column, so
+    2·BM·BN·K elements are requested (caches may serve repeats; the instructions ask anyway).
+    Plus the BM·BN outputs written once. Per thread and per k, TM+TN operands are read for
+    TM·TN multiply-adds: the register-level reuse that the SASS ratio below should show.
+    """
+    flops = 2 * bm * bn * k
+    loads = (bm + bn) * k if staged else 2 * bm * bn * k
+    nbytes = (loads + bm * bn) * element_bytes
+    return {"k": k, "flops_per_tile": flops, "bytes_per_tile": nbytes, "flop_per_byte": flops / nbytes,
+            "fma_per_operand_load": tm * tn / (tm + tn)}
+
+
+# ---------------------------------------------------------------------------------------
+# Tools: nvcc/ptxas from the toolkit, cuobjdump (+ nvdisasm, which it calls for -sass) from
+# the toolkit or from pip (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
+# ---------------------------------------------------------------------------------------
+PIP_SASS = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
+
+
+def find_tool(name: str) -> str | None:
+    """A CUDA tool on PATH, in $CUDA_HOME/bin, or in a pip nvidia-* wheel's bin folder."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / name]
+    try:
+        import nvidia  # namespace package of NVIDIA's pip wheels
+
+        for base in nvidia.__path__:
+            candidates += sorted(Path(base).glob(f"*/bin/{name}"))
+    except ImportError:
+        pass
+    return next((str(p) for p in candidates if p.is_file() and os.access(p, os.X_OK)), None)
+
+
+def sass_tools() -> tuple[str | None, str]:
+    """cuobjdump for -sass (it needs nvdisasm too), or None and the reason."""
+    cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
+    if cuobjdump is None or nvdisasm is None:
+        missing = " and ".join(n for n, p in (("cuobjdump", cuobjdump), ("nvdisasm", nvdisasm)) if p is None)
+        return None, f"{missing} not found (CUDA toolkit, or: {PIP_SASS})"
+    return cuobjdump, ""
+
+
+def tool_version(path: str) -> str:
+    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release [\d.]+, V[\d.]+", out)
+    return m.group(0) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise SystemExit(f"{what} failed ({' '.join(cmd)}):\n{result.stderr[-3000:]}")
+    return result
+
+
+def disassemble(cubin: Path, cuobjdump: str) -> str:
+    env = dict(os.environ)
+    nvdisasm = find_tool("nvdisasm")
+    if nvdisasm:  # cuobjdump looks for nvdisasm on PATH or in NVDISASM_PATH
+        env["NVDISASM_PATH"] = str(Path(nvdisasm).parent)
+        env["PATH"] = str(Path(nvdisasm).parent) + os.pathsep + env.get("PATH", "")
+    result = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env, timeout=900)
+    if result.returncode != 0:
+        raise SystemExit(f"cuobjdump -sass failed:\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# ptxas -v and PTX
+# ---------------------------------------------------------------------------------------
+def parse_ptxas(output: str) -> dict[str, dict]:
+    """ptxas -v output -> {entry: registers, barriers, shared_bytes, spill stores/loads, stack}."""
+    info: dict[str, dict] = {}
+    entry = props_for = None
+    for line in output.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            entry = m.group(1)
+            info[entry] = {"registers": 0, "barriers": 0, "shared_bytes": 0, "spill_stores": 0, "spill_loads": 0,
+                           "stack_bytes": 0}
+        elif m := re.search(r"Function properties for (\w+)", line):
+            props_for = m.group(1)
+        elif props_for and "spill stores" in line:
+            if props_for in info:
+                nums = [int(x) for x in re.findall(r"(\d+) bytes", line)]
+                info[props_for].update(stack_bytes=nums[0], spill_stores=nums[1], spill_loads=nums[2])
+            props_for = None
+        elif entry and (m := re.search(r"Used (\d+) registers", line)):
+            rec = info[entry]
+            rec["registers"] = int(m.group(1))
+            if b := re.search(r"used (\d+) barriers", line):
+                rec["barriers"] = int(b.group(1))
+            if s := re.search(r"(\d+) bytes smem", line):
+                rec["shared_bytes"] = int(s.group(1))
+    return info
+
+
+def launch_bounds(ptx: str) -> dict[str, int]:
+    """Each entry's .maxntid (its __launch_bounds__), as a thread count."""
+    bounds = {}
+    for m in re.finditer(r"\.entry (\w+)\((?:.*?)\)\s*((?:\.\w+[^\n{]*\n\s*)*)\{", ptx, re.S):
+        if nt := re.search(r"\.maxntid\s+(\d+),\s*(\d+),\s*(\d+)", m.group(2)):
+            bounds[m.group(1)] = math.prod(int(x) for x in nt.groups())
+    return bounds
+
+
+# ---------------------------------------------------------------------------------------
+# SASS: functions, loops, the instruction mix
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Instr:
+    addr: int
+    pred: str
+    op: str
+    args: str
+
+
+LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+
+
+def parse_sass(text: str) -> dict[str, list[Instr]]:
+    """cuobjdump -sass output -> {function name: its instructions in address order}."""
+    functions: dict[str, list[Instr]] = {}
+    current: list[Instr] | None = None
+    for line in text.splitlines():
+        if m := re.match(r"\s*Function : (\S+)", line):
+            current = functions.setdefault(m.group(1), [])
+        elif current is not None and (m := LINE.search(line)):
+            current.append(Instr(int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip()))
+    return functions
+
+
+def branch_target(ins: Instr) -> int | None:
+    if not ins.op.startswith("BRA"):
+        return None
+    m = re.findall(r"0x([0-9a-f]+)", ins.args)
+    return int(m[-1], 16) if m else None
+
+
+def loops(code: list[Instr]) -> list[tuple[int, int]]:
+    """Every backward branch makes a loop: [its target, the branch]."""
+    return sorted({(t, i.addr) for i in code if (t := branch_target(i)) is not None and t <= i.addr})
+
+
+def is_fma(op: str) -> bool:
+    return op.split(".")[0] in ("FFMA", "DFMA", "HFMA2", "FFMA2")
+
+
+def width(op: str) -> str:
+    """Access width in bits from a memory opcode's modifiers (LDS.128 -> 128, LDG.E -> 32)."""
+    mods = op.split(".")[1:]
+    for w in ("128", "64", "U16", "S16", "U8", "S8"):
+        if w in mods:
+            return {"U16": "16", "S16": "16", "U8": "8", "S8": "8"}.get(w, w)
+    return "32"
+
+
+def mix(code: list[Instr]) -> dict:
+    """Counts that tell the story of a GEMM loop: multiply-adds, and loads by kind and width.
+    (Instructions: without the NOPs that pad a function to its alignment.)"""
+    out: dict = {"instructions": sum(1 for i in code if i.op != "NOP"), "fma": 0,
+                 "lds": {}, "ldg": {}, "ldgsts": {}, "sts": {}, "stg": {}, "bar": 0, "shfl": 0, "mufu": {}}
+    for i in code:
+        base = i.op.split(".")[0]
+        if is_fma(i.op):
+            out["fma"] += 1
+        elif base in ("LDS", "LDG", "LDGSTS", "STS", "STG"):
+            bucket = out[base.lower()]
+            bucket[width(i.op)] = bucket.get(width(i.op), 0) + 1
+        elif base == "BAR":
+            out["bar"] += 1
+        elif base == "SHFL":
+            out["shfl"] += 1
+        elif base == "MUFU":
+            out["mufu"][i.op] = out["mufu"].get(i.op, 0) + 1
+    lds = sum(out["lds"].values())
+    out["fma_per_lds"] = out["fma"] / lds if lds else None
+    return out
+
+
+def inner_loop(code: list[Instr]) -> dict | None:
+    """The innermost loop that does multiply-adds, and its instruction mix.
+
+    Method: each backward branch (a BRA to a lower address) closes a loop spanning its target
+    to itself. Keep the loops that contain FFMA/DFMA; drop those that contain another such
+    loop; of the rest take the one with the most multiply-adds (v1's unrolled main loop
+    rather than its remainder). Counts are static: each instruction in the address range
+    once, nested loops (e.g. a tile-loading loop inside the k loop) included once.
+    """
+    spans = []
+    for start, end in loops(code):
+        body = [i for i in code if start <= i.addr <= end]
+        if any(is_fma(i.op) for i in body):
+            spans.append((start, end, body))
+    inner = [s for s in spans if not any(o is not s and s[0] <= o[0] and o[1] <= s[1] and (o[0], o[1]) != (s[0], s[1])
+                                         for o in spans)]
+    if not inner:
+        return None
+    start, end, body = max(inner, key=lambda s: (sum(is_fma(i.op) for i in s[2]), -(s[1] - s[0])))
+    nested = sum(1 for a, b in loops(code) if start <= a and b <= end and (a, b) != (start, end))
+    return {"start": f"{start:#06x}", "end": f"{end:#06x}", "nested_loops": nested, **mix(body)}
+
+
+# ---------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Report:
+    kernels: list[dict] = field(default_factory=list)
+    other_kernels: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def compile_sources(sources: list[Path], arch: str, workdir: Path) -> tuple[str, str, list[str]]:
+    """nvcc -ptx then ptxas -v for each source: (all PTX, all ptxas output, cubin paths)."""
+    nvcc, ptxas = find_tool("nvcc"), find_tool("ptxas")
+    if nvcc is None or ptxas is None:
+        raise SystemExit("nvcc and ptxas (the CUDA toolkit) are needed: nothing can be compiled without them")
+    ptx_all, log_all, cubins = [], [], []
+    for n, src in enumerate(sources):
+        ptx, cubin = workdir / f"k{n}.ptx", workdir / f"k{n}.cubin"
+        run([nvcc, "-ptx", "-O3", "-std=c++17", f"-arch={arch}", str(src), "-o", str(ptx)], f"nvcc -ptx {src}")
+        log = run([ptxas, f"-arch={arch}", "-v", str(ptx), "-o", str(cubin)], f"ptxas {src}")
+        ptx_all.append(ptx.read_text())
+        log_all.append(log.stdout + log.stderr)
+        cubins.append(str(cubin))
+    return "\n".join(ptx_all), "\n".join(log_all), cubins
+
+
+def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = True,
+          device: Device = H100) -> tuple[Report, dict]:
+    """Compile, disassemble and tabulate. Returns the report and a description of the tools."""
+    cuobjdump, why_not = sass_tools() if sass else (None, "not asked for (--no-sass)")
+    tools = {"nvcc": tool_version(find_tool("nvcc") or "nvcc") if find_tool("nvcc") else None,
+             "ptxas": tool_version(find_tool("ptxas")) if find_tool("ptxas") else None,
+             "cuobjdump": tool_version(cuobjdump) if cuobjdump else None,
+             "sass": {"available": cuobjdump is not None, "reason": why_not or None}}
+    report = Report()
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, log, cubins = compile_sources(sources, arch, Path(tmp))
+        functions: dict[str, list[Instr]] = {}
+        if cuobjdump:
+            for cubin in cubins:
+                functions.update(parse_sass(disassemble(Path(cubin), cuobjdump)))
+    usage, bounds = parse_ptxas(log), launch_bounds(ptx)
+    if not any(GEMM.match(n) for n in usage):
+        raise SystemExit(f"no dense_gemm_v*_{{nt,nn,tn}}_{{f32,f64}} entry found in {', '.join(map(str, sources))}")
+    for name in sorted(usage, key=lambda n: (GEMM.match(n) is None, *(_sort_key(n)))):
+        u = usage[name]
+        m = GEMM.match(name)
+        rec: dict = {"name": name}
+        threads, source = bounds.get(name), "__launch_bounds__"
+        if m:
+            version, layout, dtype = int(m.group(1)), m.group(2), m.group(3)
+            rec.update(version=version, layout=layout, dtype=dtype)
+            tile = TILES.get(version, {}).get(dtype)
+            rec["idea"] = TILES.get(version, {}).get("idea")
+            if tile is None:
+                report.warnings.append(f"{name}: no entry for v{version} {dtype} in TILES (cuda/static_report.py)")
+            else:
+                bm, bn, tm, tn, staged = tile
+                rec["tile"] = {"bm": bm, "bn": bn, "tm": tm, "tn": tn, "staged_in_shared": staged}
+                rec["napkin"] = napkin(bm, bn, tm, tn, staged, 4 if dtype == "f32" else 8, k)
+                expected = bm * bn // (tm * tn)
+                if threads is None:
+                    threads, source = expected, "TILES (the kernel has no __launch_bounds__)"
+                elif threads != expected:
+                    report.warnings.append(f"{name}: __launch_bounds__ {threads} threads, TILES says {expected} "
+                                           f"(BM·BN/(TM·TN)): update TILES")
+        if threads is None:
+            report.warnings.append(f"{name}: no __launch_bounds__ and no TILES entry: occupancy not computed")
+        rec.update(threads=threads, threads_from=source, registers=u["registers"], barriers=u["barriers"],
+                   shared_bytes=u["shared_bytes"], spill_bytes=u["spill_stores"] + u["spill_loads"],
+                   spill_stores=u["spill_stores"], spill_loads=u["spill_loads"], stack_bytes=u["stack_bytes"])
+        dynamic = TILES.get(int(m.group(1)), {}).get("dynamic_shared", {}).get(m.group(3), 0) if m else 0
+        rec["dynamic_shared_bytes"] = dynamic
+        if threads is not None:
+            occ = occupancy(u["registers"], threads, u["shared_bytes"], dynamic, u["barriers"], device,
+                            optin=u["shared_bytes"] + dynamic > device.shared_per_block)
+            rec.update(occupancy=occ["occupancy"], blocks_per_sm=occ["blocks_per_sm"],
+                       warps_per_sm=occ["warps_per_sm"], occupancy_limited_by=occ["limited_by"],
+                       occupancy_limits=occ["limits"])
+        else:
+            rec.update(occupancy=None, blocks_per_sm=None, warps_per_sm=None)
+        if functions:
+            code = functions.get(name, [])
+            rec["sass_instructions"] = len(code)
+            rec["inner_loop"] = inner_loop(code) if m else None
+        (report.kernels if m else report.other_kernels).append(rec)
+    return report, tools
+
+
+def _sort_key(name: str) -> tuple:
+    m = GEMM.match(name)
+    if not m:
+        return (0, name, 0)
+    return (int(m.group(1)), m.group(3), ("nt", "nn", "tn").index(m.group(2)))
+
+
+# ---------------------------------------------------------------------------------------
+# GPU timings, joined when measured (benchmark.py records of the cuda mode, one per --kernel)
+# ---------------------------------------------------------------------------------------
+def timings(paths: list[str]) -> list[dict]:
+    """From benchmark.py JSON records: per (kernel version, dtype) the fused forward's GFLOP/s
+    and its speed as a share of the reference (cuBLAS addmm + sigmoid) in the same run."""
+    rows = []
+    for p in paths:
+        rec = json.loads(Path(p).read_text())
+        got = {r["mode"]: r for r in rec.get("results", [])}
+        if "cuda" not in got or "reference" not in got or not rec.get("kernel"):
+            raise SystemExit(f"{p}: not a benchmark.py record of the cuda mode with --kernel N (N >= 1)")
+        rows.append({"version": rec["kernel"], "dtype": {"float32": "f32", "float64": "f64"}[rec["dtype"]],
+                     "gflops": got["cuda"]["forward_gflops"],
+                     "share_of_cublas": got["reference"]["forward_us"] / got["cuda"]["forward_us"],
+                     "shape": rec["shape"], "device": rec["device"], "date": rec["date"],
+                     "command": rec["command"], "file": os.path.relpath(p, ROOT)})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# The table (docs/render.py marker kind "static")
+# ---------------------------------------------------------------------------------------
+def _mix_cell(loop: dict | None) -> str:
+    if not loop:
+        return "–"
+    def widths(d: dict) -> str:
+        return "+".join(f"{n}×{w}" for w, n in sorted(d.items(), key=lambda kv: int(kv[0]))) or "0"
+    cp_async = f" + cp.async {widths(loop['ldgsts'])}" if loop["ldgsts"] else ""
+    return f"{loop['fma']} : {widths(loop['lds'])} : {widths(loop['ldg'])}{cp_async}"
+
+
+def table(record: dict) -> str:
+    """One row per version and dtype; registers for the three layouts, the rest for nt (forward)."""
+    by = {}
+    for k in record["kernels"]:
+        by.setdefault((k["version"], k["dtype"]), {})[k["layout"]] = k
+    times = {(t["version"], t["dtype"]): t for t in record.get("timings", [])}
+    sass = record["tools"]["sass"]["available"]
+    head = ["| v | dtype | tile BM×BN (TM×TN) | threads | FLOP/B | regs nt/nn/tn | smem B | spills | blocks/SM "
+            "(occupancy) | inner loop FMA : LDS : LDG | GFLOP/s | % of cuBLAS |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    rows = []
+    for (v, dt), lay in sorted(by.items()):
+        nt = lay.get("nt") or next(iter(lay.values()))
+        tile = nt.get("tile")
+        tile_cell = f"{tile['bm']}×{tile['bn']} ({tile['tm']}×{tile['tn']})" if tile else "?"
+        ai = f"{nt['napkin']['flop_per_byte']:.2f}" if nt.get("napkin") else "?"
+        regs = "/".join(str(lay[x]["registers"]) if x in lay else "–" for x in ("nt", "nn", "tn"))
+        spills = max(x["spill_bytes"] for x in lay.values())
+        occ = (f"{nt['blocks_per_sm']} ({100 * nt['occupancy']:.0f}%, {'+'.join(nt['occupancy_limited_by'])})"
+               if nt.get("occupancy") is not None else "?")
+        loop = _mix_cell(nt.get("inner_loop")) if sass else "no SASS"
+        t = times.get((v, dt))
+        gf, share = (f"{t['gflops']:.0f}", f"{100 * t['share_of_cublas']:.1f}") if t else ("not measured",) * 2
+        rows.append(f"| {v} | {dt} | {tile_cell} | {nt['threads']} | {ai} | {regs} | {nt['shared_bytes']} | "
+                    f"{spills} | {occ} | {loop} | {gf} | {share} |")
+    d = record["device"]
+    notes = [f"\n{record['arch']}, ptxas {record['tools']['ptxas']}, {d['name']}, K={record['k']} for FLOP/B, "
+             f"{record['date']}: `{record['command']}`"]
+    if not sass:
+        notes.append(f"SASS columns left out: {record['tools']['sass']['reason']}.")
+    if record.get("timings"):
+        src = sorted({f"{t['device']} ({t['file']})" for t in record["timings"]})
+        notes.append("Timings: forward only, from " + ", ".join(src) + ".")
+    for w in record.get("warnings", []):
+        notes.append(f"Warning: {w}")
+    return "\n".join(head + rows + notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc[doc.index("Examples:"):],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--source", action="append", metavar="FILE",
+                        help=f"CUDA file(s) with the entry points (default: {' '.join(DEFAULT_SOURCES)})")
+    parser.add_argument("--arch", default="sm_90", help="target architecture (the occupancy rules are sm_90's)")
+    parser.add_argument("-k", type=int, default=4096, help="reduction length for the per-tile napkin maths")
+    parser.add_argument("--no-sass", action="store_true", help="skip the SASS (cuobjdump) columns")
+    parser.add_argument("--timings", nargs="*", default=[], metavar="JSON",
+                        help="benchmark.py records of the cuda mode (one per --kernel N) to join into the table")
+    args = parser.parse_args(argv)
+    if args.arch != "sm_90":
+        parser.error("the occupancy rules here are those of sm_90 (H100/H200); only --arch sm_90 is supported")
+    if args.k < 1:
+        parser.error("-k must be at least 1")
+    sources = [ROOT / s if not Path(s).is_absolute() else Path(s) for s in (args.source or DEFAULT_SOURCES)]
+    for s in sources:
+        if not s.is_file():
+            parser.error(f"no such source file: {s}")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        parser.error(f"the folder of --json {args.json} does not exist")
+    for t in args.timings:
+        if not Path(t).is_file():
+            parser.error(f"no such timings file: {t}")
+    joined = timings(args.timings)  # before the compile: a bad file fails fast
+    if not args.no_sass and sass_tools()[0] is None:
+        print(f"note: {sass_tools()[1]}; the SASS columns are left out", file=sys.stderr)
+
+    report, tools = build(sources, args.arch, args.k, sass=not args.no_sass)
+    record = {"arch": args.arch, "k": args.k, "device": asdict(H100), "tools": tools,
+              "sources": [os.path.relpath(s, ROOT) for s in sources],
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": "python cuda/static_report.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "kernels": report.kernels, "other_kernels": report.other_kernels, "timings": joined,
+              "warnings": report.warnings}
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    print(table(record), flush=True)
+    for w in report.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

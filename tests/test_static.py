@@ -1,0 +1,407 @@
+"""The static evidence of chapters 3 and 4, checked without a GPU: the occupancy calculator, the
+static report on today's kernels, the SASS of the PTX edits, the sigmoid's error bound, and
+that the chapters show what the scripts wrote."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_script
+
+
+def load(path: str):
+    name = Path(path).stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sr = load("cuda/static_report.py")
+sass = load("ptx/sass_report.py")
+bound = load("ptx/sigmoid_bound.py")
+
+HAVE_NVCC = sr.find_tool("nvcc") is not None and sr.find_tool("ptxas") is not None
+HAVE_SASS = sr.sass_tools()[0] is not None
+needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc/ptxas (CUDA toolkit) not found")
+needs_sass = pytest.mark.skipif(not (HAVE_NVCC and HAVE_SASS), reason=f"needs nvcc and {sr.sass_tools()[1]}")
+
+
+# ---------------------------------------------------------------------------------------
+# The occupancy calculator
+# ---------------------------------------------------------------------------------------
+# (registers, threads, static shared bytes, barriers) -> blocks per SM, worked by hand:
+HAND_WORKED = [
+    # v3 f32 today: 108·32 = 3456 -> 3584 per warp; 16384 // 3584 = 4 warps per sub-partition,
+    # 16 per SM, 8 warps per block -> 2 blocks (shared: 9216 B each would allow 25).
+    ((108, 256, 8192, 1), 2, ["registers"]),
+    # 32 registers, 1024 threads: 1024 per warp, 64 warps fit -> 2 blocks; 64 warps // 32 too.
+    ((32, 1024, 16384, 1), 2, ["warps", "registers"]),
+    # 255 registers: 8160 -> 8192 per warp, 2 per sub-partition, 8 per SM -> 1 block of 8 warps.
+    ((255, 256, 0, 1), 1, ["registers"]),
+    # 48 KiB static + 1 KiB reserved = 50176 B; 233472 // 50176 = 4 blocks.
+    ((32, 128, 49152, 1), 4, ["shared"]),
+    # One byte more than the 48 KiB a block may hold statically: does not launch.
+    ((32, 128, 49153, 1), 0, ["shared"]),
+    # 32-thread blocks, few registers: the 32-blocks-per-SM cap binds (32 warps, 50%).
+    ((16, 32, 0, 1), 32, ["blocks"]),
+    # 40 registers, 3 warps: 1280 per warp, 12 per sub-partition = 48 per SM -> 16 blocks;
+    # dividing the SM's 65536 registers as one pool would wrongly give 17.
+    ((40, 96, 0, 1), 16, ["registers"]),
+    # 64 registers × 1024 threads uses the whole 64 Ki register file: one block (warps would allow 2).
+    ((64, 1024, 0, 1), 1, ["registers"]),
+    # 65 registers × 1024 threads: 72 registers per thread after rounding; over the per-block limit.
+    ((65, 1024, 0, 1), 0, ["registers"]),
+]
+
+
+@pytest.mark.parametrize("args, blocks, limited_by", HAND_WORKED)
+def test_occupancy_hand_worked_cases(args, blocks, limited_by):
+    registers, threads, shared, barriers = args
+    got = sr.occupancy(registers, threads, shared, barriers=barriers)
+    assert got["blocks_per_sm"] == blocks
+    assert got["limited_by"] == limited_by
+    assert got["occupancy"] == pytest.approx(blocks * -(-threads // 32) / 64)
+
+
+@pytest.mark.parametrize("script", ["cuda/static_report.py", "ptx/sass_report.py", "ptx/sigmoid_bound.py"])
+def test_help_has_safe_examples(script):
+    result = run_script(script, "--help")
+    assert result.returncode == 0 and "Examples:" in result.stdout
+    examples = result.stdout[result.stdout.index("Examples:"):]
+    # an example that writes a tracked file would overwrite the committed results
+    assert "docs/results" not in "\n".join(x for x in examples.splitlines() if x.strip().startswith("python")
+                                          and "render.py" not in x)
+
+
+def test_occupancy_rejects_nonsense():
+    with pytest.raises(ValueError):
+        sr.occupancy(32, 0)
+    assert sr.occupancy(32, 1025)["blocks_per_sm"] == 0  # more threads than a block may have
+
+
+HARNESS = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "cuda_occupancy.h"
+int main(int argc, char** argv) {
+  cudaOccDeviceProp p;  // compute capability 9.0 (H100/H200), as in cuda/static_report.py
+  p.computeMajor = 9; p.computeMinor = 0; p.maxThreadsPerBlock = 1024; p.maxThreadsPerMultiprocessor = 2048;
+  p.regsPerBlock = 65536; p.regsPerMultiprocessor = 65536; p.warpSize = 32; p.sharedMemPerBlock = 49152;
+  p.sharedMemPerMultiprocessor = 233472; p.numSms = 132; p.sharedMemPerBlockOptin = 232448;
+  p.reservedSharedMemPerBlock = 1024;
+  for (int i = 1; i + 3 < argc; i += 4) {
+    cudaOccFuncAttributes a;
+    a.maxThreadsPerBlock = 1024; a.numRegs = atoi(argv[i]); a.sharedSizeBytes = atoi(argv[i + 2]);
+    a.numBlockBarriers = atoi(argv[i + 3]);
+    cudaOccDeviceState s;
+    cudaOccResult r;
+    cudaOccError e = cudaOccMaxActiveBlocksPerMultiprocessor(&r, &p, &a, &s, atoi(argv[i + 1]), 0);
+    printf("%d %d\n", (int)e, e == CUDA_OCC_SUCCESS ? r.activeBlocksPerMultiprocessor : -1);
+  }
+  return 0;
+}
+"""
+
+
+def test_occupancy_agrees_with_the_toolkits_calculator(tmp_path):
+    """cuda_occupancy.h is NVIDIA's own host-side calculator: same inputs, same answers."""
+    header = next((p for p in (Path("/usr/local/cuda/include/cuda_occupancy.h"),
+                               *(Path(sr.find_tool("nvcc") or "/nonexistent").resolve().parent.parent
+                                 .glob("include/cuda_occupancy.h"))) if p.is_file()), None)
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if header is None or cxx is None:
+        pytest.skip("needs a C++ compiler and the CUDA toolkit's include/cuda_occupancy.h")
+    (tmp_path / "occ.cpp").write_text(HARNESS)
+    build = subprocess.run([cxx, "-O1", f"-I{header.parent}", str(tmp_path / "occ.cpp"), "-o", str(tmp_path / "occ")],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    cases = [(r, t, s, b) for r in (16, 26, 32, 40, 48, 56, 64, 65, 78, 108, 128, 168, 255)
+             for t in (32, 96, 128, 256, 512, 1024) for s in (0, 8192, 16640, 49152) for b in (1, 2)]
+    out = subprocess.run([str(tmp_path / "occ"), *(str(x) for c in cases for x in c)], capture_output=True,
+                         text=True, timeout=60).stdout.split("\n")
+    for case, line in zip(cases, out):
+        err, blocks = map(int, line.split())
+        assert err == 0, f"cuda_occupancy.h error {err} for {case}"
+        registers, threads, shared, barriers = case
+        assert sr.occupancy(registers, threads, shared, barriers=barriers)["blocks_per_sm"] == blocks, case
+
+
+def test_napkin_maths():
+    # 128×128 tile, 8×8 per thread, float32, K = 4096: 2·128·128·4096 FLOPs over
+    # ((128+128)·4096 + 128·128)·4 bytes; per k each thread reads 16 values for 64 FMAs.
+    n = sr.napkin(128, 128, 8, 8, True, 4, 4096)
+    assert n["flops_per_tile"] == 2 * 128 * 128 * 4096
+    assert n["bytes_per_tile"] == (256 * 4096 + 128 * 128) * 4
+    assert n["fma_per_operand_load"] == 4
+    # v1 reads a row and a column per output: 1/4 FLOP per float32 byte, as K grows.
+    assert sr.napkin(16, 16, 1, 1, False, 4, 1 << 20)["flop_per_byte"] == pytest.approx(0.25, rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------
+# The SASS helpers, on hand-made input
+# ---------------------------------------------------------------------------------------
+SASS = """
+        Function : k
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   LDS R8, [R0] ;
+        /*0030*/                   LDS.128 R12, [R0+0x10] ;
+        /*0040*/                   FFMA R9, R8, R12, R9 ;
+        /*0050*/                   FFMA R9, R8, R13, R9 ;
+        /*0060*/               @P0 BRA 0x20 ;
+        /*0070*/                   FFMA R9, R8, R13, R9 ;
+        /*0080*/              @!P1 BRA 0x10 ;
+        /*0090*/                   EXIT ;
+        /*00a0*/                   BRA 0xa0;
+"""
+
+
+def test_inner_loop_is_the_innermost_backward_branch_with_fmas():
+    code = sr.parse_sass(SASS)["k"]
+    assert sr.loops(code) == [(0x10, 0x80), (0x20, 0x60), (0xA0, 0xA0)]
+    loop = sr.inner_loop(code)
+    assert (loop["start"], loop["end"]) == ("0x0020", "0x0060")
+    assert loop["fma"] == 2 and loop["lds"] == {"32": 1, "128": 1} and loop["ldg"] == {}
+    assert loop["fma_per_lds"] == 1
+
+
+PTX_A = """.func (.param .b32 r) f(.param .b32 x)
+{
+\tadd.f32 %f1, %f2, %f3;
+}
+.visible .entry g(.param .u64 p)
+{
+\tld.global.f32 %f1, [%rd1];  // a comment
+}
+"""
+
+
+def test_edited_functions_are_found_by_their_code_not_their_comments():
+    only_comments = PTX_A.replace("// a comment", "// EDIT-B: another comment")
+    assert sass.edited_functions(PTX_A, only_comments) == []
+    edited = only_comments.replace("ld.global.f32 %f1", "ld.global.v4.f32 {%f1, %f2, %f3, %f4}")
+    assert sass.edited_functions(PTX_A, edited) == ["g"]
+    assert sass.tag(sass.functions(edited)["g"][1]) == "EDIT-B"
+
+
+def test_missing_sass_tools_are_named_with_the_pip_packages(monkeypatch):
+    monkeypatch.setattr(sr, "find_tool", lambda name: None if name == "nvdisasm" else f"/bin/{name}")
+    tool, reason = sr.sass_tools()
+    assert tool is None and "nvdisasm" in reason and "nvidia-cuda-nvdisasm" in reason
+
+
+# ---------------------------------------------------------------------------------------
+# The scripts on today's kernels and PTX
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def static_record(tmp_path_factory):
+    if not HAVE_NVCC:
+        pytest.skip("nvcc/ptxas (CUDA toolkit) not found")
+    out = tmp_path_factory.mktemp("static") / "static.json"
+    result = run_script("cuda/static_report.py", "--json", str(out), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@needs_nvcc
+def test_static_report_covers_every_gemm_version_with_sane_figures(static_record):
+    kernels = static_record["kernels"]
+    versions = {k["version"] for k in kernels}
+    assert versions and min(versions) == 1
+    for v in versions:
+        assert {(k["layout"], k["dtype"]) for k in kernels if k["version"] == v} == \
+            {(layout, dt) for layout in ("nt", "nn", "tn") for dt in ("f32", "f64")}, f"v{v} incomplete"
+    for k in kernels:
+        for key in ("version", "registers", "shared_bytes", "spill_bytes", "occupancy", "threads", "napkin"):
+            assert key in k, f"{k['name']} lacks {key}"
+        assert 1 <= k["registers"] <= 255 and k["shared_bytes"] >= 0 and k["spill_bytes"] >= 0
+        assert 1 <= k["threads"] <= 1024 and k["threads_from"] == "__launch_bounds__"
+        assert 0 < k["occupancy"] <= 1 and k["blocks_per_sm"] >= 1, k["name"]
+        assert k["napkin"]["flop_per_byte"] > 0
+    # TILES agrees with every kernel's launch bounds (else the table of napkin maths is stale)
+    assert static_record["warnings"] == []
+    for key in ("device", "tools", "date", "command", "arch"):
+        assert static_record[key]
+    assert static_record["device"]["max_warps_per_sm"] == 64 and static_record["device"]["shared_per_sm"] == 233472
+
+
+@needs_sass
+def test_static_report_inner_loop_matches_the_register_tiles(static_record):
+    """In the SASS of each GEMM's innermost multiply-add loop, FMAs per operand element loaded
+    (from shared memory, or from global memory where nothing is staged) are TM·TN/(TM+TN):
+    what TILES says each thread reuses. A stale TILES entry fails here."""
+    assert static_record["tools"]["sass"]["available"]
+    for k in static_record["kernels"]:
+        loop = k["inner_loop"]
+        assert loop is not None and loop["fma"] > 0, k["name"]
+        element_bits = 32 if k["dtype"] == "f32" else 64
+        source = loop["lds"] if k["tile"]["staged_in_shared"] else loop["ldg"]
+        if not k["tile"]["staged_in_shared"]:
+            assert not loop["lds"], f"{k['name']}: shared loads in a version that stages nothing"
+        elements = sum(n * int(w) / element_bits for w, n in source.items())
+        assert loop["fma"] / elements == pytest.approx(k["napkin"]["fma_per_operand_load"], rel=0.25), k["name"]
+
+
+SYNTHETIC = r"""
+// A version the TILES table has never heard of, with launch bounds, one layout and dtype.
+extern "C" __global__ void __launch_bounds__(128) dense_gemm_v9_nt_f32(const float* A, const float* B, float* C,
+    const float* bias, long long M, long long N, long long K, int epilogue) {
+  long long m = blockIdx.y, n = blockIdx.x * 128 + threadIdx.x;
+  if (m >= M || n >= N) return;
+  float acc = 0;
+  for (long long k = 0; k < K; ++k) acc += A[m * K + k] * B[n * K + k];
+  C[m * N + n] = acc;
+}
+extern "C" __global__ void dense_bias_grad_f32(const float* dz, float* db, long long rows, long long cols) {}
+"""
+
+
+@needs_nvcc
+def test_static_report_discovers_versions_from_the_compiled_symbols(tmp_path):
+    """After a re-cut the report still runs: versions come from the entry names, and a version
+    missing from TILES is reported (napkin maths left out, occupancy from the launch bounds)."""
+    (tmp_path / "k.cu").write_text(SYNTHETIC)
+    out = tmp_path / "s.json"
+    result = run_script("cuda/static_report.py", "--source", str(tmp_path / "k.cu"), "--json", str(out), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    (k,) = record["kernels"]
+    assert (k["version"], k["layout"], k["dtype"], k["threads"]) == (9, "nt", "f32", 128)
+    assert "napkin" not in k and k["occupancy"] > 0
+    assert any("v9" in w and "TILES" in w for w in record["warnings"]) and "warning: " in result.stderr
+    assert [o["name"] for o in record["other_kernels"]] == ["dense_bias_grad_f32"]
+    assert "| 9 | f32 | ? | 128 | ? |" in result.stdout  # the table shows what is unknown as unknown
+
+
+@needs_nvcc
+def test_static_report_without_sass_says_so(tmp_path):
+    out = tmp_path / "s.json"
+    result = run_script("cuda/static_report.py", "--no-sass", "--json", str(out), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["tools"]["sass"] == {"available": False, "reason": "not asked for (--no-sass)"}
+    assert "no SASS" in result.stdout and all("inner_loop" not in k for k in record["kernels"])
+
+
+def test_gpu_timings_join_the_table(tmp_path):
+    """A benchmark.py record of `-m cuda --kernel 3` fills GFLOP/s and % of cuBLAS for v3 f32."""
+    record = json.loads((ROOT / "docs" / "results" / "cuda_static_sm90.json").read_text())
+    bench = {"device": "NVIDIA H100 80GB HBM3", "dtype": "float32", "kernel": 3, "date": "2026-11-22",
+             "shape": {"batch": 4096, "in": 4096, "out": 4096}, "command": "python benchmark.py ...",
+             "results": [{"mode": "reference", "forward_us": 3000.0, "forward_gflops": 45812.0},
+                         {"mode": "cuda", "forward_us": 6000.0, "forward_gflops": 22906.0}]}
+    (tmp_path / "b.json").write_text(json.dumps(bench))
+    record["timings"] = sr.timings([str(tmp_path / "b.json")])
+    assert record["timings"][0]["share_of_cublas"] == 0.5
+    rows = {tuple(r.split("|")[1:3]): r for r in sr.table(record).splitlines() if r.startswith("| ")}
+    assert "| 22906 | 50.0 |" in rows[(" 3 ", " f32 ")]
+    assert rows[(" 3 ", " f64 ")].endswith("| not measured | not measured |")
+    bench["kernel"] = 0  # automatic choice: not one version's figure
+    (tmp_path / "b.json").write_text(json.dumps(bench))
+    with pytest.raises(SystemExit, match="--kernel N"):
+        sr.timings([str(tmp_path / "b.json")])
+
+
+def test_occupancy_counts_dynamic_shared_memory():
+    # 8 KiB static + 100 KiB dynamic (opt-in) + 1 KiB reserved = 111616 B: 2 blocks in 228 KiB.
+    assert sr.occupancy(32, 256, 8192, 100 * 1024, optin=True)["blocks_per_sm"] == 2
+    assert sr.occupancy(32, 256, 8192, 100 * 1024)["blocks_per_sm"] == 0  # without the opt-in: no launch
+
+
+def test_static_report_refuses_bad_arguments_before_compiling(tmp_path):
+    result = run_script("cuda/static_report.py", "--json", str(tmp_path / "missing" / "x.json"))
+    assert result.returncode == 2 and "does not exist" in result.stderr
+    result = run_script("cuda/static_report.py", "--timings", str(tmp_path / "none.json"))
+    assert result.returncode == 2 and "no such timings file" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def sass_record(tmp_path_factory):
+    if not (HAVE_NVCC and HAVE_SASS):
+        pytest.skip(f"needs nvcc and {sr.sass_tools()[1]}")
+    out = tmp_path_factory.mktemp("sass") / "sass.json"
+    result = run_script("ptx/sass_report.py", "--json", str(out), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@needs_sass
+def test_sass_of_the_sigmoid_edit(sass_record):
+    """The edited sigmoid is MUFU.EX2 and MUFU.RCP with no refinement around them; the compiler's
+    wraps the same two units in a range reduction, Newton steps and a slow-path call."""
+    edits = [e for e in sass_record["edits"] if "MUFU.EX2" in e.get("edited", {}).get("mufu", {})]
+    assert len(edits) == 1, [e["function"] for e in sass_record["edits"]]
+    after, before = edits[0]["edited"], edits[0]["compiler"]
+    assert after["mufu"] == {"MUFU.EX2": 1, "MUFU.RCP": 1}
+    assert after["fma"] == 0 and after["calls"] == 0 and after["instructions"] <= 8
+    assert before["fma"] > 0 and before["calls"] >= 1 and before["instructions"] > 4 * after["instructions"]
+
+
+@needs_sass
+def test_sass_of_the_vector_load_edit(sass_record):
+    edits = [e for e in sass_record["edits"] if e.get("edited", {}).get("ldg", {}).get("128")]
+    assert len(edits) == 1, [e["function"] for e in sass_record["edits"]]
+    after, before = edits[0]["edited"], edits[0]["compiler"]
+    assert "128" not in before["ldg"] and before["ldg"]["32"] >= 4 * after["ldg"]["128"] > 0
+    assert after["ldg"].get("32", 0) < before["ldg"]["32"]
+
+
+# ---------------------------------------------------------------------------------------
+# The sigmoid's error bound
+# ---------------------------------------------------------------------------------------
+def test_sigmoid_bound_holds_under_the_isa_worst_case():
+    z = bound.samples(200_001)
+    b, w = bound.bound(z), bound.emulate_worst(z)
+    assert (w <= b).all(), z[w > b][:5]
+    assert w.max() > 0.5 * b.max()  # the emulation does reach the bound's scale: it can fail
+    assert bound.main(["-n", "1000"]) == 0
+
+
+def test_sigmoid_bound_in_the_chapter_is_the_derived_one():
+    readme = (ROOT / "ptx" / "README.md").read_text()
+    top = bound.bound(bound.samples(200_001)).max()
+    assert f"{top:.1e}".replace("e-07", "e-7") in readme
+    assert f"{top / bound.U:.1f}u" in readme.replace(" u", "u")
+
+
+# ---------------------------------------------------------------------------------------
+# The chapters
+# ---------------------------------------------------------------------------------------
+def test_chapters_show_what_the_scripts_wrote():
+    assert "<!-- static: docs/results/cuda_static_sm90.json -->" in (ROOT / "cuda" / "README.md").read_text()
+    assert "<!-- sass: docs/results/ptx_sass_sm90.json -->" in (ROOT / "ptx" / "README.md").read_text()
+    result = run_script("docs/render.py", "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _shape(line: str) -> str:
+    """A PTX line with its register numbers, labels and GEMM version blanked, for comparing the
+    form (the chapter's excerpts survive a renumbering of registers or of versions)."""
+    line = re.sub(r"%(r|rd|f|fd|p|rs)\d+", r"%\1N", line.split("//", 1)[0])
+    line = re.sub(r"dense_gemm_v\d+_(nt|nn|tn)_(f32|f64)_param_\d+", "dense_gemm_param", line)
+    return " ".join(re.sub(r"\$L__BB\d+_\d+", "$L", line).split())
+
+
+def test_ptx_excerpts_in_the_chapter_occur_in_the_committed_ptx():
+    ptx = {_shape(line) for line in (ROOT / "ptx" / "dense_kernels.ptx").read_text().splitlines()}
+    blocks = re.findall(r"```ptx\n(.*?)```", (ROOT / "ptx" / "README.md").read_text(), re.S)
+    assert blocks
+    for block in blocks:
+        for line in block.splitlines():
+            if _shape(line):
+                assert _shape(line) in ptx, f"not in ptx/dense_kernels.ptx: {line!r}"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v"]))
