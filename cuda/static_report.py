@@ -20,6 +20,7 @@ The committed table (cuda/README.md, "Static figures") comes from:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -45,14 +46,24 @@ GEMM = re.compile(r"^dense_gemm_v(\d+)_(nt|nn|tn)_(f32|f64)$")
 # adds "dynamic_shared": {"f32": bytes, "f64": bytes}; it counts towards the occupancy.
 # ---------------------------------------------------------------------------------------
 TILES: dict[int, dict] = {
-    1: {"idea": "one thread per output, operands from global memory",
-        "f32": (16, 16, 1, 1, False), "f64": (16, 16, 1, 1, False)},
-    2: {"idea": "32×32 shared-memory tiles, one output per thread",
+    1: {"idea": "naive, uncoalesced: one thread per output, a warp's lanes walk down a column",
+        "f32": (32, 8, 1, 1, False), "f64": (32, 8, 1, 1, False)},
+    2: {"idea": "naive, coalesced: a warp's lanes take neighbouring columns",
+        "f32": (8, 32, 1, 1, False), "f64": (8, 32, 1, 1, False)},
+    3: {"idea": "32×32 tiles of A and B staged in shared memory",
         "f32": (32, 32, 1, 1, True), "f64": (32, 32, 1, 1, True)},
-    3: {"idea": "register tiles (2-D block tiling), 128-bit global loads",
+    4: {"idea": "1-D register blocking: a column of 8 outputs per thread",
+        "f32": (64, 64, 8, 1, True), "f64": (64, 64, 8, 1, True)},
+    5: {"idea": "2-D register blocking: an 8×8 (f64 4×4) block of outputs per thread",
         "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True)},
-    4: {"idea": "v3 with smaller tiles, for small batches",
-        "f32": (64, 64, 4, 4, True), "f64": (32, 32, 2, 2, True)},
+    6: {"idea": "vectorised: 128-bit global loads, A's tile stored transposed",
+        "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True)},
+    7: {"idea": "warp tiling: a warp's lanes own one compact sub-tile",
+        "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True)},
+    8: {"idea": "double buffering (cp.async on sm_80+)",
+        "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True)},
+    9: {"idea": "split-K for small batches, slices from the SM count",
+        "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True), "split_k": True},
 }
 
 
@@ -84,6 +95,9 @@ class Device:
     shared_reserved_per_block: int = 1024
     shared_allocation_unit: int = 128
     barriers_per_block_slot: int = 2           # named barriers available: 2 per block slot
+    # Only for v9's napkin maths (its slices depend on it; the kernels query the real device):
+    # an H100 SXM and an H200 have 132 SMs, an H100 PCIe 114 (--sms).
+    sm_count: int = 132
     sources: tuple[str, ...] = (
         "CUDA C++ Programming Guide: Technical Specifications per Compute Capability (9.0)",
         "NVIDIA Hopper Tuning Guide: shared memory capacity per SM 228 KB, 227 KB per thread block",
@@ -140,20 +154,41 @@ def occupancy(registers: int, threads: int, static_shared: int = 0, dynamic_shar
 # ---------------------------------------------------------------------------------------
 # Napkin maths per output tile
 # ---------------------------------------------------------------------------------------
-def napkin(bm: int, bn: int, tm: int, tn: int, staged: bool, element_bytes: int, k: int) -> dict:
+def napkin(bm: int, bn: int, tm: int, tn: int, staged: bool, element_bytes: int, k: int, slices: int = 1) -> dict:
     """FLOPs and global bytes of one BM×BN output tile over a K-long reduction.
 
     Staged operands: the block loads each of its BM rows of A and BN columns of B once, so
-    (BM+BN)·K elements. Unstaged (v1): every thread loads its own row and column, so
+    (BM+BN)·K elements. Unstaged (v1, v2): every thread loads its own row and column, so
     2·BM·BN·K elements are requested (caches may serve repeats; the instructions ask anyway).
     Plus the BM·BN outputs written once. Per thread and per k, TM+TN operands are read for
     TM·TN multiply-adds: the register-level reuse that the SASS ratio below should show.
+    Split-K (v9) over S > 1 slices: the slices partition K, so FLOPs and operand bytes of the
+    tile are unchanged; each slice writes a BM×BN partial product and the reduce reads the S
+    partials back and writes the output once: (2S+1)·BM·BN output-side elements instead of BM·BN.
     """
+    if slices < 1:
+        raise ValueError("slices must be at least 1")
     flops = 2 * bm * bn * k
     loads = (bm + bn) * k if staged else 2 * bm * bn * k
-    nbytes = (loads + bm * bn) * element_bytes
-    return {"k": k, "flops_per_tile": flops, "bytes_per_tile": nbytes, "flop_per_byte": flops / nbytes,
-            "fma_per_operand_load": tm * tn / (tm + tn)}
+    outputs = bm * bn if slices == 1 else (2 * slices + 1) * bm * bn
+    nbytes = (loads + outputs) * element_bytes
+    return {"k": k, "slices": slices, "flops_per_tile": flops, "bytes_per_tile": nbytes,
+            "flop_per_byte": flops / nbytes, "fma_per_operand_load": tm * tn / (tm + tn)}
+
+
+# v9's choice of slices, as dense_kernels::splitk_slices (cuda/dense_kernels.h) makes it; the
+# napkin maths evaluate it at the small batch v9 exists for. tests/test_static.py compiles the
+# header with the host compiler and compares the two.
+MIN_SLICE_K = 128  # dense_kernels::kMinSliceK
+SPLITK_BATCH = 32
+
+
+def splitk_slices(m: int, n: int, k: int, bm: int, bn: int, sm_count: int) -> int:
+    """Slices of K so that tiles × slices covers every SM once, each slice at least 128 deep."""
+    tiles = -(-m // bm) * -(-n // bn)
+    if tiles <= 0 or tiles >= sm_count:
+        return 1
+    return max(1, min(-(-sm_count // tiles), k // MIN_SLICE_K))
 
 
 # ---------------------------------------------------------------------------------------
@@ -290,7 +325,9 @@ def loops(code: list[Instr]) -> list[tuple[int, int]]:
 
 
 def is_fma(op: str) -> bool:
-    return op.split(".")[0] in ("FFMA", "DFMA", "HFMA2", "FFMA2")
+    """A float32/float64 multiply-add. Not HFMA2: the kernels do no half-precision maths, and
+    ptxas uses `HFMA2.MMA Rn, -RZ, RZ, 0, 0` to zero a register (it would count as an FMA)."""
+    return op.split(".")[0] in ("FFMA", "DFMA", "FFMA2")
 
 
 def width(op: str) -> str:
@@ -407,7 +444,11 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
             else:
                 bm, bn, tm, tn, staged = tile
                 rec["tile"] = {"bm": bm, "bn": bn, "tm": tm, "tn": tn, "staged_in_shared": staged}
-                rec["napkin"] = napkin(bm, bn, tm, tn, staged, 4 if dtype == "f32" else 8, k)
+                slices = splitk_slices(SPLITK_BATCH, k, k, bm, bn, device.sm_count) \
+                    if TILES[version].get("split_k") else 1
+                rec["napkin"] = napkin(bm, bn, tm, tn, staged, 4 if dtype == "f32" else 8, k, slices)
+                if slices > 1:
+                    rec["napkin"]["slices_at"] = {"batch": SPLITK_BATCH, "in": k, "out": k, "sm_count": device.sm_count}
                 expected = bm * bn // (tm * tn)
                 if threads is None:
                     threads, source = expected, "TILES (the kernel has no __launch_bounds__)"
@@ -432,7 +473,10 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
         if functions:
             code = functions.get(name, [])
             rec["sass_instructions"] = len(code)
-            rec["inner_loop"] = inner_loop(code) if m else None
+            if m:
+                rec["inner_loop"] = inner_loop(code)
+            else:  # the backward's kernels and the second passes: the whole kernel's mix
+                rec["mix"] = mix(code)
         (report.kernels if m else report.other_kernels).append(rec)
     return report, tools
 
@@ -504,6 +548,13 @@ def table(record: dict) -> str:
     d = record["device"]
     notes = [f"\n{record['arch']}, ptxas {record['tools']['ptxas']}, {d['name']}, K={record['k']} for FLOP/B, "
              f"{record['date']}: `{record['command']}`"]
+    split = sorted({(k["dtype"], k["napkin"]["slices"], k["version"]) for k in record["kernels"]
+                    if k.get("napkin", {}).get("slices", 1) > 1})
+    if split:
+        at = next(k["napkin"]["slices_at"] for k in record["kernels"] if k.get("napkin", {}).get("slices", 1) > 1)
+        notes.append(f"Split-K: FLOP/B of v{split[0][2]} includes its partial products at "
+                     + ", ".join(f"{s} slices ({dt})" for dt, s, _ in split)
+                     + f", the slices it takes at B={at['batch']}, I=O={at['in']} on {at['sm_count']} SMs.")
     if not sass:
         notes.append(f"SASS columns left out: {record['tools']['sass']['reason']}.")
     if record.get("timings"):
@@ -511,7 +562,50 @@ def table(record: dict) -> str:
         notes.append("Timings: forward only, from " + ", ".join(src) + ".")
     for w in record.get("warnings", []):
         notes.append(f"Warning: {w}")
-    return "\n".join(head + rows + notes)
+    return "\n".join(head + rows + notes + _other_table(record))
+
+
+OTHER_ORDER = ("dense_sigmoid_grad_v1", "dense_sigmoid_grad_v1_x4", "dense_sigmoid_grad_v2", "dense_sigmoid_grad_v3",
+               "dense_bias_grad_v3", "dense_splitk_reduce")
+
+
+def _other_table(record: dict) -> list[str]:
+    """The kernels that are not GEMMs (the backward's sigmoid-grad versions, the two second
+    passes): one row per kernel, f32/f64 side by side; memory and shuffle instructions counted
+    over the whole kernel (static counts, loops once)."""
+    by: dict[str, dict] = {}
+    for k in record.get("other_kernels", []):
+        base, _, dt = k["name"].rpartition("_")
+        by.setdefault(base, {})[dt] = k
+    if not by:
+        return []
+    sass = record["tools"]["sass"]["available"]
+
+    def pair(lay: dict, f) -> str:
+        return "/".join(f(lay[dt]) if dt in lay else "–" for dt in ("f32", "f64"))
+
+    def occ(k: dict) -> str:
+        return f"{k['blocks_per_sm']} ({100 * k['occupancy']:.0f}%)" if k.get("occupancy") is not None else "?"
+
+    def loads(k: dict) -> str:
+        mx = k.get("mix")
+        if not mx:
+            return "–"
+        cell = [f"{name} " + "+".join(f"{n}×{w}" for w, n in sorted(mx[key].items(), key=lambda kv: int(kv[0])))
+                for name, key in (("LDG", "ldg"), ("STG", "stg"), ("LDS", "lds"), ("STS", "sts")) if mx[key]]
+        return ", ".join(cell + ([f"SHFL {mx['shfl']}"] if mx["shfl"] else []))
+
+    rows = ["", "The backward's kernels and the two second passes (f32/f64; instructions over the whole kernel, "
+            "f32, count×bits):", "",
+            "| kernel | threads | regs | smem B | spills | blocks/SM (occupancy) | memory and shuffle instructions |",
+            "|---|---:|---:|---:|---:|---|---|"]
+    order = {n: i for i, n in enumerate(OTHER_ORDER)}
+    for base, lay in sorted(by.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])):
+        first = lay.get("f32") or next(iter(lay.values()))
+        rows.append(f"| `{base}` | {first['threads']} | {pair(lay, lambda k: str(k['registers']))} | "
+                    f"{pair(lay, lambda k: str(k['shared_bytes']))} | {max(k['spill_bytes'] for k in lay.values())} | "
+                    f"{pair(lay, occ)} | {loads(first) if sass else 'no SASS'} |")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -523,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"CUDA file(s) with the entry points (default: {' '.join(DEFAULT_SOURCES)})")
     parser.add_argument("--arch", default="sm_90", help="target architecture (the occupancy rules are sm_90's)")
     parser.add_argument("-k", type=int, default=4096, help="reduction length for the per-tile napkin maths")
+    parser.add_argument("--sms", type=int, default=H100.sm_count,
+                        help="SM count for v9's slices in the napkin maths (H100 SXM/H200: 132, H100 PCIe: 114)")
     parser.add_argument("--no-sass", action="store_true", help="skip the SASS (cuobjdump) columns")
     parser.add_argument("--timings", nargs="*", default=[], metavar="JSON",
                         help="benchmark.py records of the cuda mode (one per --kernel N) to join into the table")
@@ -531,6 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the occupancy rules here are those of sm_90 (H100/H200); only --arch sm_90 is supported")
     if args.k < 1:
         parser.error("-k must be at least 1")
+    if args.sms < 1:
+        parser.error("--sms must be at least 1")
+    device = dataclasses.replace(H100, sm_count=args.sms)
     sources = [ROOT / s if not Path(s).is_absolute() else Path(s) for s in (args.source or DEFAULT_SOURCES)]
     for s in sources:
         if not s.is_file():
@@ -544,11 +643,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sass and sass_tools()[0] is None:
         print(f"note: {sass_tools()[1]}; the SASS columns are left out", file=sys.stderr)
 
-    report, tools = build(sources, args.arch, args.k, sass=not args.no_sass)
-    record = {"arch": args.arch, "k": args.k, "device": asdict(H100), "tools": tools,
+    report, tools = build(sources, args.arch, args.k, sass=not args.no_sass, device=device)
+    record = {"arch": args.arch, "k": args.k, "device": asdict(device), "tools": tools,
               "sources": [os.path.relpath(s, ROOT) for s in sources],
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python cuda/static_report.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "command": " ".join(["python cuda/static_report.py", *(sys.argv[1:] if argv is None else argv)]),
               "kernels": report.kernels, "other_kernels": report.other_kernels, "timings": joined,
               "warnings": report.warnings}
     if args.json:

@@ -42,7 +42,7 @@ needs_sass = pytest.mark.skipif(not (HAVE_NVCC and HAVE_SASS), reason=f"needs nv
 # ---------------------------------------------------------------------------------------
 # (registers, threads, static shared bytes, barriers) -> blocks per SM, worked by hand:
 HAND_WORKED = [
-    # v3 f32 today: 108·32 = 3456 -> 3584 per warp; 16384 // 3584 = 4 warps per sub-partition,
+    # 108 registers (the first v3's f32): 108·32 = 3456 -> 3584 per warp; 16384 // 3584 = 4 warps per sub-partition,
     # 16 per SM, 8 warps per block -> 2 blocks (shared: 9216 B each would allow 25).
     ((108, 256, 8192, 1), 2, ["registers"]),
     # 32 registers, 1024 threads: 1024 per warp, 64 warps fit -> 2 blocks; 64 warps // 32 too.
@@ -146,6 +146,57 @@ def test_napkin_maths():
     assert n["fma_per_operand_load"] == 4
     # v1 reads a row and a column per output: 1/4 FLOP per float32 byte, as K grows.
     assert sr.napkin(16, 16, 1, 1, False, 4, 1 << 20)["flop_per_byte"] == pytest.approx(0.25, rel=1e-5)
+    # Split-K over 5 slices: same FLOPs and operand bytes, plus 5 partial tiles written and read back.
+    s = sr.napkin(128, 128, 8, 8, True, 4, 4096, slices=5)
+    assert s["flops_per_tile"] == n["flops_per_tile"]
+    assert s["bytes_per_tile"] == (256 * 4096 + 11 * 128 * 128) * 4
+    with pytest.raises(ValueError):
+        sr.napkin(128, 128, 8, 8, True, 4, 4096, slices=0)
+
+
+TILE_HARNESS = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "dense_kernels.h"
+int main(int argc, char** argv) {
+  for (int v = 1; v <= dense_kernels::kVersions; ++v)
+    for (int b : {4, 8}) {
+      const dense_kernels::Tile t = dense_kernels::tile(v, b);
+      std::printf("tile %d %d %d %d %d %d %d\n", v, b, t.BM, t.BN, t.TM, t.TN, dense_kernels::threads(v, b));
+    }
+  for (int i = 1; i + 4 < argc; i += 5)
+    std::printf("slices %d\n", dense_kernels::splitk_slices(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]),
+                                                            atoi(argv[i + 3]), atoi(argv[i + 4])));
+  return 0;
+}
+"""
+
+
+def test_tiles_and_slices_agree_with_the_kernels_header(tmp_path):
+    """TILES (the napkin maths) and the Python mirror of v9's slices against cuda/dense_kernels.h,
+    compiled with the host compiler: the numbers the kernels are instantiated from."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("needs a C++ compiler")
+    (tmp_path / "t.cpp").write_text(TILE_HARNESS)
+    build = subprocess.run([cxx, "-std=c++17", f"-I{ROOT / 'cuda'}", str(tmp_path / "t.cpp"), "-o",
+                            str(tmp_path / "t")], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    cases = [(m, n, k, b, sms) for m in (1, 32, 100, 1000) for n in (64, 4096) for k in (100, 4096)
+             for b in (4, 8) for sms in (8, 114, 132)]
+    out = subprocess.run([str(tmp_path / "t"), *(str(x) for c in cases for x in c)], capture_output=True, text=True,
+                         timeout=60).stdout.splitlines()
+    tiles = [line.split()[1:] for line in out if line.startswith("tile")]
+    assert sorted(int(t[0]) for t in tiles[::2]) == sorted(sr.TILES)
+    for v, b, bm, bn, tm, tn, threads in (map(int, t) for t in tiles):
+        want = sr.TILES[v]["f32" if b == 4 else "f64"]
+        assert (bm, bn, tm, tn) == want[:4], f"v{v} {b}-byte: header {bm}×{bn} ({tm}×{tn}), TILES {want}"
+        assert threads == bm * bn // (tm * tn)
+    slices = [int(line.split()[1]) for line in out if line.startswith("slices")]
+    assert len(slices) == len(cases) and max(slices) > 1
+    for (m, n, k, b, sms), got in zip(cases, slices):
+        bm, bn = sr.TILES[9]["f32" if b == 4 else "f64"][:2]
+        assert sr.splitk_slices(m, n, k, bm, bn, sms) == got, (m, n, k, b, sms)
 
 
 # ---------------------------------------------------------------------------------------
@@ -231,6 +282,12 @@ def test_static_report_covers_every_gemm_version_with_sane_figures(static_record
         assert k["napkin"]["flop_per_byte"] > 0
     # TILES agrees with every kernel's launch bounds (else the table of napkin maths is stale)
     assert static_record["warnings"] == []
+    assert versions == set(sr.TILES)
+    # the backward's kernels and the second passes are there too, and fit on an SM
+    others = {k["name"]: k for k in static_record["other_kernels"]}
+    for name in ("dense_sigmoid_grad_v1_f32", "dense_sigmoid_grad_v1_x4_f32", "dense_sigmoid_grad_v2_f64",
+                 "dense_sigmoid_grad_v3_f32", "dense_bias_grad_v3_f64", "dense_splitk_reduce_f32"):
+        assert others[name]["blocks_per_sm"] >= 1 and others[name]["spill_bytes"] == 0, name
     for key in ("device", "tools", "date", "command", "arch"):
         assert static_record[key]
     assert static_record["device"]["max_warps_per_sm"] == 64 and static_record["device"]["shared_per_sm"] == 233472
@@ -251,11 +308,18 @@ def test_static_report_inner_loop_matches_the_register_tiles(static_record):
             assert not loop["lds"], f"{k['name']}: shared loads in a version that stages nothing"
         elements = sum(n * int(w) / element_bits for w, n in source.items())
         assert loop["fma"] / elements == pytest.approx(k["napkin"]["fma_per_operand_load"], rel=0.25), k["name"]
+    # v2 and v3 of the backward add a column's 32 partial sums with a 5-step shuffle tree (a
+    # SHFL moves 32 bits: two per step for a double); v1 with none
+    for k in static_record["other_kernels"]:
+        if k["name"].startswith(("dense_sigmoid_grad_v2", "dense_sigmoid_grad_v3")):
+            assert k["mix"]["shfl"] == (5 if k["name"].endswith("_f32") else 10), k["name"]
+        elif k["name"].startswith("dense_sigmoid_grad_v1"):
+            assert k["mix"]["shfl"] == 0, k["name"]
 
 
 SYNTHETIC = r"""
 // A version the TILES table has never heard of, with launch bounds, one layout and dtype.
-extern "C" __global__ void __launch_bounds__(128) dense_gemm_v9_nt_f32(const float* A, const float* B, float* C,
+extern "C" __global__ void __launch_bounds__(128) dense_gemm_v42_nt_f32(const float* A, const float* B, float* C,
     const float* bias, long long M, long long N, long long K, int epilogue) {
   long long m = blockIdx.y, n = blockIdx.x * 128 + threadIdx.x;
   if (m >= M || n >= N) return;
@@ -277,11 +341,11 @@ def test_static_report_discovers_versions_from_the_compiled_symbols(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     (k,) = record["kernels"]
-    assert (k["version"], k["layout"], k["dtype"], k["threads"]) == (9, "nt", "f32", 128)
+    assert (k["version"], k["layout"], k["dtype"], k["threads"]) == (42, "nt", "f32", 128)
     assert "napkin" not in k and k["occupancy"] > 0
-    assert any("v9" in w and "TILES" in w for w in record["warnings"]) and "warning: " in result.stderr
+    assert any("v42" in w and "TILES" in w for w in record["warnings"]) and "warning: " in result.stderr
     assert [o["name"] for o in record["other_kernels"]] == ["dense_bias_grad_f32"]
-    assert "| 9 | f32 | ? | 128 | ? |" in result.stdout  # the table shows what is unknown as unknown
+    assert "| 42 | f32 | ? | 128 | ? |" in result.stdout  # the table shows what is unknown as unknown
 
 
 @needs_nvcc
