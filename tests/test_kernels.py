@@ -61,13 +61,13 @@ def assert_no_spills(output: str, expected: set[str], only: set[str] | None = No
 
 @needs_nvcc
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ["sm_75", *ARCHS])  # sm_75: the oldest target nvcc 13 accepts
 def test_kernels_compile_without_register_spills(arch, tmp_path):
     result = subprocess.run([NVCC, "-c", "-std=c++17", "-O3", f"-arch={arch}", "-Xptxas", "-v", str(KERNELS),
                              "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    # sm_90: every version. sm_80: the kernels the stages run by default (v8, v9, the backward's);
-    # there ptxas 13.0 gives v4 f32 64 registers and 8 bytes of spills.
+    # sm_90: every version. sm_75 and sm_80: the kernels the stages run by default (v8, v9, the
+    # backward's); on sm_80 ptxas 13.0 gives v4's nt f32 kernel 64 registers and 8 bytes of spills.
     assert_no_spills(result.stderr, ALL_ENTRIES if arch == "sm_90" else set(ENTRIES),
                      only=None if arch == "sm_90" else set(ENTRIES))
 

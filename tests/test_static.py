@@ -317,6 +317,70 @@ def test_static_report_inner_loop_matches_the_register_tiles(static_record):
             assert k["mix"]["shfl"] == 0, k["name"]
 
 
+COMMITTED = ROOT / "docs" / "results" / "cuda_static_sm90.json"
+
+
+@needs_sass
+def test_committed_static_figures_are_todays(static_record):
+    """docs/results/cuda_static_sm90.json matches what the script makes of today's kernels (with
+    the same ptxas): a kernel change without regenerating the figures fails here."""
+    committed = json.loads(COMMITTED.read_text())
+    if committed["tools"]["ptxas"] != static_record["tools"]["ptxas"]:
+        pytest.skip(f"the committed figures came from ptxas {committed['tools']['ptxas']}, this one differs")
+    keys = ("registers", "shared_bytes", "spill_bytes", "threads", "blocks_per_sm")
+    loop_keys = ("fma", "lds", "ldg", "ldgsts", "bar")
+
+    def view(record: dict) -> dict:
+        out = {}
+        for k in record["kernels"] + record["other_kernels"]:
+            loop = k.get("inner_loop") or {}
+            out[k["name"]] = ({x: k.get(x) for x in keys}, {x: loop.get(x) for x in loop_keys})
+        return out
+
+    assert view(committed) == view(static_record), "regenerate: python cuda/static_report.py --json " \
+        "docs/results/cuda_static_sm90.json && python docs/render.py"
+
+
+def test_chapter_claims_hold_in_the_committed_static_figures():
+    """What cuda/README.md says the static figures show, checked on the committed figures."""
+    record = json.loads(COMMITTED.read_text())
+    k = {(r["version"], r["layout"], r["dtype"]): r for r in record["kernels"]}
+    layouts, dtypes = ("nt", "nn", "tn"), ("f32", "f64")
+    every = [(lay, dt) for lay in layouts for dt in dtypes]
+    if not record["tools"]["sass"]["available"]:
+        pytest.skip("the committed figures have no SASS columns")
+    loop = {key: r["inner_loop"] for key, r in k.items()}
+    # 128-bit shared loads already in v5 (ptxas fused the unrolled reads); 128-bit global loads from v6 on
+    for v in range(1, 6):
+        assert all("128" not in loop[v, lay, dt]["ldg"] for lay, dt in every), v
+    assert all("128" in loop[5, lay, dt]["lds"] for lay, dt in every)
+    for v in range(6, 10):
+        assert all("128" in loop[v, lay, dt]["ldg"] or loop[v, lay, dt]["ldgsts"] for lay, dt in every), v
+    # v1 and v2 look the same statically; so do v6 and v7
+    for a, b in ((1, 2), (6, 7)):
+        for lay, dt in every:
+            assert k[a, lay, dt]["registers"] == k[b, lay, dt]["registers"], (a, b, lay, dt)
+            assert {x: loop[a, lay, dt][x] for x in ("fma", "lds", "ldg")} == \
+                {x: loop[b, lay, dt][x] for x in ("fma", "lds", "ldg")}, (a, b, lay, dt)
+    # two barriers per k-step up to v7, one with double buffering
+    assert all(loop[v, lay, dt]["bar"] == 2 for v in range(3, 8) for lay, dt in every)
+    assert all(loop[v, lay, dt]["bar"] == 1 for v in (8, 9) for lay, dt in every)
+    # cp.async (LDGSTS) where an operand needs no transposition: nn and tn, never nt
+    for v in (8, 9):
+        for dt in dtypes:
+            assert not loop[v, "nt", dt]["ldgsts"] and loop[v, "nn", dt]["ldgsts"] and loop[v, "tn", dt]["ldgsts"]
+    # v5's f32 kernels: the most registers, one block (8 warps) per SM; v6 brings two back
+    assert all(k[5, lay, "f32"]["blocks_per_sm"] == 1 for lay in layouts)
+    assert all(k[6, lay, "f32"]["blocks_per_sm"] == 2 for lay in layouts)
+    assert max(r["registers"] for r in record["kernels"]) == max(k[5, lay, "f32"]["registers"] for lay in layouts)
+    # from v4 on, registers bind the occupancy; float64 does not use float32's register counts
+    assert all(r["occupancy_limited_by"] == ["registers"] for r in record["kernels"] if r["version"] >= 4)
+    assert all(k[v, "nt", "f32"]["registers"] != k[v, "nt", "f64"]["registers"] for v in range(4, 10))
+    # split-K's partial products cost arithmetic intensity; full occupancy up to v3
+    assert k[9, "nt", "f32"]["napkin"]["flop_per_byte"] < k[8, "nt", "f32"]["napkin"]["flop_per_byte"]
+    assert all(k[v, lay, dt]["occupancy"] == 1 for v in (1, 2, 3) for lay, dt in every)
+
+
 SYNTHETIC = r"""
 // A version the TILES table has never heard of, with launch bounds, one layout and dtype.
 extern "C" __global__ void __launch_bounds__(128) dense_gemm_v42_nt_f32(const float* A, const float* B, float* C,
