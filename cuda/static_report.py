@@ -324,6 +324,29 @@ def loops(code: list[Instr]) -> list[tuple[int, int]]:
     return sorted({(t, i.addr) for i in code if (t := branch_target(i)) is not None and t <= i.addr})
 
 
+def call_targets(code: list[Instr]) -> set[int]:
+    """The addresses a kernel CALLs (subroutines ptxas placed after the kernel's own code)."""
+    return {int(re.findall(r"0x([0-9a-f]+)", i.args)[-1], 16) for i in code
+            if i.op.startswith("CALL") and re.search(r"0x[0-9a-f]+", i.args)}
+
+
+def calls(code: list[Instr]) -> dict:
+    """How many subroutines a kernel calls, and where its MUFU.EX2 (the sigmoid's exponential)
+    is: in the kernel's own code (the sigmoid was inlined) or in a subroutine (a call per output).
+    A subroutine spans its entry to the first RET after it."""
+    targets = sorted(call_targets(code))
+    inside = set()
+    for t in targets:
+        for i in code:
+            if i.addr >= t:
+                inside.add(i.addr)
+                if i.op.startswith("RET"):
+                    break
+    ex2 = [i for i in code if i.op.startswith("MUFU.EX2")]
+    return {"targets": len(targets), "mufu_ex2_inline": sum(i.addr not in inside for i in ex2),
+            "mufu_ex2_in_callees": sum(i.addr in inside for i in ex2)}
+
+
 def is_fma(op: str) -> bool:
     """A float32/float64 multiply-add. Not HFMA2: the kernels do no half-precision maths, and
     ptxas uses `HFMA2.MMA Rn, -RZ, RZ, 0, 0` to zero a register (it would count as an FMA)."""
@@ -475,6 +498,7 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
             rec["sass_instructions"] = len(code)
             if m:
                 rec["inner_loop"] = inner_loop(code)
+                rec["calls"] = calls(code)
             else:  # the backward's kernels and the second passes: the whole kernel's mix
                 rec["mix"] = mix(code)
         (report.kernels if m else report.other_kernels).append(rec)

@@ -86,15 +86,9 @@ def tag(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def call_targets(code: list) -> set[int]:
-    """The addresses a kernel CALLs."""
-    return {int(re.findall(r"0x([0-9a-f]+)", i.args)[-1], 16) for i in code
-            if i.op.startswith("CALL") and re.search(r"0x[0-9a-f]+", i.args)}
-
-
 def called_code(code: list) -> list | None:
     """What a kernel reaches by CALL: each callee spans its target to the first RET after it."""
-    targets = sorted(call_targets(code))
+    targets = sorted(sr.call_targets(code))
     if not targets:
         return None
     keep = set()
@@ -182,7 +176,7 @@ def build(edited: Path, generated: str | None) -> dict:
                 continue
             # The kernel whose calls go to the fewest places (ideally the edited function only: a
             # 64-bit `%` or `/` is a call to a helper too, and would be counted with it), then the smallest.
-            probe = min(callers, key=lambda n: (len(call_targets(sass_a.get(n, []))), len(sass_a.get(n, [])), n))
+            probe = min(callers, key=lambda n: (len(sr.call_targets(sass_a.get(n, []))), len(sass_a.get(n, [])), n))
             rec["measured_in"] = probe
             part_b, part_a = called_code(sass_b[probe]), called_code(sass_a[probe])
             if part_b is None or part_a is None:

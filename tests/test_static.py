@@ -321,6 +321,18 @@ COMMITTED = ROOT / "docs" / "results" / "cuda_static_sm90.json"
 
 
 @needs_sass
+def test_the_cuda_stage_inlines_the_sigmoid(static_record):
+    """Every float32 GEMM's MUFU.EX2 (the sigmoid's exponential) is in its own code, none in a
+    subroutine; the one subroutine left is the division's slow path (v9: and a 64-bit integer
+    division). (float64's exp is a polynomial without MUFU.EX2: there only the count of calls.)"""
+    for k in static_record["kernels"]:
+        c = k["calls"]
+        if k["dtype"] == "f32":
+            assert c["mufu_ex2_inline"] >= 1 and c["mufu_ex2_in_callees"] == 0, k["name"]
+        assert c["targets"] == (2 if k["version"] == 9 else 1), k["name"]
+
+
+@needs_sass
 def test_committed_static_figures_are_todays(static_record):
     """docs/results/cuda_static_sm90.json matches what the script makes of today's kernels (with
     the same ptxas): a kernel change without regenerating the figures fails here."""
@@ -359,7 +371,9 @@ def test_chapter_claims_hold_in_the_committed_static_figures():
     # v1 and v2 look the same statically; so do v6 and v7
     for a, b in ((1, 2), (6, 7)):
         for lay, dt in every:
-            assert k[a, lay, dt]["registers"] == k[b, lay, dt]["registers"], (a, b, lay, dt)
+            for x in ("registers", "shared_bytes", "threads", "occupancy"):
+                assert k[a, lay, dt][x] == k[b, lay, dt][x], (a, b, lay, dt, x)
+            assert k[a, lay, dt]["napkin"]["flop_per_byte"] == k[b, lay, dt]["napkin"]["flop_per_byte"]
             assert {x: loop[a, lay, dt][x] for x in ("fma", "lds", "ldg")} == \
                 {x: loop[b, lay, dt][x] for x in ("fma", "lds", "ldg")}, (a, b, lay, dt)
     # two barriers per k-step up to v7, one with double buffering
@@ -379,6 +393,15 @@ def test_chapter_claims_hold_in_the_committed_static_figures():
     # split-K's partial products cost arithmetic intensity; full occupancy up to v3
     assert k[9, "nt", "f32"]["napkin"]["flop_per_byte"] < k[8, "nt", "f32"]["napkin"]["flop_per_byte"]
     assert all(k[v, lay, dt]["occupancy"] == 1 for v in (1, 2, 3) for lay, dt in every)
+    assert k[3, "nt", "f32"]["napkin"]["flop_per_byte"] / k[1, "nt", "f32"]["napkin"]["flop_per_byte"] == \
+        pytest.approx(32, rel=0.01)
+    # the backward: shuffles in v2 and v3 (two per step for a double), none in v1; x4 loads 32 bits at a time
+    others = {r["name"]: r["mix"] for r in record["other_kernels"]}
+    for dt, per_step in (("f32", 1), ("f64", 2)):
+        assert others[f"dense_sigmoid_grad_v1_{dt}"]["shfl"] == 0
+        assert others[f"dense_sigmoid_grad_v2_{dt}"]["shfl"] == others[f"dense_sigmoid_grad_v3_{dt}"]["shfl"] == \
+            5 * per_step
+    assert set(others["dense_sigmoid_grad_v1_x4_f32"]["ldg"]) == {"32"}
 
 
 SYNTHETIC = r"""
