@@ -17,6 +17,8 @@ algorithm in parallel/collectives.py follows from counting its messages, bytes a
 Examples:
   python -m parallel.costmodel fit --json /tmp/alphabeta.json          # measure and fit, W = 2, 3, 4
   python -m parallel.costmodel show                                     # the committed fit and its choices
+  python -m parallel.costmodel plot docs/results/allreduce_gloo_w2.json --out /tmp/model.png
+  python -m parallel.costmodel predict --compute-ms 12 --json /tmp/predict.json --plot /tmp/predict.png
 The committed fit comes from
   python -m parallel.costmodel fit --json docs/results/alphabeta_gloo.json
 """
@@ -241,6 +243,192 @@ def fit_table(record: dict) -> str:
     return "\n".join(rows)
 
 
+# ---------------------------------------------------------------------------
+# Past this machine: step time, communication share and scaling efficiency
+# ---------------------------------------------------------------------------
+
+# Documented GPU fabrics (sources in parallel/collectives.md). α: NCCL's own tuning model
+# (src/graph/tuning.cc) charges a ring step 1.9 µs on NVLink and 4.0 µs over the network
+# (protocol LL128). β: NVLink 4 on an H100 SXM is 900 GB/s in both directions together, 450 GB/s
+# each way; InfiniBand NDR is 400 Gb/s = 50 GB/s per port, one port per GPU in a DGX H100.
+# γ: an add reads 8 and writes 4 bytes per float, at the H100's 3.35 TB/s of HBM3.
+NVLINK = Link(alpha=1.9e-6, beta=1 / 450e9, gamma=3 / 3.35e12, name="NVLink 4 (H100 SXM)")
+INFINIBAND = Link(alpha=4.0e-6, beta=1 / 50e9, gamma=3 / 3.35e12, name="InfiniBand NDR, one 400 Gb/s port per GPU")
+GPUS_PER_NODE = 8
+
+
+def fabric(kind: str, n: int) -> Link:
+    """The link a collective over n ranks is limited by: NVLink inside an 8-GPU node, the network
+    beyond it (a flat ring over the slowest link); on gloo, this machine's fit."""
+    if kind == "gloo":
+        return link_for(n)
+    return NVLINK if n <= GPUS_PER_NODE else INFINIBAND
+
+
+def mlp_parameters(hidden: list[int], features: int = 32, classes: int = 10) -> int:
+    sizes = [features, *hidden, classes]
+    return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+
+def project(kind: str, n: int, params: int, compute_s: float, optimizer_s: float, hidden: list[int],
+            batch_per_rank: int, tp: int = GPUS_PER_NODE) -> dict:
+    """Predicted step of DP, DP + ZeRO-1 and DP × TP at n ranks (weak scaling: every rank's
+    computation is the same at every n). Communication is not overlapped with computation."""
+    grad = 4 * params  # float32 gradients
+    link = fabric(kind, n)
+    out = {}
+    best = min(PREDICT[a](n, grad, link) for a in ALL_REDUCE)
+    out["dp"] = (compute_s, best, 8 * params)
+    # ZeRO-1: reduce-scatter + all-gather (the ring's bytes), Adam on 1/n of the parameters
+    zero_comm = reduce_scatter(n, grad, link) + all_gather(n, grad, link)
+    out["dp+zero"] = (compute_s - optimizer_s + optimizer_s / n, zero_comm, 8 * params / n)
+    # DP × TP: t ranks of one node split every layer (Megatron: column- then row-parallel, one
+    # all-reduce of the activations per pair forward and one backward); each replica of t ranks
+    # takes t ranks' samples; the replicas all-reduce their 1/t of the gradient over the network.
+    t = min(tp, n)
+    tp_link = fabric(kind, t)
+    activations = 4 * batch_per_rank * t * max(hidden)
+    tp_comm = 2 * math.ceil(len(hidden) / 2) * min(PREDICT[a](t, activations, tp_link) for a in ALL_REDUCE)
+    replicas = n // t
+    dp_link = fabric(kind, n) if replicas > 1 else tp_link
+    dp_comm = min(PREDICT[a](replicas, grad / t, dp_link) for a in ALL_REDUCE) if replicas > 1 else 0.0
+    out["dp×tp"] = (compute_s, tp_comm + dp_comm, 8 * params / t)
+    return {name: {"compute_s": c, "comm_s": m, "step_s": c + m, "comm_share": m / (c + m),
+                   "efficiency": compute_s / (c + m), "optimizer_state_bytes": mem, "tp": t if name == "dp×tp" else 1}
+            for name, (c, m, mem) in out.items()}
+
+
+def predict(args: argparse.Namespace) -> dict:
+    params = mlp_parameters(args.hidden)
+    ranks = [2 ** k for k in range(1, 11)]
+    rows = []
+    for kind in ("gloo", "nvlink+infiniband"):
+        compute = args.compute_ms * 1e-3 if kind == "gloo" else args.gpu_compute_ms * 1e-3
+        opt = args.optimizer_ms * 1e-3 if kind == "gloo" else args.optimizer_ms * 1e-3 * compute / (
+            args.compute_ms * 1e-3)
+        for n in ranks:
+            for strategy, r in project(kind.split("+")[0], n, params, compute, opt, args.hidden,
+                                       args.batch_per_rank).items():
+                rows.append({"fabric": kind, "ranks": n, "strategy": strategy, **r})
+    validation = []
+    for path in args.validate or []:
+        rec = json.loads(Path(path).read_text())
+        by = {r["variant"]: r for r in rec["results"]}
+        n = rec["world_size"]
+        compute = by["compute only"]["step_us"] * 1e-6
+        for strategy, variant in (("dp", "dp"), ("dp+zero", "zero")):
+            # the measured computation of this run, plus the model's communication
+            r = project("gloo", n, rec["parameters"], compute, 0.0, rec["hidden"], rec["batch_per_rank"])[strategy]
+            measured = by[variant]["step_us"] * 1e-6
+            validation.append({"ranks": n, "strategy": strategy, "predicted_s": r["step_s"], "measured_s": measured,
+                               "error_pct": 100 * (r["step_s"] / measured - 1), "source": path})
+    return {"benchmark": "predict", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
+            "model": {"hidden": args.hidden, "parameters": params, "batch_per_rank": args.batch_per_rank,
+                      "compute_ms": args.compute_ms, "gpu_compute_ms": args.gpu_compute_ms,
+                      "optimizer_ms": args.optimizer_ms},
+            "links": {"gloo": {str(w): vars(link) for w, link in fitted_links().items()},
+                      "nvlink": vars(NVLINK), "infiniband": vars(INFINIBAND)},
+            "projections": rows, "validation": validation}
+
+
+def predict_table(record: dict) -> str:
+    strategies = list(dict.fromkeys(r["strategy"] for r in record["projections"]))
+    rows = ["| fabric | ranks | " + " | ".join(f"{s} step ms (comm share, efficiency)" for s in strategies) + " |",
+            "|---|---:|" + "---:|" * len(strategies)]
+    by = {(r["fabric"], r["ranks"], r["strategy"]): r for r in record["projections"]}
+    for fab, n in dict.fromkeys((r["fabric"], r["ranks"]) for r in record["projections"]):
+        if n not in (2, 4, 8, 16, 64, 1024):
+            continue
+        cells = []
+        for s in strategies:
+            r = by[(fab, n, s)]
+            cells.append(f"{r['step_s'] * 1e3:.2f} ({100 * r['comm_share']:.0f}%, {100 * r['efficiency']:.0f}%)")
+        rows.append(f"| {fab} | {n} | " + " | ".join(cells) + " |")
+    m = record["model"]
+    rows.append(f"\nMLP {m['hidden']} ({m['parameters']:,} parameters), {m['batch_per_rank']} samples per rank; "
+                f"computation {m['compute_ms']} ms per step on this CPU, {m['gpu_compute_ms']} ms assumed on a GPU; "
+                f"{record['date']}: `{record['command']}`")
+    if record["validation"]:
+        rows.append("\n| ranks (gloo, here) | strategy | predicted ms | measured ms | error |")
+        rows.append("|---:|---|---:|---:|---:|")
+        for v in record["validation"]:
+            rows.append(f"| {v['ranks']} | {v['strategy']} | {v['predicted_s'] * 1e3:.2f} "
+                        f"| {v['measured_s'] * 1e3:.2f} | {v['error_pct']:+.0f}% |")
+    return "\n".join(rows)
+
+
+def plot_predict(record: dict, path: str) -> None:
+    from benchmark import pyplot
+
+    plt = pyplot()
+    fabrics = list(dict.fromkeys(r["fabric"] for r in record["projections"]))
+    fig, axes = plt.subplots(1, len(fabrics), figsize=(5 * len(fabrics), 3.4), sharey=True)
+    for ax, fab in zip(axes, fabrics):
+        rows = [r for r in record["projections"] if r["fabric"] == fab]
+        for strategy in dict.fromkeys(r["strategy"] for r in rows):
+            pts = [r for r in rows if r["strategy"] == strategy]
+            ax.plot([r["ranks"] for r in pts], [100 * r["efficiency"] for r in pts], marker="o", label=strategy)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks")
+        ax.set_title(fab, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("scaling efficiency (%)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def plot_model(records: list[dict], path: str) -> None:
+    """Model (lines) against measurement (markers): one panel per world size."""
+    from benchmark import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(records), figsize=(4.2 * len(records), 3.6), sharey=True, squeeze=False)
+    colours = {"ring": "tab:blue", "doubling": "tab:orange", "halving_doubling": "tab:green",
+               "dist.all_reduce": "black"}
+    for ax, record in zip(axes[0], records):
+        n = record["world_size"]
+        link = link_for(n)
+        sizes = sorted({r["bytes"] for r in record["results"]})
+        for algorithm, colour in colours.items():
+            measured = [r for r in record["results"] if r["variant"] == algorithm]
+            ax.plot([r["bytes"] for r in measured], [r["time_us"] for r in measured], "o" if algorithm in PREDICT
+                    else "x", color=colour, label=f"{algorithm} measured")
+            if algorithm in PREDICT:
+                ax.plot(sizes, [PREDICT[algorithm](n, m, link) * 1e6 for m in sizes], "-", color=colour, alpha=0.7,
+                        label=f"{algorithm} model")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes")
+        ax.set_title(f"{n} ranks" + (" (2 cores: oversubscribed)" if n > 2 else ""), fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("µs per all-reduce")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def model_table(record: dict) -> str:
+    """Predicted against measured time of each algorithm, from an allreduce benchmark record."""
+    n, link = record["world_size"], link_for(record["world_size"])
+    rows = ["| size | " + " | ".join(f"{a.replace('_', '-')} model / measured µs" for a in ALL_REDUCE) + " |",
+            "|---:|" + "---:|" * len(ALL_REDUCE)]
+    by = {(r["bytes"], r["variant"]): r for r in record["results"]}
+    for m in sorted({r["bytes"] for r in record["results"]}):
+        size = f"{m >> 20} MiB" if m >= 1 << 20 else f"{m >> 10} KiB"
+        rows.append(f"| {size} | " + " | ".join(f"{PREDICT[a](n, m, link) * 1e6:.0f} / {by[(m, a)]['time_us']:.0f}"
+                                                for a in ALL_REDUCE) + " |")
+    rows.append(f"\n{n} ranks; model: the fit in docs/results/alphabeta_gloo.json for {link.name}; measured: "
+                f"`{record['command']}` ({record['date']})")
+    return "\n".join(rows)
+
+
+RENDERERS = {"alphabeta": fit_table, "model": model_table, "predict": predict_table}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Examples:"):],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,6 +438,19 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--rounds", type=int, default=15)
     f.add_argument("--json", metavar="PATH", help="write the fit and its residuals here")
     sub.add_parser("show", help="print the committed fit and the algorithm it chooses per size")
+    pl = sub.add_parser("plot", help="draw the model against allreduce benchmark records (needs matplotlib)")
+    pl.add_argument("records", nargs="+", help="JSON written by distributed.py --bench allreduce")
+    pl.add_argument("--out", required=True, metavar="PNG")
+    pr = sub.add_parser("predict", help="project step time and scaling of DP, DP + ZeRO, DP × TP to 1024 ranks")
+    pr.add_argument("--hidden", default="1024,1024", help="hidden widths of the MLP (32 features in, 10 out)")
+    pr.add_argument("--batch-per-rank", type=int, default=128)
+    pr.add_argument("--compute-ms", type=float, required=True,
+                    help="measured computation of one step on one rank here (forward, backward, Adam)")
+    pr.add_argument("--optimizer-ms", type=float, default=0.0, help="the part of it that is Adam's step")
+    pr.add_argument("--gpu-compute-ms", type=float, default=1.0, help="the same step's computation on a GPU")
+    pr.add_argument("--validate", nargs="*", metavar="JSON", help="zero benchmark records to check predictions against")
+    pr.add_argument("--json", metavar="PATH")
+    pr.add_argument("--plot", metavar="PATH", help="scaling efficiency against ranks (needs matplotlib)")
     args = parser.parse_args(argv)
     if args.command == "fit":
         try:
@@ -264,6 +465,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
         print(fit_table(record))
+    elif args.command == "predict":
+        try:
+            args.hidden = [int(h) for h in args.hidden.split(",")]
+        except ValueError:
+            parser.error(f"--hidden takes widths separated by commas, got {args.hidden!r}")
+        if args.plot:
+            from benchmark import pyplot
+
+            pyplot()  # matplotlib missing: say so before anything is computed
+        record = predict(args)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        if args.plot:
+            plot_predict(record, args.plot)
+        print(predict_table(record))
+    elif args.command == "plot":
+        plot_model([json.loads(Path(p).read_text()) for p in args.records], args.out)
     elif args.command == "show":
         if not FIT_PATH.exists():
             raise SystemExit(f"{FIT_PATH.relative_to(ROOT)} is missing; run the fit command in this module's help")

@@ -1,0 +1,151 @@
+"""Doubling and halving-doubling all-reduce, the choice by size, the cost model.
+
+Functions that run inside the ranks are top-level, so the spawned processes can import them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from parallel import costmodel
+from parallel.collectives import ALGORITHMS, RingError, all_reduce, choose
+from parallel.launch import launch
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+NUMELS = [0, 1, 3, 7, 1000, 12345]
+DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16)
+
+
+def collective_cases(big: int) -> list:
+    """Every algorithm, size, dtype and op against dist.all_reduce on the same inputs."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = []
+    for algorithm in ALGORITHMS:
+        for numel in NUMELS + ([big] if big and algorithm != "ring" else []):
+            for dtype in DTYPES if numel != big else (torch.float32,):
+                for op in ("sum", "avg") if dtype.is_floating_point else ("sum",):
+                    g = torch.Generator().manual_seed(7919 * rank + numel)
+                    t = (torch.randn(numel, generator=g) * 100).to(dtype)
+                    expected = t.clone()
+                    dist.all_reduce(expected)
+                    if op == "avg":
+                        expected /= n
+                    all_reduce(t, op, algorithm, check=(numel != big))
+                    out.append((algorithm, numel, str(dtype), op, t, expected))
+    # a non-contiguous tensor is reduced through a contiguous copy and written back in place
+    for algorithm in ("doubling", "halving_doubling"):
+        base = torch.arange(12.0).reshape(3, 4) * (rank + 1)
+        all_reduce(base.t(), algorithm=algorithm)
+        out.append((algorithm, "t()", "float32", "sum", base, torch.arange(12.0).reshape(3, 4) * n * (n + 1) / 2))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+def test_every_algorithm_matches_dist_all_reduce_and_is_identical_on_every_rank(world_size):
+    big = 2_000_003 if world_size == 3 else 0  # a few million elements once (3: the fold-in path)
+    results = launch(collective_cases, world_size, (big,), deadline_s=240)
+    for case in range(len(results[0])):
+        algorithm, numel, dtype, op, got, expected = results[0][case]
+        what = f"{algorithm} {numel} {dtype} {op}"
+        if dtype.endswith("int64"):
+            assert torch.equal(got, expected), what
+        elif dtype.endswith("bfloat16"):  # 8 bits of mantissa; the order of the additions shows
+            torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=4.0, msg=what)
+        else:
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-3, msg=what)
+        for other in results[1:]:  # bit-identical across ranks
+            assert other[case][4].view(-1).view(torch.uint8).numpy().tobytes() == \
+                got.view(-1).view(torch.uint8).numpy().tobytes(), what
+
+
+def nan_payloads() -> list[bytes]:
+    """Each rank's NaN carries its own payload: which payload survives a + b depends on the
+    order of the operands, so this shows whether every rank computed the same expression."""
+    rank, out = dist.get_rank(), []
+    for algorithm in ("doubling", "halving_doubling"):
+        t = torch.tensor([0.5, -0.0, 1.0, 3.0], dtype=torch.float32)
+        t.view(torch.int32)[0] = 0x7FC00000 + rank + 1   # a quiet NaN, payload rank + 1
+        if rank % 2:
+            t.view(torch.int32)[2] = 0x7FC00000 + 16 * (rank + 1)
+        all_reduce(t, algorithm=algorithm)
+        out.append(t.numpy().tobytes())
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_nan_payloads_and_signed_zeros_are_identical_on_every_rank(world_size):
+    results = launch(nan_payloads, world_size, deadline_s=60)
+    for i, algorithm in enumerate(("doubling", "halving_doubling")):
+        assert all(r[i] == results[0][i] for r in results), algorithm
+        values = torch.frombuffer(bytearray(results[0][i]), dtype=torch.float32)
+        assert math.isnan(values[0]) and values[1].item() == 0.0 and math.copysign(1, values[1].item()) == -1
+
+
+def mismatched_call(algorithm: str) -> str:
+    rank = dist.get_rank()
+    try:
+        all_reduce(torch.zeros(10 + rank), algorithm=algorithm)
+    except RingError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("algorithm", ["doubling", "halving_doubling"])
+def test_ranks_that_disagree_all_get_a_clear_error(algorithm):
+    for m in launch(mismatched_call, 3, (algorithm,), deadline_s=60):
+        assert "ranks passed different tensors or ops" in m and "rank 2: numel 12" in m
+
+
+def test_argument_errors_need_no_process_group():
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        all_reduce(torch.zeros(3), algorithm="tree")
+    with pytest.raises(ValueError, match="op must be one of"):
+        all_reduce(torch.zeros(3), "max")
+    with pytest.raises(TypeError, match="op 'avg' needs a floating-point tensor"):
+        all_reduce(torch.zeros(3, dtype=torch.int64), "avg")
+    with pytest.raises(TypeError, match="needs a torch.Tensor"):
+        all_reduce([1.0])
+
+
+# ---------------------------------------------------------------------------
+# The cost model and the choice by size
+# ---------------------------------------------------------------------------
+
+def test_model_formulas():
+    link = costmodel.Link(alpha=1.0, beta=0.01, gamma=0.0)
+    n, nbytes = 4, 800
+    assert costmodel.ring(n, nbytes, link) == pytest.approx(2 * 3 * 1.0 + 2 * 3 / 4 * 800 * 0.01)
+    assert costmodel.doubling(n, nbytes, link) == pytest.approx(2 * (1.0 + 8))
+    assert costmodel.halving_doubling(n, nbytes, link) == pytest.approx(4 * 1.0 + 2 * 3 / 4 * 8)
+    # 5 ranks: the power of two below is 4, and the extra rank costs a hand-in and a hand-back
+    assert costmodel.doubling(5, nbytes, link) == pytest.approx(2 * 9 + 2 * 9)
+    assert costmodel.ring(1, nbytes, link) == costmodel.doubling(1, nbytes, link) == 0
+
+
+def test_choice_follows_the_model():
+    latency_bound = costmodel.Link(alpha=100e-6, beta=1e-9)
+    assert costmodel.choose(4, 4096, latency_bound) == "doubling"
+    # with a fold-in, halving-doubling moves 2N more bytes than the ring: large tensors go round the ring
+    assert costmodel.choose(3, 64 << 20, latency_bound) == "ring"
+    assert costmodel.choose(4, 64 << 20, latency_bound) == "halving_doubling"
+    for n in (2, 3, 4, 5):
+        for nbytes in costmodel.SIZES:
+            assert choose(nbytes // 4, 4, n) == costmodel.choose(n, nbytes, costmodel.link_for(n))
+    assert choose(10, 4, 1) == "ring"
+
+
+def test_fit_recovers_a_line():
+    points = [(m, 50e-6 + 2e-9 * m) for m in costmodel.SIZES]
+    alpha, beta = costmodel.fit_line(points)
+    assert alpha == pytest.approx(50e-6, rel=1e-6) and beta == pytest.approx(2e-9, rel=1e-6)
+
+
+def test_committed_fit_is_read():
+    links = costmodel.fitted_links()
+    assert {2, 3, 4} <= set(links), "docs/results/alphabeta_gloo.json lacks world sizes 2-4"
+    assert all(link.alpha > 0 and link.beta > 0 for link in links.values())
