@@ -194,7 +194,7 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
     if algorithm == "ring":
         return ring_all_reduce(tensor, op, group, check=check)
     if check:
-        _agree(tensor, op, group)
+        _agree("all_reduce", tensor, op, group)
     if plan.size == 1 or tensor.numel() == 0:
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)

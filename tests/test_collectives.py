@@ -14,6 +14,7 @@ import torch.distributed as dist
 from parallel import costmodel
 from parallel.collectives import ALGORITHMS, RingError, all_reduce, choose
 from parallel.launch import launch
+from parallel.trainer import Config, train
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -149,3 +150,62 @@ def test_committed_fit_is_read():
     links = costmodel.fitted_links()
     assert {2, 3, 4} <= set(links), "docs/results/alphabeta_gloo.json lacks world sizes 2-4"
     assert all(link.alpha > 0 and link.beta > 0 for link in links.values())
+
+
+# ---------------------------------------------------------------------------
+# ZeRO stage 1
+# ---------------------------------------------------------------------------
+
+QUICK = {"epochs": 2, "batch_size": 60, "hidden": (16,), "train_limit": 600, "return_state": True, "timeout": 60}
+
+
+def assert_close_runs(a: dict, b: dict) -> None:
+    for x, y in zip(a["epochs"], b["epochs"], strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+        assert x["accuracy"] == y["accuracy"]
+    assert a["final_accuracy"] == b["final_accuracy"]
+    for k in a["state"]:
+        torch.testing.assert_close(a["state"][k], b["state"][k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])  # 3: 698 parameters do not split evenly, the shards are padded
+def test_zero_trains_like_plain_data_parallelism(world_size):
+    plain = launch(train, world_size, (Config(world_size=world_size, **QUICK),), deadline_s=240)
+    zero = launch(train, world_size, (Config(world_size=world_size, zero=True, **QUICK),), deadline_s=240)
+    for r in zero[1:]:  # every rank ends with the same weights
+        for k in r["state"]:
+            assert torch.equal(r["state"][k], zero[0]["state"][k]), k
+    assert_close_runs(zero[0], plain[0])
+
+
+def zero_state_bytes() -> tuple[int, int]:
+    from parallel.zero import ZeroAdam
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(100, 10)  # 1010 parameters
+    opt = ZeroAdam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 100)).sum().backward()
+    opt.step()
+    return opt.state_bytes(), opt.shard_numel
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero_optimizer_state_falls_as_one_over_world_size(world_size):
+    for state_bytes, shard in launch(zero_state_bytes, world_size, deadline_s=60):
+        assert shard == -(-1010 // world_size)
+        assert state_bytes == 2 * 4 * shard + 4  # two float32 moments of the shard, and the step counter
+
+
+@pytest.mark.slow
+def test_zero_and_plain_checkpoints_are_interchangeable(tmp_path):
+    three = {**QUICK, "epochs": 3}
+    straight = launch(train, 2, (Config(**three),), deadline_s=240)[0]
+    for first, then in ((True, False), (False, True)):
+        ckpt = str(tmp_path / f"from_{'zero' if first else 'plain'}.pt")
+        launch(train, 2, (Config(checkpoint=ckpt, zero=first, **{**QUICK, "epochs": 1}),), deadline_s=240)
+        state = torch.load(ckpt, weights_only=True)
+        # torch.optim.Adam's own format: one entry per parameter, of the parameter's full shape
+        assert [tuple(s["exp_avg"].shape) for s in state["optimizer"]["state"].values()] == \
+            [tuple(v.shape) for v in state["model"].values()]
+        resumed = launch(train, 2, (Config(checkpoint=ckpt, resume=True, zero=then, **three),), deadline_s=240)[0]
+        assert_close_runs(resumed, straight)
