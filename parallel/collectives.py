@@ -86,11 +86,17 @@ def _add_ordered(mine: Tensor, theirs: Tensor, i_am_lower: bool) -> None:
         torch.add(theirs, mine, out=mine)
 
 
+_choices: dict[tuple[int, int], str] = {}
+
+
 def choose(numel: int, element_size: int, world_size: int) -> str:
     """The algorithm ``auto`` uses: the fastest by the fitted cost model (the same on every rank)."""
-    if world_size == 1:
-        return "ring"
-    return costmodel.choose(world_size, numel * element_size, costmodel.link_for(world_size))
+    key = (numel * element_size, world_size)
+    choice = _choices.get(key)
+    if choice is None:  # a training loop asks about the same few sizes every step
+        choice = _choices[key] = "ring" if world_size == 1 else costmodel.choose(
+            world_size, key[0], costmodel.link_for(world_size))
+    return choice
 
 
 def _fold_in(flat: Tensor, plan: _Plan, group) -> bool:
