@@ -110,7 +110,7 @@ def step(config: Config, json_path: str | None) -> None:
                 opt.zero_grad(set_to_none=True)
             return run, None
         reducer = GradReducer(list(model.parameters()), bucket_bytes=config.bucket_kb * 1024,
-                              overlap=(variant == "ring, overlap"))
+                              overlap=(variant == "all_reduce, overlap"))
 
         def run() -> None:
             (F.cross_entropy(model(x), y, reduction="sum") / len(batch)).backward()
@@ -119,7 +119,7 @@ def step(config: Config, json_path: str | None) -> None:
             opt.zero_grad(set_to_none=True)
         return run, reducer
 
-    variants = {name: make(name) for name in ("ddp", "ring, overlap", "ring, no overlap")}
+    variants = {name: make(name) for name in ("ddp", "all_reduce, overlap", "all_reduce, no overlap")}
     stats = measure({k: v[0] for k, v in variants.items()}, rounds=30, warmup=3, number=5)
     for _, reducer in variants.values():
         if reducer:
@@ -163,11 +163,18 @@ def zero(config: Config, json_path: str | None) -> None:
         return run, opt, reducer
 
     variants = {name: make(name) for name in ("compute only", "dp", "zero")}
-    stats = measure({k: v[0] for k, v in variants.items()}, rounds=20, warmup=3, number=3)
+    fns = {k: v[0] for k, v in variants.items()}
+    adam_model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode)
+    adam = torch.optim.Adam(adam_model.parameters(), lr=1e-4)
+    for p in adam_model.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    fns["adam step alone"] = adam.step  # the part of "compute only" that ZeRO divides by n
+    stats = measure(fns, rounds=20, warmup=3, number=3)
     slowest = {name: _slowest_rank(s.samples) for name, s in stats.items()}
     state = {name: (v[1].state_bytes() if name == "zero" else
                     sum(t.numel() * t.element_size() for st in v[1].state.values() for t in st.values()))
              for name, v in variants.items()}
+    state["adam step alone"] = state["compute only"]
     for _, _, reducer in variants.values():
         if reducer:
             reducer.close()

@@ -18,7 +18,7 @@ Examples:
   python -m parallel.costmodel fit --json /tmp/alphabeta.json          # measure and fit, W = 2, 3, 4
   python -m parallel.costmodel show                                     # the committed fit and its choices
   python -m parallel.costmodel plot docs/results/allreduce_gloo_w2.json --out /tmp/model.png
-  python -m parallel.costmodel predict --compute-ms 12 --json /tmp/predict.json --plot /tmp/predict.png
+  python -m parallel.costmodel predict --compute-ms 12 --optimizer-ms 2 --json /tmp/predict.json
 The committed fit comes from
   python -m parallel.costmodel fit --json docs/results/alphabeta_gloo.json
 """
@@ -315,10 +315,10 @@ def predict(args: argparse.Namespace) -> dict:
         rec = json.loads(Path(path).read_text())
         by = {r["variant"]: r for r in rec["results"]}
         n = rec["world_size"]
-        compute = by["compute only"]["step_us"] * 1e-6
+        compute, adam = by["compute only"]["step_us"] * 1e-6, by["adam step alone"]["step_us"] * 1e-6
         for strategy, variant in (("dp", "dp"), ("dp+zero", "zero")):
             # the measured computation of this run, plus the model's communication
-            r = project("gloo", n, rec["parameters"], compute, 0.0, rec["hidden"], rec["batch_per_rank"])[strategy]
+            r = project("gloo", n, rec["parameters"], compute, adam, rec["hidden"], rec["batch_per_rank"])[strategy]
             measured = by[variant]["step_us"] * 1e-6
             validation.append({"ranks": n, "strategy": strategy, "predicted_s": r["step_s"], "measured_s": measured,
                                "error_pct": 100 * (r["step_s"] / measured - 1), "source": path})
@@ -444,9 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("predict", help="project step time and scaling of DP, DP + ZeRO, DP × TP to 1024 ranks")
     pr.add_argument("--hidden", default="1024,1024", help="hidden widths of the MLP (32 features in, 10 out)")
     pr.add_argument("--batch-per-rank", type=int, default=128)
-    pr.add_argument("--compute-ms", type=float, required=True,
-                    help="measured computation of one step on one rank here (forward, backward, Adam)")
-    pr.add_argument("--optimizer-ms", type=float, default=0.0, help="the part of it that is Adam's step")
+    pr.add_argument("--compute-ms", type=float,
+                    help="measured computation of one step on one rank here (forward, backward, Adam); "
+                         "default: 'compute only' of the first --validate record")
+    pr.add_argument("--optimizer-ms", type=float,
+                    help="the part of it that is Adam's step; default: 'adam step alone' of that record")
     pr.add_argument("--gpu-compute-ms", type=float, default=1.0, help="the same step's computation on a GPU")
     pr.add_argument("--validate", nargs="*", metavar="JSON", help="zero benchmark records to check predictions against")
     pr.add_argument("--json", metavar="PATH")
@@ -470,6 +472,14 @@ def main(argv: list[str] | None = None) -> int:
             args.hidden = [int(h) for h in args.hidden.split(",")]
         except ValueError:
             parser.error(f"--hidden takes widths separated by commas, got {args.hidden!r}")
+        if args.compute_ms is None or args.optimizer_ms is None:
+            if not args.validate:
+                parser.error("--compute-ms is needed (or a --validate record to take it from)")
+            first = {r["variant"]: r for r in json.loads(Path(args.validate[0]).read_text())["results"]}
+            if args.compute_ms is None:
+                args.compute_ms = first["compute only"]["step_us"] / 1e3
+            if args.optimizer_ms is None:
+                args.optimizer_ms = first["adam step alone"]["step_us"] / 1e3
         if args.plot:
             from benchmark import pyplot
 
