@@ -5,7 +5,7 @@ gloo over loopback mostly software: Python, the gloo pair, the kernel's TCP stac
 cost of a byte (the copies, 1/bandwidth). Adding m bytes costs m·γ. The time of every
 algorithm in parallel/collectives.py follows from counting its messages, bytes and additions:
 
-  ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)/n·N·γ
+  ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·min(N/n, piece)·γ   (pieced: adds overlap)
   recursive doubling         log₂p·(α + N·β + N·γ)                         (+ fold-in)
   halving-doubling           2·log₂p·α + 2(p−1)/p·N·β + (p−1)/p·N·γ       (+ fold-in)
   fold-in (n not 2^k)        2·(α + N·β) + N·γ: the n − p extra ranks hand their tensor to a
@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIT_PATH = ROOT / "docs" / "results" / "alphabeta_gloo.json"
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 ALL_REDUCE = ("ring", "doubling", "halving_doubling")
+PIECE_BYTES = 4 << 20  # parallel.ring.DEFAULT_SEGMENT_BYTES: the ring's pipelined pieces
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,12 @@ def _fold(n: int, nbytes: float, link: Link) -> float:
 
 
 def ring(n: int, nbytes: float, link: Link) -> float:
+    """Our ring pipelines pieces of PIECE_BYTES: adding one piece overlaps the transfer of the
+    next, so only the first piece's additions in each of the n − 1 steps stay on the critical path."""
     if n == 1:
         return 0.0
-    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + (n - 1) / n * nbytes * link.gamma
+    exposed_add = (n - 1) * min(nbytes / n, PIECE_BYTES) * link.gamma
+    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + exposed_add
 
 
 def doubling(n: int, nbytes: float, link: Link) -> float:
