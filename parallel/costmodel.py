@@ -173,13 +173,13 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     _, _, right, left = _peers(None)
     out: dict = {"steps": {}, "add": {}}
     warm_up(right, left)
-    for nbytes in sizes:
-        send = torch.zeros(nbytes // 4)
-        recv = torch.empty_like(send)
-        number = max(1, min(50, (1 << 20) // nbytes))  # the same on every rank: each call is a message
-        stats = measure({"step": lambda s=send, r=recv: _wait(_exchange(s, r, right, left, None))},
-                        rounds=rounds if nbytes < (16 << 20) else max(5, rounds // 2), warmup=2, number=number)
-        out["steps"][nbytes] = stats["step"].samples
+    bufs = {nbytes: (torch.zeros(nbytes // 4), torch.empty(nbytes // 4)) for nbytes in sizes}
+    # All sizes interleaved round by round, so a burst of load from elsewhere hits every size
+    # alike instead of spoiling one. The same number of calls on every rank: each is a message.
+    stats = measure({nbytes: (lambda s=s, r=r: _wait(_exchange(s, r, right, left, None)))
+                     for nbytes, (s, r) in bufs.items()}, rounds=rounds, warmup=2, number=4)
+    for nbytes, (send, recv) in bufs.items():
+        out["steps"][nbytes] = stats[nbytes].samples
         out["add"][nbytes] = measure({"add": lambda s=send, r=recv: s.add_(r)}, rounds=5, warmup=1)["add"].median
     dist.barrier()
     return out
@@ -207,7 +207,7 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
     for w in world_sizes:
         ranks = launch(_p2p_job, w, (SIZES, rounds), threads_per_rank=1, timeout_s=120, deadline_s=900)
         points = []
-        for nbytes in SIZES:
+        for nbytes in SIZES:  # per-call times: each sample timed 4 steps
             slowest = [max(s) for s in zip(*(r["steps"][nbytes] for r in ranks))]  # a step ends with its last rank
             points.append((nbytes, statistics.median(slowest) * 1e-6))
         alpha, beta = fit_line(points)
@@ -226,8 +226,9 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "backend": "gloo", "threads_per_rank": 1,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
-            "method": "per size: median over rounds of the slowest rank's time of one batch_isend_irecv step "
-                      "(send right, receive left); t = α + β·m fitted by least squares weighted by 1/t; "
+            "method": "per size: median over rounds (all sizes interleaved in each round) of the slowest rank's "
+                      "time of one batch_isend_irecv step (send right, receive left); "
+                      "t = α + β·m fitted by least squares weighted by 1/t; "
                       "γ: slope of the time of add_ over the sizes from 1 MiB (out of cache); "
                       "0.5 s of small exchanges first (a fresh gloo pair is slow for its first messages)",
             "fits": fits}
