@@ -19,8 +19,7 @@ Examples:
   python -m parallel.costmodel show                                     # the committed fit and its choices
   python -m parallel.costmodel plot docs/results/allreduce_gloo_w2.json --out /tmp/model.png
   python -m parallel.costmodel predict --compute-ms 12 --optimizer-ms 2 --json /tmp/predict.json
-The committed fit comes from
-  python -m parallel.costmodel fit --json docs/results/alphabeta_gloo.json
+(docs/results/alphabeta_gloo.json records the command that wrote it.)
 """
 
 from __future__ import annotations
