@@ -265,6 +265,23 @@ def allreduce_table(record: dict) -> str:
                     f"| {auto['busbw_gbs']:.3f} | {ref['busbw_gbs']:.3f} "
                     f"| {auto['busbw_ratio_to_dist']:.2f} ({auto['ratio_spread']:.2f}) "
                     f"| {ring['busbw_ratio_to_dist']:.2f} |")
+
+    def size(nbytes: int) -> str:
+        return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+    autos = [r for r in record["results"] if r["variant"] == "auto"]
+    met = ", ".join(size(r["bytes"]) for r in autos if r["busbw_ratio_to_dist"] >= 0.90) or "no size"
+    missed = ", ".join(size(r["bytes"]) for r in autos if r["busbw_ratio_to_dist"] < 0.90) or "no size"
+    rows.append(f"\nGoal, auto's busbw at least 0.90 of all_reduce's (median paired ratio): met at {met}; "
+                f"missed at {missed}.")
+    pieces = sorted({r["bytes"] for r in record["results"] if r["variant"] == "ring, 1 MiB pieces"})
+    if pieces:
+        rows.append("\n| size | ring, 1 MiB pieces / all_reduce | ring, 4 MiB pieces (default) / all_reduce "
+                    "| ring, 16 MiB pieces / all_reduce |\n|---:|---:|---:|---:|")
+        for nbytes in pieces:
+            cells = [by[(nbytes, v)] for v in ("ring, 1 MiB pieces", "ring", "ring, 16 MiB pieces")]
+            rows.append(f"| {size(nbytes)} | " + " | ".join(
+                f"{c['busbw_ratio_to_dist']:.2f} ({c['ratio_spread']:.2f})" for c in cells) + " |")
     rows.append(f"\n{record['world_size']} ranks on {record['backend']}, {record['threads_per_rank']} thread(s) each, "
                 f"{record['device']}, torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)
