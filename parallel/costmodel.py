@@ -351,7 +351,8 @@ def predict_table(record: dict) -> str:
         rows.append(f"| {fab} | {n} | " + " | ".join(cells) + " |")
     m = record["model"]
     rows.append(f"\nMLP {m['hidden']} ({m['parameters']:,} parameters), {m['batch_per_rank']} samples per rank; "
-                f"computation {m['compute_ms']} ms per step on this CPU, {m['gpu_compute_ms']} ms assumed on a GPU; "
+                f"computation {m['compute_ms']:.1f} ms per step on this CPU (Adam {m['optimizer_ms']:.1f} ms of it), "
+                f"{m['gpu_compute_ms']} ms assumed on a GPU; "
                 f"{record['date']}: `{record['command']}`")
     if record["validation"]:
         rows.append("\n| ranks (gloo, here) | strategy | predicted ms | measured ms | error |")
