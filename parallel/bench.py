@@ -179,18 +179,23 @@ def zero(config: Config, json_path: str | None) -> None:
         if reducer:
             reducer.close()
     params = sum(p.numel() for p in build_model(ds.features, tuple(config.hidden), ds.classes, "py").parameters())
-    results = [{"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
-                "ratio_to_dp": statistics.median(m / d for m, d in zip(samples, slowest["dp"])),
-                "optimizer_state_bytes": state[name]} for name, samples in slowest.items()]
+    results = []
+    for name, samples in slowest.items():
+        ratios = [m / d for m, d in zip(samples, slowest["dp"])]  # paired, round by round
+        results.append({"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
+                        "ratio_to_dp": statistics.median(ratios), "ratio_spread": Stats(ratios).spread,
+                        "optimizer_state_bytes": state[name]})
     record = {**_header(config, "zero"), "mode": config.mode, "hidden": list(config.hidden),
               "batch_per_rank": per_rank, "parameters": params, "bucket_kb": config.bucket_kb, "results": results}
     _write(record, json_path, zero_table(record))
 
 
 def zero_table(record: dict) -> str:
-    rows = ["| variant | step µs (IQR) | step / plain DP's (paired) | Adam state per rank |", "|---|---:|---:|---:|"]
+    rows = ["| variant | step µs (IQR) | step / plain DP's (paired, IQR) | Adam state per rank |",
+            "|---|---:|---:|---:|"]
     for r in record["results"]:
-        rows.append(f"| {r['variant']} | {r['step_us']:.0f} ({r['spread_us']:.0f}) | {r['ratio_to_dp']:.3f} "
+        spread = f" ({r['ratio_spread']:.2f})" if "ratio_spread" in r else ""
+        rows.append(f"| {r['variant']} | {r['step_us']:.0f} ({r['spread_us']:.0f}) | {r['ratio_to_dp']:.3f}{spread} "
                     f"| {r['optimizer_state_bytes'] / 1e6:.2f} MB |")
     rows.append(f"\nMLP {record['hidden']} (mode {record['mode']}, {record['parameters']:,} parameters), "
                 f"{record['batch_per_rank']} samples per rank, Adam; {record['world_size']} ranks on "
