@@ -7,12 +7,15 @@ Examples:
   python distributed.py -m py                                   # 2 local ranks, synthetic data
   python distributed.py -m cpp --world-size 4 --epochs 3 --json run.json --plot run.png
   python distributed.py -m py --data mnist --data-dir ~/data/mnist --epochs 3
+  python distributed.py -m py --zero                            # Adam's state sharded (ZeRO stage 1)
   python distributed.py -m py --epochs 4 --checkpoint ckpt.pt            # then, after a crash:
   python distributed.py -m py --epochs 4 --checkpoint ckpt.pt --resume
   torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr HOST --master-port 29500 \\
       distributed.py -m py
-  python distributed.py --bench allreduce --world-size 2 --json docs/results/allreduce_gloo_w2.json
-  python distributed.py --bench step --json docs/results/step_gloo_w2.json
+  python distributed.py --bench allreduce --world-size 2 --json /tmp/allreduce_w2.json
+  python distributed.py --bench overhead
+  python distributed.py --bench step --json /tmp/step_w2.json
+  python distributed.py --bench zero --world-size 4 --hidden 1024,1024
 """
 
 from __future__ import annotations
@@ -63,10 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank waits for a silent peer")
     p.add_argument("--no-overlap", action="store_true", help="reduce gradients after backward, not during it")
     p.add_argument("--bucket-kb", type=int, default=25600, help="gradient bucket cap in KiB (DDP's default: 25 MiB)")
+    p.add_argument("--zero", action="store_true",
+                   help="ZeRO stage 1: shard Adam's state over the ranks (reduce-scatter, update a shard, all-gather)")
     p.add_argument("--json", metavar="PATH", help="write the run (or the benchmark) as JSON")
     p.add_argument("--plot", metavar="PATH", help="draw the loss and accuracy curves (needs matplotlib)")
-    p.add_argument("--bench", choices=["allreduce", "step"],
-                   help="instead of training: time our ring against dist.all_reduce, or a training step against DDP")
+    p.add_argument("--bench", choices=["allreduce", "step", "overhead", "zero"],
+                   help="instead of training: time our all-reduce against dist.all_reduce, a training step against "
+                        "DDP, where the time of a 4 KiB all-reduce goes, or a ZeRO step against a plain DP step")
     return p
 
 
@@ -90,7 +96,7 @@ def resolve(args: argparse.Namespace, world_size: int) -> tuple[Config, str]:
     config = Config(mode=args.mode, world_size=world_size, backend=backend, device=device, epochs=args.epochs,
                     batch_size=args.batch_size, lr=args.lr, hidden=args.hidden, seed=args.seed, data=args.data,
                     data_dir=args.data_dir, checkpoint=args.checkpoint, resume=args.resume, timeout=args.timeout,
-                    overlap=not args.no_overlap, bucket_kb=args.bucket_kb, progress=sys.stdout.isatty())
+                    overlap=not args.no_overlap, bucket_kb=args.bucket_kb, zero=args.zero, progress=sys.stdout.isatty())
     return config, backend
 
 

@@ -29,9 +29,10 @@ MARK = re.compile(r"(<!-- (\w+): (\S+) -->\n)(.*?)(<!-- end \2 -->)", re.S)
 def renderers() -> dict[str, Callable[[dict], str]]:
     """Marker kind -> function from a JSON record to Markdown. Stages add their own."""
     import benchmark
-    from parallel import bench, trainer
+    from parallel import bench, costmodel, trainer
 
     return {"table": benchmark.table, "roofline": benchmark.roofline_table, "run": trainer.table, **bench.RENDERERS,
+            **costmodel.RENDERERS,
             "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table}
 
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale")
     args = parser.parse_args(argv)
     stale = []
-    for md in sorted(ROOT.glob("**/README.md")):
+    for md in sorted(ROOT.glob("**/*.md")):  # the READMEs and the chapters beside them
         if "build" in md.relative_to(ROOT).parts:
             continue
         old = md.read_text()

@@ -1,6 +1,7 @@
 """Benchmarks of the distributed part, run on every rank by distributed.py --bench.
 
-allreduce: our ring against dist.all_reduce on the same backend, 4 KiB to 64 MiB.
+allreduce: our all_reduce (auto, and each algorithm it chooses from) against dist.all_reduce on
+           the same backend, 4 KiB to 64 MiB.
 step:      one training step (forward, backward, gradient averaging, optimiser step) of our
            loop with and without overlap, against torch's DistributedDataParallel.
 
@@ -23,8 +24,10 @@ import torch.nn.functional as F
 
 from benchmark import Stats, describe_device, measure
 from parallel import data as data_mod
+from parallel.collectives import all_reduce, choose
+from parallel.costmodel import warm_up
 from parallel.reducer import GradReducer, world
-from parallel.ring import ring_all_reduce, ring_all_reduce_host
+from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
 from parallel.trainer import Config, build_model
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -57,21 +60,29 @@ def _write(record: dict, path: str | None, table: str) -> None:
 def allreduce(config: Config, json_path: str | None) -> None:
     rank, n = world()
     device = config.device if dist.get_backend() == "nccl" else "cpu"
+    warm_up(*_peers(None)[2:])  # a fresh gloo pair is slow for its first messages
     results = []
     for nbytes in SIZES:
         t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # zeros: the sums stay finite
-        fns = {"ring": lambda t=t: ring_all_reduce(t, check=False), "dist.all_reduce": lambda t=t: dist.all_reduce(t)}
+        fns = {name: (lambda t=t, a=name: all_reduce(t, algorithm=a, check=False))
+               for name in ("auto", "ring", "doubling", "halving_doubling")}
+        fns["dist.all_reduce"] = lambda t=t: dist.all_reduce(t)
+        if nbytes >= 4 << 20:  # the ring's piece size (4 MiB) against a smaller and a larger one
+            for piece in (1, 16):
+                fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
+                                                                                             segment_bytes=b)
         number = max(1, min(50, (1 << 20) // nbytes))  # same on every rank: they must make the same calls
         stats = measure(fns, device=device, rounds=20 if nbytes < (16 << 20) else 10, warmup=2, number=number)
         slowest = {variant: _slowest_rank(s.samples) for variant, s in stats.items()}
         for variant, samples in slowest.items():
             time_us = statistics.median(samples)
             algbw = nbytes / time_us / 1e3  # GB/s
+            # paired, round by round: dist.all_reduce's time over this variant's
+            ratios = [ref / mine for ref, mine in zip(slowest["dist.all_reduce"], samples)]
             results.append({"bytes": nbytes, "variant": variant, "time_us": time_us, "spread_us": Stats(samples).spread,
                             "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (n - 1) / n,
-                            # paired, round by round: dist.all_reduce's time over this variant's
-                            "busbw_ratio_to_dist": statistics.median(
-                                ref / mine for ref, mine in zip(slowest["dist.all_reduce"], samples))})
+                            "busbw_ratio_to_dist": statistics.median(ratios), "ratio_spread": Stats(ratios).spread,
+                            **({"algorithm": choose(nbytes // 4, 4, n)} if variant == "auto" else {})})
     record = {**_header(config, "allreduce"), "results": results}
     _write(record, json_path, allreduce_table(record))
 
@@ -99,7 +110,7 @@ def step(config: Config, json_path: str | None) -> None:
                 opt.zero_grad(set_to_none=True)
             return run, None
         reducer = GradReducer(list(model.parameters()), bucket_bytes=config.bucket_kb * 1024,
-                              overlap=(variant == "ring, overlap"))
+                              overlap=(variant == "all_reduce, overlap"))
 
         def run() -> None:
             (F.cross_entropy(model(x), y, reduction="sum") / len(batch)).backward()
@@ -108,7 +119,7 @@ def step(config: Config, json_path: str | None) -> None:
             opt.zero_grad(set_to_none=True)
         return run, reducer
 
-    variants = {name: make(name) for name in ("ddp", "ring, overlap", "ring, no overlap")}
+    variants = {name: make(name) for name in ("ddp", "all_reduce, overlap", "all_reduce, no overlap")}
     stats = measure({k: v[0] for k, v in variants.items()}, rounds=30, warmup=3, number=5)
     for _, reducer in variants.values():
         if reducer:
@@ -124,16 +135,158 @@ def step(config: Config, json_path: str | None) -> None:
     _write(record, json_path, step_table(record))
 
 
+def zero(config: Config, json_path: str | None) -> None:
+    """A training step with Adam: computation alone, plain data parallelism (our all-reduce after
+    backward), and ZeRO stage 1; and the optimiser state each rank holds."""
+    from parallel.zero import ZeroAdam
+
+    rank, n = world()
+    ds = data_mod.synthetic(config.seed)
+    per_rank = config.batch_size  # weak scaling: every rank computes the same amount at every n
+    idx = torch.arange(rank * per_rank, (rank + 1) * per_rank) % len(ds.train)
+    x, y = ds.train.x[idx], ds.train.y[idx]
+    warm_up(*_peers(None)[2:])
+
+    def make(variant: str):
+        torch.manual_seed(config.seed)
+        model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode)
+        params = list(model.parameters())
+        opt = ZeroAdam(params, lr=1e-4) if variant == "zero" else torch.optim.Adam(params, lr=1e-4)
+        reducer = GradReducer(params, bucket_bytes=config.bucket_kb * 1024, overlap=False) if variant == "dp" else None
+
+        def run() -> None:
+            (F.cross_entropy(model(x), y, reduction="sum") / (per_rank * n)).backward()
+            if reducer:
+                reducer.finish()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return run, opt, reducer
+
+    variants = {name: make(name) for name in ("compute only", "dp", "zero")}
+    fns = {k: v[0] for k, v in variants.items()}
+    adam_model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode)
+    adam = torch.optim.Adam(adam_model.parameters(), lr=1e-4)
+    for p in adam_model.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    fns["adam step alone"] = adam.step  # the part of "compute only" that ZeRO divides by n
+    stats = measure(fns, rounds=20, warmup=3, number=3)
+    slowest = {name: _slowest_rank(s.samples) for name, s in stats.items()}
+    state = {name: (v[1].state_bytes() if name == "zero" else
+                    sum(t.numel() * t.element_size() for st in v[1].state.values() for t in st.values()))
+             for name, v in variants.items()}
+    state["adam step alone"] = state["compute only"]
+    for _, _, reducer in variants.values():
+        if reducer:
+            reducer.close()
+    params = sum(p.numel() for p in build_model(ds.features, tuple(config.hidden), ds.classes, "py").parameters())
+    results = []
+    for name, samples in slowest.items():
+        ratios = [m / d for m, d in zip(samples, slowest["dp"])]  # paired, round by round
+        results.append({"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
+                        "ratio_to_dp": statistics.median(ratios), "ratio_spread": Stats(ratios).spread,
+                        "optimizer_state_bytes": state[name]})
+    record = {**_header(config, "zero"), "mode": config.mode, "hidden": list(config.hidden),
+              "batch_per_rank": per_rank, "parameters": params, "bucket_kb": config.bucket_kb, "results": results}
+    _write(record, json_path, zero_table(record))
+
+
+def zero_table(record: dict) -> str:
+    rows = ["| variant | step µs (IQR) | step / plain DP's (paired, IQR) | Adam state per rank |",
+            "|---|---:|---:|---:|"]
+    for r in record["results"]:
+        spread = f" ({r['ratio_spread']:.2f})" if "ratio_spread" in r else ""
+        rows.append(f"| {r['variant']} | {r['step_us']:.0f} ({r['spread_us']:.0f}) | {r['ratio_to_dp']:.3f}{spread} "
+                    f"| {r['optimizer_state_bytes'] / 1e6:.2f} MB |")
+    rows.append(f"\nMLP {record['hidden']} (mode {record['mode']}, {record['parameters']:,} parameters), "
+                f"{record['batch_per_rank']} samples per rank, Adam; {record['world_size']} ranks on "
+                f"{record['backend']}, {record['threads_per_rank']} thread(s) each, {record['device']}, "
+                f"torch {record['torch']}, {record['date']}: `{record['command']}`")
+    return "\n".join(rows)
+
+
+def overhead(config: Config, json_path: str | None) -> None:
+    """Where the microseconds of a small all-reduce go: whole calls against one bare message,
+    and the Python-side pieces of a call timed alone (no message)."""
+    from parallel import collectives
+    from parallel.ring import _exchange, _wait, ring_all_reduce
+
+    rank, n = world()
+    nbytes = 4096
+    _, _, right, left = _peers(None)
+    warm_up(right, left)
+    t, recv = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4)
+    calls = {  # variant -> (callable, messages each rank sends per call)
+        "one message (batch_isend_irecv + wait)": (lambda: _wait(_exchange(t, recv, right, left, None)), 1),
+        "ring_all_reduce, check=False (before)": (lambda: ring_all_reduce(t, check=False), 2 * (n - 1)),
+        "all_reduce doubling (after)": (lambda: all_reduce(t, algorithm="doubling", check=False),
+                                        (n.bit_length() - 1) + 2 * (n != 1 << (n.bit_length() - 1))),
+        "all_reduce auto (after)": (lambda: all_reduce(t, check=False), None),
+        "dist.all_reduce": (lambda: dist.all_reduce(t), None),
+    }
+    stats = measure({k: v[0] for k, v in calls.items()}, rounds=30, warmup=3, number=50)
+    slowest = {k: statistics.median(_slowest_rank(s.samples)) for k, s in stats.items()}
+    one = slowest["one message (batch_isend_irecv + wait)"]
+    local = measure({  # the per-call work that needs no message, each piece alone
+        "dist.get_rank + get_world_size + get_backend (ring, per call)":
+            lambda: (dist.get_rank(), dist.get_world_size(), dist.get_backend()),
+        "tensor_split into chunks and pieces + max (ring, per call)":
+            lambda: [torch.tensor_split(c, 1) for c in torch.tensor_split(t, n)],
+        "torch.empty receive buffer (ring, per call)": lambda: torch.empty(nbytes // 4 // n),
+        "add_ of one received piece": lambda: t[: nbytes // 4 // n].add_(recv[: nbytes // 4 // n]),
+        "cached plan + buffer lookup + choice (all_reduce, per call)":
+            lambda: (collectives._plan(None), collectives._buffer(nbytes // 4, t),
+                     collectives.choose(nbytes // 4, 4, n)),
+    }, rounds=10, warmup=2)
+    results = [{"variant": k, "time_us": v, "messages": calls[k][1],
+                "beyond_its_messages_us": (v - calls[k][1] * one) if calls[k][1] else None}
+               for k, v in slowest.items()]
+    results += [{"variant": k, "time_us": s.median, "local": True} for k, s in local.items()]
+    record = {**_header(config, "overhead"), "bytes": nbytes, "results": results}
+    _write(record, json_path, overhead_table(record))
+
+
+def overhead_table(record: dict) -> str:
+    rows = ["| what | µs per call | messages per rank | µs beyond its messages |", "|---|---:|---:|---:|"]
+    for r in record["results"]:
+        extra = "" if r.get("beyond_its_messages_us") is None else f"{r['beyond_its_messages_us']:.0f}"
+        msgs = "" if r.get("messages") is None else str(r["messages"])
+        rows.append(f"| {r['variant']} | {r['time_us']:.{1 if r.get('local') else 0}f} | {msgs} | {extra} |")
+    rows.append(f"\n{record['bytes'] >> 10} KiB float32, slowest rank's median (whole calls) or this rank's median "
+                f"(pieces alone); {record['world_size']} ranks on {record['backend']}, {record['threads_per_rank']} "
+                f"thread(s) each, {record['device']}, torch {record['torch']}, {record['date']}: `{record['command']}`")
+    return "\n".join(rows)
+
+
 def allreduce_table(record: dict) -> str:
-    rows = ["| size | ring µs (IQR) | dist.all_reduce µs (IQR) | ring busbw GB/s | all_reduce busbw GB/s "
-            "| ring / all_reduce busbw (paired) |", "|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| size | auto picks | auto µs (IQR) | dist.all_reduce µs (IQR) | auto busbw GB/s | all_reduce busbw GB/s "
+            "| auto / all_reduce busbw (paired, IQR) | ring / all_reduce |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     by = {(r["bytes"], r["variant"]): r for r in record["results"]}
     for nbytes in sorted({r["bytes"] for r in record["results"]}):
-        ring, ref = by[(nbytes, "ring")], by[(nbytes, "dist.all_reduce")]
+        auto, ref, ring = by[(nbytes, "auto")], by[(nbytes, "dist.all_reduce")], by[(nbytes, "ring")]
         size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
-        rows.append(f"| {size} | {ring['time_us']:.0f} ({ring['spread_us']:.0f}) | {ref['time_us']:.0f} "
-                    f"({ref['spread_us']:.0f}) | {ring['busbw_gbs']:.3f} | {ref['busbw_gbs']:.3f} "
+        rows.append(f"| {size} | {auto['algorithm'].replace('_', '-')} "
+                    f"| {auto['time_us']:.0f} ({auto['spread_us']:.0f}) "
+                    f"| {ref['time_us']:.0f} ({ref['spread_us']:.0f}) "
+                    f"| {auto['busbw_gbs']:.3f} | {ref['busbw_gbs']:.3f} "
+                    f"| {auto['busbw_ratio_to_dist']:.2f} ({auto['ratio_spread']:.2f}) "
                     f"| {ring['busbw_ratio_to_dist']:.2f} |")
+
+    def size(nbytes: int) -> str:
+        return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+    autos = [r for r in record["results"] if r["variant"] == "auto"]
+    met = ", ".join(size(r["bytes"]) for r in autos if r["busbw_ratio_to_dist"] >= 0.90) or "no size"
+    missed = ", ".join(size(r["bytes"]) for r in autos if r["busbw_ratio_to_dist"] < 0.90) or "no size"
+    rows.append(f"\nGoal, auto's busbw at least 0.90 of all_reduce's (median paired ratio): met at {met}; "
+                f"missed at {missed}.")
+    pieces = sorted({r["bytes"] for r in record["results"] if r["variant"] == "ring, 1 MiB pieces"})
+    if pieces:
+        rows.append("\n| size | ring, 1 MiB pieces / all_reduce | ring, 4 MiB pieces (default) / all_reduce "
+                    "| ring, 16 MiB pieces / all_reduce |\n|---:|---:|---:|---:|")
+        for nbytes in pieces:
+            cells = [by[(nbytes, v)] for v in ("ring, 1 MiB pieces", "ring", "ring, 16 MiB pieces")]
+            rows.append(f"| {size(nbytes)} | " + " | ".join(
+                f"{c['busbw_ratio_to_dist']:.2f} ({c['ratio_spread']:.2f})" for c in cells) + " |")
     rows.append(f"\n{record['world_size']} ranks on {record['backend']}, {record['threads_per_rank']} thread(s) each, "
                 f"{record['device']}, torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)
@@ -150,5 +303,5 @@ def step_table(record: dict) -> str:
     return "\n".join(rows)
 
 
-JOBS = {"allreduce": allreduce, "step": step}
-RENDERERS = {"allreduce": allreduce_table, "step": step_table}
+JOBS = {"allreduce": allreduce, "step": step, "overhead": overhead, "zero": zero}
+RENDERERS = {"allreduce": allreduce_table, "step": step_table, "overhead": overhead_table, "zero": zero_table}

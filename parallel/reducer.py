@@ -1,13 +1,13 @@
-"""Gradient buckets reduced by the ring while backward is still running (what DDP does).
+"""Gradient buckets all-reduced while backward is still running (what DDP does).
 
 Parameters are grouped, in reverse order of registration (the order backward produces their
 gradients), into buckets of about ``bucket_bytes``. A hook on each parameter
 (``register_post_accumulate_grad_hook``) notes when its gradient is ready; when a bucket is
-complete it is handed to a communication thread, which flattens it, runs the ring all-reduce
-and writes the result back, while autograd goes on with the earlier layers. ``finish()``
-waits for the last bucket before the optimiser step.
+complete it is handed to a communication thread, which flattens it, all-reduces it (the
+algorithm chosen by size, parallel/collectives.py) and writes the result back, while autograd
+goes on with the earlier layers. ``finish()`` waits for the last bucket before the optimiser step.
 
-Buckets always start in index order on every rank: the ring is a sequence of point-to-point
+Buckets always start in index order on every rank: an all-reduce is a sequence of point-to-point
 messages, and two ranks that reduced buckets in different orders would pair the wrong ones.
 """
 
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parallel.ring import ring_all_reduce
+from parallel.collectives import all_reduce
 
 
 class GradReducer:
@@ -52,13 +52,13 @@ class GradReducer:
         # One reduction with size checks, before training: ranks with different models stop
         # here with a clear error instead of exchanging garbage later.
         for buf in self.buffers:
-            ring_all_reduce(buf, check=True)
+            all_reduce(buf, check=True)
         self.comm_s = 0.0
         self._error: BaseException | None = None
         self._jobs: queue.Queue[int | None] = queue.Queue()
         self._done = threading.Semaphore(0)
         self._threads = torch.get_num_threads()
-        self._thread = threading.Thread(target=self._serve, name="ring-allreduce", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="allreduce", daemon=True)
         self._thread.start()
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
         self._reset()
@@ -100,7 +100,7 @@ class GradReducer:
             part.copy_(p.grad.view(-1)) if p.grad is not None else part.zero_()
             offset += p.numel()
         start = time.perf_counter()
-        ring_all_reduce(buf, check=False)
+        all_reduce(buf, check=False)
         self.comm_s += time.perf_counter() - start
         offset = 0
         for p in self.buckets[i]:

@@ -1,25 +1,30 @@
-"""A ring all-reduce written on torch.distributed's point-to-point operations.
+"""Ring collectives written on torch.distributed's point-to-point operations.
 
 n ranks stand in a ring; each sends to its right neighbour and receives from its left.
-The tensor is cut into n chunks. Two phases of n − 1 steps each:
+A tensor is cut into n chunks (``torch.tensor_split`` along dimension 0: sizes differ by at
+most one row). Two collectives move chunks round the ring, n − 1 steps each:
 
-  reduce-scatter: at step s, rank r sends chunk (r − s) mod n and adds the chunk it receives,
-                  (r − s − 1) mod n, into its own copy. After n − 1 steps rank r holds the
-                  complete sum of chunk (r + 1) mod n.
-  all-gather:     at step s, rank r sends the complete chunk (r + 1 − s) mod n and receives
-                  the complete chunk (r − s) mod n straight into place.
+  reduce-scatter: at step s, rank r sends its partial sum of chunk (r − s − 1) mod n and adds
+                  the partial sum it receives, of chunk (r − s − 2) mod n, to its own
+                  contribution. After n − 1 steps rank r holds the complete sum of chunk r.
+  all-gather:     rank r starts with chunk r. At step s it sends chunk (r − s) mod n and
+                  receives chunk (r − s − 1) mod n straight into place.
 
-Each rank sends 2(n − 1) chunks of N/n elements: 2(n − 1)/n of the data, whatever n is,
-which is why the ring is bandwidth-optimal. Every step is one batch_isend_irecv (send right,
-receive left), which is deadlock-free on gloo and NCCL alike.
+The all-reduce is the one followed by the other, 2(n − 1) steps in which each rank sends
+2(n − 1)/n of the data, whatever n is: the ring is bandwidth-optimal. Every step is one
+batch_isend_irecv (send right, receive left), which is deadlock-free on gloo and NCCL alike.
 
 Each chunk travels in pieces of about 4 MiB, in a wavefront: piece k + 1 runs one step behind
-piece k, so adding one piece overlaps the transfer of the next, and the all-gather of the
-first pieces overlaps the reduce-scatter of the last. The receive buffers for the pieces being
-reduced are the only memory this allocates.
+piece k, so adding one piece overlaps the transfer of the next, and in the all-reduce the
+all-gather of the first pieces overlaps the reduce-scatter of the last. The three public
+collectives run the same two step functions (``_reduce_scatter_step``, ``_all_gather_step``)
+through the same wavefront scheduler (``_wavefront``); the all-reduce only chains them.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -31,6 +36,8 @@ OPS = ("sum", "avg")
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
+_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+_SHOWN_DIMS = 4  # the metadata row carries the first dimensions (for the message) and a hash of all
 
 
 class RingError(RuntimeError):
@@ -63,41 +70,16 @@ def _wait(requests: list) -> None:
         req.wait()
 
 
-def _agree(tensor: Tensor, op: str, group: dist.ProcessGroup | None) -> None:
-    """Make every rank check every other rank's numel, dtype and op before any data moves.
+# ---------------------------------------------------------------------------
+# Checks every rank makes before any data moves
+# ---------------------------------------------------------------------------
 
-    On gloo, a receive whose size differs from the matching send kills the receiving
-    process (a C++ terminate, not a Python error), so this must come first. The metadata is
-    all-gathered around the same ring, n − 1 tiny steps, and every rank raises the same error.
-    """
-    rank, size, right, left = _peers(group)
-    mine = torch.tensor([tensor.numel(), _DTYPE_CODES.get(tensor.dtype, -1), OPS.index(op)],
-                        dtype=torch.int64, device=tensor.device)
-    seen = torch.empty(size, 3, dtype=torch.int64, device=tensor.device)
-    seen[rank] = mine
-    for step in range(size - 1):
-        _wait(_exchange(seen[(rank - step) % size], seen[(rank - step - 1) % size], right, left, group))
-    if not bool((seen == mine).all()):
-        rows = seen.tolist()
-        names = {v: str(k).removeprefix("torch.") for k, v in _DTYPE_CODES.items()}
-        detail = "; ".join(f"rank {r}: numel {n}, {names.get(d, 'other dtype')}, op {OPS[o]}"
-                           for r, (n, d, o) in enumerate(rows))
-        raise RingError(f"ring_all_reduce: ranks passed different tensors or ops ({detail})")
-
-
-def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | None = None, *,
-                    check: bool = True, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Tensor:
-    """Sum (or average) ``tensor`` over all ranks of ``group``, in place; returns it.
-
-    Every rank ends with bit-identical values. ``check=False`` skips the agreement on sizes
-    (n − 1 small messages) for callers that agreed once already, such as the gradient
-    buckets of parallel.trainer. A non-contiguous tensor is reduced through a contiguous
-    copy and written back.
-    """
-    if op not in OPS:
+def _check_tensor(name: str, tensor: Tensor, op: str | None, group: dist.ProcessGroup | None) -> None:
+    """Errors a rank can find alone (no message sent): wrong type, op, device for the backend."""
+    if op is not None and op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if not isinstance(tensor, Tensor):
-        raise TypeError(f"ring_all_reduce needs a torch.Tensor, got {type(tensor).__name__}")
+        raise TypeError(f"{name} needs a torch.Tensor, got {type(tensor).__name__}")
     if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
         raise TypeError(f"op 'avg' needs a floating-point tensor, got {tensor.dtype}; use 'sum'")
     backend = dist.get_backend(group)
@@ -105,52 +87,227 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
         raise ValueError(f"the gloo backend sends CPU tensors only; this tensor is on {tensor.device}")
     if backend == "nccl" and tensor.device.type != "cuda":
         raise ValueError(f"the nccl backend sends CUDA tensors only; this tensor is on {tensor.device}")
+
+
+def _metadata(kind: str, tensor: Tensor, op: str) -> list[int]:
+    shape = tuple(tensor.shape) or (1,)  # a 0-d tensor is one row of one element
+    shown = list(shape[:_SHOWN_DIMS]) + [-1] * (_SHOWN_DIMS - min(len(shape), _SHOWN_DIMS))
+    # Python hashes tuples of ints the same way in every process (no hash randomisation).
+    trailing = hash(shape[1:]) & ((1 << 62) - 1)
+    return [_KINDS.index(kind), _DTYPE_CODES.get(tensor.dtype, -1), OPS.index(op), tensor.numel(),
+            len(shape), trailing, *shown]
+
+
+def _agree(kind: str, tensor: Tensor, op: str, group: dist.ProcessGroup | None) -> list[list[int]]:
+    """Make every rank see every other rank's call (kind, dtype, op, shape) before data moves.
+
+    On gloo, a receive whose size differs from the matching send kills the receiving
+    process (a C++ terminate, not a Python error), so this must come first. The rows are
+    all-gathered round the same ring, n − 1 tiny steps, and every rank raises the same error.
+    The all-gather allows different sizes along dimension 0; everything else must match.
+    Returns every rank's row (the all-gather needs the sizes).
+    """
+    rank, size, right, left = _peers(group)
+    mine = torch.tensor(_metadata(kind, tensor, op), dtype=torch.int64, device=tensor.device)
+    seen = torch.empty(size, len(mine), dtype=torch.int64, device=tensor.device)
+    seen[rank] = mine
+    for step in range(size - 1):
+        _wait(_exchange(seen[(rank - step) % size], seen[(rank - step - 1) % size], right, left, group))
+    rows = seen.tolist()
+    if kind == "all_gather":  # sizes along dimension 0 may differ: compare the rest
+        key = [(r[0], r[1], r[2], r[4], r[5]) for r in rows]
+    elif kind == "all_reduce":  # only the number of elements matters
+        key = [(r[0], r[1], r[2], r[3]) for r in rows]
+    else:
+        key = [tuple(r) for r in rows]
+    if len(set(key)) > 1:
+        names = {v: str(k).removeprefix("torch.") for k, v in _DTYPE_CODES.items()}
+
+        def describe(r: int, row: list[int]) -> str:
+            k, d, o, numel, ndim, _, *shown = row
+            dims = ", ".join(str(s) for s in shown[:ndim]) + (", ..." if ndim > _SHOWN_DIMS else "")
+            op_text = f", op {OPS[o]}" if kind != "all_gather" else ""
+            call = f"{_KINDS[k]}, " if k != _KINDS.index(kind) else ""
+            return f"rank {r}: {call}numel {numel}, shape ({dims}), {names.get(d, 'other dtype')}{op_text}"
+
+        detail = "; ".join(describe(r, row) for r, row in enumerate(rows))
+        what = "shapes" if kind == "all_gather" else "tensors or ops"
+        raise RingError(f"ring_{kind}: ranks passed different {what} ({detail})")
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# The two step functions and the wavefront that runs them
+# ---------------------------------------------------------------------------
+
+# A posted step: its requests, and what to do once they complete (None: nothing).
+Posted = tuple[list, "Callable[[], None] | None"]
+
+
+def _wavefront(n_pieces: int, n_steps: int, post: Callable[[int, int], Posted]) -> None:
+    """Run ``n_steps`` ring steps for each of ``n_pieces`` pieces: at slot t, piece k takes its
+    step t − k. A piece's next step is posted as soon as its current one is done (and added),
+    so the wire is busy while the next piece is being added. Every rank posts in the same
+    order, so the messages between two neighbours pair up."""
+    in_flight = [(0, 0, *post(0, 0))]
+    for slot in range(n_pieces + n_steps - 1):
+        posted, in_flight = in_flight, []
+        for k, step, requests, done in posted:
+            _wait(requests)
+            if done is not None:
+                done()
+            if step + 1 < n_steps:
+                in_flight.append((k, step + 1, *post(k, step + 1)))
+        if slot + 1 < n_pieces:  # the next piece joins one step behind
+            in_flight.append((slot + 1, 0, *post(slot + 1, 0)))
+
+
+def _reduce_scatter_step(src: list[list[Tensor]], acc: Callable[[int, int], Tensor], out: list[Tensor],
+                         recv_buf: Tensor, k: int, step: int, op: str, rank: int, size: int, right: int,
+                         left: int, group: dist.ProcessGroup | None) -> Posted:
+    """Piece k, step ``step`` of the reduce-scatter. ``src[c][k]`` is this rank's own
+    contribution to piece k of chunk c; ``acc(c, k)`` is where its partial sum is kept between
+    steps (the source itself for an in-place all-reduce); ``out[k]`` receives the finished sum
+    of chunk ``rank``. The partial sum sent at step s is the one completed at step s − 1."""
+    send_chunk, recv_chunk = (rank - step - 1) % size, (rank - step - 2) % size
+    send = src[send_chunk][k] if step == 0 else acc(send_chunk, k)
+    last = step == size - 2
+    dst = out[k] if last else acc(recv_chunk, k)
+    buf = recv_buf[: dst.numel()]
+    own = src[recv_chunk][k]
+
+    def done() -> None:
+        torch.add(own, buf, out=dst)  # own + partial: the same bits as partial + own
+        if last and op == "avg":
+            dst.div_(size)
+    return _exchange(send, buf, right, left, group), done
+
+
+def _all_gather_step(chunks: list[list[Tensor]], k: int, step: int, rank: int, size: int, right: int,
+                     left: int, group: dist.ProcessGroup | None) -> Posted:
+    """Piece k, step ``step`` of the all-gather: pass a finished piece on, receive one in place."""
+    return _exchange(chunks[(rank - step) % size][k], chunks[(rank - step - 1) % size][k],
+                     right, left, group), None
+
+
+def _pieces(chunks: list[Tensor], segment_bytes: int) -> tuple[list[list[Tensor]], int]:
+    """Cut every chunk into the same number of pieces (a piece's send and its matching receive
+    then always have the same size), about ``segment_bytes`` each for the longest chunk."""
+    longest = max(c.numel() for c in chunks)
+    n_pieces = max(1, -(-longest * chunks[0].element_size() // segment_bytes))
+    return [list(torch.tensor_split(c, n_pieces)) for c in chunks], n_pieces
+
+
+def _flat_rows(t: Tensor) -> Tensor:
+    """A contiguous 2-d view (rows = dimension 0) of ``t``, copied only if it must be."""
+    t = t.reshape(1) if t.dim() == 0 else t
+    t = t if t.is_contiguous() else t.contiguous()
+    return t.view(t.shape[0], math.prod(t.shape[1:]))
+
+
+# ---------------------------------------------------------------------------
+# The public collectives
+# ---------------------------------------------------------------------------
+
+def ring_reduce_scatter(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | None = None, *,
+                        check: bool = True, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Tensor:
+    """Sum (or average) ``tensor`` over the ranks of ``group`` and give rank r only its part:
+    ``torch.tensor_split(total, n, dim=0)[r]`` (uneven when n does not divide dimension 0; a
+    1-d tensor is split by elements). Every rank passes the same shape. ``tensor`` is not
+    modified; the result is a new tensor. For a 1-d tensor the chunks are those of
+    ``ring_all_reduce``, added in the same order: the results are its chunks, bit for bit.
+    """
+    _check_tensor("ring_reduce_scatter", tensor, op, group)
     rank, size, right, left = _peers(group)
     if check:
-        _agree(tensor, op, group)
+        _agree("reduce_scatter", tensor, op, group)
+    rows = _flat_rows(tensor)
+    chunks = [c.reshape(-1) for c in torch.tensor_split(rows, size)]
+    result = torch.tensor_split(tensor.reshape(1) if tensor.dim() == 0 else tensor, size)[rank]
+    out_flat = torch.empty(chunks[rank].numel(), dtype=tensor.dtype, device=tensor.device)
+    out = out_flat.view(result.shape)
+    if size == 1 or tensor.numel() == 0:
+        out.copy_(result)
+        if op == "avg":
+            out.div_(size)
+        return out
+    src, n_pieces = _pieces(chunks, segment_bytes)
+    out_pieces = list(torch.tensor_split(out_flat, n_pieces))
+    # A piece is in the reduce-scatter for n − 1 consecutive slots, so n − 1 buffer pairs suffice:
+    # one receives a partial sum, the other keeps this rank's sum of it until it is sent.
+    n_buffers = min(n_pieces, size - 1)
+    longest = src[0][0].numel()
+    recv = [torch.empty(longest, dtype=tensor.dtype, device=tensor.device) for _ in range(n_buffers)]
+    keep = [torch.empty(longest, dtype=tensor.dtype, device=tensor.device) for _ in range(n_buffers)]
+
+    def acc(c: int, k: int) -> Tensor:
+        return keep[k % n_buffers][: src[c][k].numel()]
+
+    _wavefront(n_pieces, size - 1, lambda k, step: _reduce_scatter_step(
+        src, acc, out_pieces, recv[k % n_buffers], k, step, op, rank, size, right, left, group))
+    return out
+
+
+def ring_all_gather(tensor: Tensor, group: dist.ProcessGroup | None = None, *, check: bool = True,
+                    segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Tensor:
+    """Concatenate every rank's ``tensor`` along dimension 0, in rank order; every rank gets
+    the same (bit-identical) new tensor. Ranks may pass different sizes along dimension 0
+    (uneven shards); the other dimensions and the dtype must match. A 0-d tensor counts as one
+    element. With ``check=False`` every rank must pass the same shape (nothing is exchanged
+    to learn the sizes).
+    """
+    _check_tensor("ring_all_gather", tensor, None, group)
+    rank, size, right, left = _peers(group)
+    rows = _flat_rows(tensor)
+    if check:
+        agreed = _agree("all_gather", tensor, "sum", group)
+        counts, total_rows = [row[3] for row in agreed], sum(row[6] for row in agreed)
+    else:
+        counts, total_rows = [rows.numel()] * size, rows.shape[0] * size
+    out = torch.empty(total_rows, *(tensor.shape[1:] if tensor.dim() else ()), dtype=tensor.dtype,
+                      device=tensor.device)
+    flat = out.view(-1)
+    chunks = list(torch.split(flat, counts))
+    chunks[rank].copy_(rows.view(-1))
+    if size == 1 or flat.numel() == 0:
+        return out
+    pieces, n_pieces = _pieces(chunks, segment_bytes)
+    _wavefront(n_pieces, size - 1, lambda k, step: _all_gather_step(pieces, k, step, rank, size, right,
+                                                                     left, group))
+    return out
+
+
+def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | None = None, *,
+                    check: bool = True, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Tensor:
+    """Sum (or average) ``tensor`` over all ranks of ``group``, in place; returns it.
+
+    A reduce-scatter whose partial sums are kept in the tensor itself, then an all-gather of
+    the finished chunks; each piece takes the 2(n − 1) steps of both in a row, so the
+    all-gather of early pieces overlaps the reduce-scatter of later ones. Every rank ends with
+    bit-identical values. ``check=False`` skips the agreement on sizes (n − 1 small messages)
+    for callers that agreed once already, such as the gradient buckets of parallel.reducer.
+    A non-contiguous tensor is reduced through a contiguous copy and written back.
+    """
+    _check_tensor("ring_all_reduce", tensor, op, group)
+    rank, size, right, left = _peers(group)
+    if check:
+        _agree("all_reduce", tensor, op, group)
     if size == 1 or tensor.numel() == 0:
         return tensor
 
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-    chunks = torch.tensor_split(flat, size)
-    # Every chunk is cut into the same number of pieces (sizes differ by at most one element),
-    # so a piece's send and its matching receive always have the same size.
-    longest = max(c.numel() for c in chunks)
-    n_pieces = max(1, -(-longest * flat.element_size() // segment_bytes))
-    pieces = [torch.tensor_split(c, n_pieces) for c in chunks]
-    # A piece is in the reduce-scatter for n − 1 consecutive slots; so many buffers suffice.
+    pieces, n_pieces = _pieces(list(torch.tensor_split(flat, size)), segment_bytes)
     n_buffers = min(n_pieces, size - 1)
-    buffers = [torch.empty(pieces[0][0].numel(), dtype=flat.dtype, device=flat.device) for _ in range(n_buffers)]
-    steps = 2 * (size - 1)
+    recv = [torch.empty(pieces[0][0].numel(), dtype=flat.dtype, device=flat.device) for _ in range(n_buffers)]
+    rs_steps = size - 1
 
-    # A wavefront: at slot t, piece k takes its step t − k. Piece k + 1 runs one step behind
-    # piece k, so the all-gather of early pieces overlaps the reduce-scatter of later ones.
-    # A piece's next step is posted as soon as its current one is done (and added), so the
-    # wire is busy while the next piece is being added. Every rank posts in the same order,
-    # so the messages between two neighbours pair up.
-    def post(k: int, step: int) -> tuple:
-        if step < size - 1:  # reduce-scatter: send a partial sum, receive one to add
-            dst = pieces[(rank - step - 1) % size][k]
-            buf = buffers[k % n_buffers][: dst.numel()]
-            return k, step, _exchange(pieces[(rank - step) % size][k], buf, right, left, group), dst, buf
-        a = step - (size - 1)  # all-gather: pass a finished piece on, receive one straight into place
-        return k, step, _exchange(pieces[(rank + 1 - a) % size][k], pieces[(rank - a) % size][k],
-                                  right, left, group), None, None
+    def post(k: int, step: int) -> Posted:
+        if step < rs_steps:  # partial sums stay in the tensor; the finished chunk lands in place
+            return _reduce_scatter_step(pieces, lambda c, j: pieces[c][j], pieces[rank], recv[k % n_buffers],
+                                        k, step, op, rank, size, right, left, group)
+        return _all_gather_step(pieces, k, step - rs_steps, rank, size, right, left, group)
 
-    in_flight = [post(0, 0)]
-    for slot in range(n_pieces + steps - 1):
-        posted, in_flight = in_flight, []
-        for k, step, requests, dst, buf in posted:
-            _wait(requests)
-            if dst is not None:
-                dst.add_(buf)
-                if step == size - 2 and op == "avg":  # this piece of the owned chunk is complete
-                    dst.div_(size)
-            if step + 1 < steps:
-                in_flight.append(post(k, step + 1))
-        if slot + 1 < n_pieces:  # the next piece joins one step behind
-            in_flight.append(post(slot + 1, 0))
-
+    _wavefront(n_pieces, 2 * rs_steps, post)
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
     return tensor

@@ -44,6 +44,7 @@ class Config:
     timeout: float = 120.0
     overlap: bool = True
     bucket_kb: int = 25600          # DDP's default cap, 25 MiB
+    zero: bool = False              # ZeRO stage 1: Adam's state sharded over the ranks (parallel/zero.py)
     progress: bool = False
     return_state: bool = False     # tests compare the final weights
     train_limit: int | None = None  # use only the first N training samples (quick runs, tests)
@@ -82,11 +83,12 @@ def _model_signature(config: Config, ds: data_mod.Dataset) -> dict:
     return {"mode": config.mode, "features": ds.features, "hidden": list(config.hidden), "classes": ds.classes}
 
 
-def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, epoch: int, history: list,
+def save_checkpoint(path: str, model: nn.Module, optimizer_state: dict, epoch: int, history: list,
                     signature: dict, config: Config) -> None:
-    """Rank 0 only. Written to a temporary file and renamed, so a crash never leaves half a file."""
+    """Rank 0 only. Written to a temporary file and renamed, so a crash never leaves half a file.
+    ``optimizer_state`` is torch.optim.Adam's state_dict (ZeroAdam gathers its shards into it)."""
     state = {"format": 1, "signature": signature, "epoch": epoch, "history": history,
-             "model": model.state_dict(), "optimizer": opt.state_dict(),
+             "model": model.state_dict(), "optimizer": optimizer_state,
              "data_order": {"seed": config.seed, "batch_size": config.batch_size, "next_epoch": epoch},
              "rng": torch.get_rng_state()}
     tmp = f"{path}.tmp{os.getpid()}"
@@ -128,9 +130,17 @@ def train(config: Config) -> dict:
     ds = load_data(config)
     device = config.device
     model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode, device)
-    opt = torch.optim.Adam(model.parameters(), lr=config.lr)
+    if config.zero and world_size > 1:
+        from parallel.zero import ZeroAdam
+
+        opt = ZeroAdam(model.parameters(), lr=config.lr)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     signature = _model_signature(config, ds)
     staging = "cpu" if (device != "cpu" and world_size > 1 and torch.distributed.get_backend() == "gloo") else None
+    if staging and config.zero:
+        raise ValueError("--zero reduce-scatters on the parameters' device: CUDA parameters need nccl "
+                         "(one GPU per rank), not gloo")
 
     history: list[dict] = []
     start_epoch = 0
@@ -149,13 +159,17 @@ def train(config: Config) -> dict:
                 p.data.copy_(ring_broadcast_from_rank0(host))
             else:
                 ring_broadcast_from_rank0(p.data)
-    reducer = GradReducer(list(model.parameters()), bucket_bytes=config.bucket_kb * 1024,
-                          overlap=config.overlap, staging_device=staging) if world_size > 1 else None
+    # With ZeRO the optimiser reduce-scatters the gradients itself: no all-reduce buckets.
+    reducer = None
+    if world_size > 1 and not config.zero:
+        reducer = GradReducer(list(model.parameters()), bucket_bytes=config.bucket_kb * 1024,
+                              overlap=config.overlap, staging_device=staging)
+    comm = reducer or (opt if config.zero and world_size > 1 else None)  # what counts communication time
 
     train_x, train_y = ds.train.x, ds.train.y
     try:
         for epoch in range(start_epoch, config.epochs):
-            started, comm_before = time.perf_counter(), reducer.comm_s if reducer else 0.0
+            started, comm_before = time.perf_counter(), comm.comm_s if comm else 0.0
             batches = data_mod.epoch_batches(len(ds.train), config.batch_size, config.seed, epoch)
             # This rank's sum of losses stays on the device: .item() every step would make a GPU
             # wait for each step before the next is queued.
@@ -182,15 +196,17 @@ def train(config: Config) -> dict:
             record = {"epoch": epoch + 1, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
                       "accuracy": _evaluate(model, ds.val, device, rank, world_size),
                       "samples_per_s": len(ds.train) / elapsed,
-                      "comm_s": (reducer.comm_s - comm_before) if reducer else 0.0}
+                      "comm_s": (comm.comm_s - comm_before) if comm else 0.0}
             history.append(record)
+            # ZeroAdam gathers its shards into a full state: every rank takes part.
+            optimizer_state = opt.state_dict() if config.checkpoint else None
             if rank == 0:
                 print(("\r" if config.progress else "") +
                       f"epoch {record['epoch']:>3}/{config.epochs}  loss {record['loss']:.4f}  "
                       f"val accuracy {100 * record['accuracy']:5.1f}%  {record['samples_per_s']:8.0f} samples/s  "
                       f"comm {record['comm_s']:.2f} s", flush=True)
                 if config.checkpoint:
-                    save_checkpoint(config.checkpoint, model, opt, epoch + 1, history, signature, config)
+                    save_checkpoint(config.checkpoint, model, optimizer_state, epoch + 1, history, signature, config)
             if config.checkpoint and world_size > 1:
                 torch.distributed.barrier()  # nobody runs ahead of a checkpoint being written
     finally:

@@ -1,0 +1,217 @@
+"""All-reduce by recursive doubling or halving-doubling, and an entry point that picks by size.
+
+The ring (parallel/ring.py) sends the fewest bytes but takes 2(n − 1) steps: for small
+tensors each step's fixed cost α dominates. These take log₂ of that:
+
+  recursive doubling   log₂p steps; at step k rank r swaps its whole tensor with r XOR 2ᵏ and
+                       both add. After step k every block of 2ᵏ⁺¹ ranks holds the same partial
+                       sum. Few messages, but each carries all N bytes.
+  halving-doubling     (Rabenseifner) reduce-scatter by recursive halving: at each step keep
+                       half of the current range, send the other half to the partner, add what
+                       comes back; after log₂p steps rank r owns block r, complete. Then an
+                       all-gather by recursive doubling. 2·log₂p steps, and the ring's bytes.
+
+When n is not a power of two, p = 2^⌊log₂n⌋ and the n − p extra ranks fold in: extra rank
+p + i hands its tensor to rank i before the exchanges and gets the result back after them.
+
+Bit-identical results on every rank: floating-point addition is commutative except for which
+NaN's payload survives (x86 keeps the first operand's), so both partners compute
+``lower rank's operand + higher rank's operand``, the same expression on the same bits. In
+halving-doubling one rank finishes each element and the others only copy it. ``avg``
+divides the same bits by the same n everywhere.
+
+Fixed cost: a call looks up a cached plan (ranks, partners, global ranks) for its group and
+reuses a receive buffer per thread, instead of asking torch.distributed and allocating on
+every call (docs/results/allreduce_overhead_w2.json measures the difference).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from parallel import costmodel
+from parallel.ring import OPS, RingError, _agree, _exchange, _wait, ring_all_reduce
+
+ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling")
+
+__all__ = ["ALGORITHMS", "RingError", "all_reduce", "choose"]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    rank: int
+    size: int
+    p: int                  # the largest power of two <= size
+    glob: tuple[int, ...]   # group rank -> global rank
+    backend: str
+
+
+_plans: dict[int, tuple[object, _Plan]] = {}
+_local = threading.local()
+
+
+def _plan(group: dist.ProcessGroup | None) -> _Plan:
+    # Keyed by the group object, which the entry keeps alive so that its id is never reused.
+    pg = group if group is not None else dist.group.WORLD
+    hit = _plans.get(id(pg))
+    if hit is not None and hit[0] is pg:
+        return hit[1]
+    size = dist.get_world_size(group)
+    glob = tuple(range(size)) if group is None else tuple(dist.get_global_rank(group, r) for r in range(size))
+    plan = _Plan(dist.get_rank(group), size, 1 << (size.bit_length() - 1), glob, dist.get_backend(group))
+    _plans[id(pg)] = (pg, plan)
+    return plan
+
+
+def _buffer(numel: int, like: Tensor) -> Tensor:
+    """A receive buffer of ``numel`` elements, reused across calls (one per thread and dtype)."""
+    cache = _local.__dict__.setdefault("buffers", {})
+    key = (like.dtype, like.device)
+    buf = cache.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = cache[key] = torch.empty(max(numel, 1024), dtype=like.dtype, device=like.device)
+    return buf[:numel]
+
+
+def _add_ordered(mine: Tensor, theirs: Tensor, i_am_lower: bool) -> None:
+    """mine ← lower rank's operand + higher rank's operand (the same expression on both partners)."""
+    if i_am_lower:
+        mine.add_(theirs)
+    else:
+        torch.add(theirs, mine, out=mine)
+
+
+_choices: dict[tuple[int, int], str] = {}
+
+
+def choose(numel: int, element_size: int, world_size: int) -> str:
+    """The algorithm ``auto`` uses: the fastest by the fitted cost model (the same on every rank)."""
+    key = (numel * element_size, world_size)
+    choice = _choices.get(key)
+    if choice is None:  # a training loop asks about the same few sizes every step
+        choice = _choices[key] = "ring" if world_size == 1 else costmodel.choose(
+            world_size, key[0], costmodel.link_for(world_size))
+    return choice
+
+
+def _fold_in(flat: Tensor, plan: _Plan, group) -> bool:
+    """Extra ranks hand their tensor to a partner. Returns whether this rank sits the exchanges out."""
+    extra = plan.size - plan.p
+    if plan.rank >= plan.p:  # an extra rank: send, then wait for the result in _fold_out
+        _wait(_exchange(flat, None, plan.glob[plan.rank - plan.p], plan.glob[plan.rank - plan.p], group))
+        return True
+    if plan.rank < extra:
+        partner = plan.glob[plan.rank + plan.p]
+        buf = _buffer(flat.numel(), flat)
+        _wait(_exchange(None, buf, partner, partner, group))
+        _add_ordered(flat, buf, True)  # rank i < its extra rank p + i
+    return False
+
+
+def _fold_out(flat: Tensor, plan: _Plan, group) -> None:
+    extra = plan.size - plan.p
+    if plan.rank >= plan.p:
+        partner = plan.glob[plan.rank - plan.p]
+        _wait(_exchange(None, flat, partner, partner, group))
+    elif plan.rank < extra:
+        partner = plan.glob[plan.rank + plan.p]
+        _wait(_exchange(flat, None, partner, partner, group))
+
+
+def _doubling(flat: Tensor, plan: _Plan, group) -> None:
+    buf = _buffer(flat.numel(), flat)
+    d = 1
+    while d < plan.p:
+        partner = plan.rank ^ d
+        _wait(_exchange(flat, buf, plan.glob[partner], plan.glob[partner], group))
+        _add_ordered(flat, buf, plan.rank < partner)
+        d <<= 1
+
+
+def _halving_doubling(flat: Tensor, plan: _Plan, op: str, group) -> None:
+    p, r, numel = plan.p, plan.rank, flat.numel()
+    q, rem = divmod(numel, p)
+
+    def start(block: int) -> int:  # p blocks whose sizes differ by at most one element
+        return block * q + min(block, rem)
+
+    lo, hi, d = 0, p, p >> 1
+    buf = _buffer((p // 2) * (q + 1), flat)  # the larger half: p/2 blocks of at most q + 1
+    while d >= 1:  # reduce-scatter by recursive halving: keep one half, send the other
+        partner, mid = r ^ d, (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if r & d == 0 else ((mid, hi), (lo, mid))
+        mine = flat[start(keep[0]): start(keep[1])]
+        recv = buf[: mine.numel()]
+        _wait(_exchange(flat[start(give[0]): start(give[1])], recv, plan.glob[partner], plan.glob[partner], group))
+        _add_ordered(mine, recv, r < partner)
+        lo, hi = keep
+        d >>= 1
+    if op == "avg":  # block r is complete here and nowhere else: divide once, before it is copied
+        flat[start(r): start(r + 1)].div_(plan.size)
+    d = 1
+    while d < p:  # all-gather by recursive doubling: swap owned ranges, received straight into place
+        partner = r ^ d
+        width = hi - lo
+        other = (lo - width, lo) if r & d else (hi, hi + width)
+        _wait(_exchange(flat[start(lo): start(hi)], flat[start(other[0]): start(other[1])],
+                        plan.glob[partner], plan.glob[partner], group))
+        lo, hi = min(lo, other[0]), max(hi, other[1])
+        d <<= 1
+
+
+def _validate(tensor: Tensor, op: str, algorithm: str) -> None:
+    """The caller's mistakes, found before any process group is asked anything."""
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"all_reduce needs a torch.Tensor, got {type(tensor).__name__}")
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(f"op 'avg' needs a floating-point tensor, got {tensor.dtype}; use 'sum'")
+
+
+def _check_device(tensor: Tensor, backend: str) -> None:
+    if backend == "gloo" and tensor.device.type != "cpu":
+        raise ValueError(f"the gloo backend sends CPU tensors only; this tensor is on {tensor.device}")
+    if backend == "nccl" and tensor.device.type != "cuda":
+        raise ValueError(f"the nccl backend sends CUDA tensors only; this tensor is on {tensor.device}")
+
+
+def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: dist.ProcessGroup | None = None,
+               *, check: bool = True) -> Tensor:
+    """Sum (or average) ``tensor`` over the ranks of ``group`` in place; returns it.
+
+    ``algorithm="auto"`` picks by size from the fitted cost model (parallel/costmodel.py);
+    "ring" is parallel.ring.ring_all_reduce. Every rank ends with bit-identical values.
+    ``check=True`` first makes the ranks agree on numel, dtype and op (a RingError on every
+    rank if they differ); callers that agreed once already pass ``check=False``.
+    """
+    _validate(tensor, op, algorithm)
+    plan = _plan(group)
+    _check_device(tensor, plan.backend)
+    if algorithm == "auto":
+        algorithm = choose(tensor.numel(), tensor.element_size(), plan.size)
+    if algorithm == "ring":
+        return ring_all_reduce(tensor, op, group, check=check)
+    if check:
+        _agree("all_reduce", tensor, op, group)
+    if plan.size == 1 or tensor.numel() == 0:
+        return tensor
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
+    if not _fold_in(flat, plan, group):
+        if algorithm == "doubling":
+            _doubling(flat, plan, group)
+            if op == "avg":
+                flat.div_(plan.size)
+        else:
+            _halving_doubling(flat, plan, op, group)
+    _fold_out(flat, plan, group)
+    if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
+        tensor.copy_(flat.view_as(tensor))
+    return tensor

@@ -1,0 +1,512 @@
+"""The α-β(-γ) cost model of our collectives: fitted from measurements, used to choose and to predict.
+
+A message of m bytes between two ranks costs α + m·β: α is the fixed cost of a message (on
+gloo over loopback mostly software: Python, the gloo pair, the kernel's TCP stack), β the
+cost of a byte (the copies, 1/bandwidth). Adding m bytes costs m·γ. The time of every
+algorithm in parallel/collectives.py follows from counting its messages, bytes and additions:
+
+  ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·min(N/n, piece)·γ   (pieced: adds overlap)
+  recursive doubling         log₂p·(α + N·β + N·γ)                         (+ fold-in)
+  halving-doubling           2·log₂p·α + 2(p−1)/p·N·β + (p−1)/p·N·γ       (+ fold-in)
+  fold-in (n not 2^k)        2·(α + N·β) + N·γ: the n − p extra ranks hand their tensor to a
+                             partner first and get the result back last (p = 2^⌊log₂n⌋)
+  ring reduce-scatter        (n−1)·α + (n−1)/n·N·β + (n−1)/n·N·γ
+  ring all-gather            (n−1)·α + (n−1)/n·N·β
+  binomial-tree broadcast    ⌈log₂n⌉·(α + N·β)
+
+Examples:
+  python -m parallel.costmodel fit --json /tmp/alphabeta.json          # measure and fit, W = 2, 3, 4
+  python -m parallel.costmodel show                                     # the committed fit and its choices
+  python -m parallel.costmodel plot docs/results/allreduce_gloo_w2.json --out /tmp/model.png
+  python -m parallel.costmodel predict --compute-ms 12 --optimizer-ms 2 --json /tmp/predict.json
+(docs/results/alphabeta_gloo.json records the command that wrote it.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIT_PATH = ROOT / "docs" / "results" / "alphabeta_gloo.json"
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+ALL_REDUCE = ("ring", "doubling", "halving_doubling")
+PIECE_BYTES = 4 << 20  # parallel.ring.DEFAULT_SEGMENT_BYTES: the ring's pipelined pieces
+
+
+@dataclass(frozen=True)
+class Link:
+    """α seconds per message, β seconds per byte, γ seconds per byte added."""
+
+    alpha: float
+    beta: float
+    gamma: float = 0.0
+    name: str = ""
+
+
+# ---------------------------------------------------------------------------
+# Predicted times, in seconds, of N bytes over n ranks
+# ---------------------------------------------------------------------------
+
+def _pow2_below(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def _fold(n: int, nbytes: float, link: Link) -> float:
+    """The extra ranks' hand-in and hand-back when n is not a power of two."""
+    return 0.0 if n == _pow2_below(n) else 2 * (link.alpha + nbytes * link.beta) + nbytes * link.gamma
+
+
+def ring(n: int, nbytes: float, link: Link) -> float:
+    """Our ring pipelines pieces of PIECE_BYTES: adding one piece overlaps the transfer of the
+    next, so only the first piece's additions in each of the n − 1 steps stay on the critical path."""
+    if n == 1:
+        return 0.0
+    exposed_add = (n - 1) * min(nbytes / n, PIECE_BYTES) * link.gamma
+    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + exposed_add
+
+
+def doubling(n: int, nbytes: float, link: Link) -> float:
+    p = _pow2_below(n)
+    steps = p.bit_length() - 1
+    return steps * (link.alpha + nbytes * (link.beta + link.gamma)) + _fold(n, nbytes, link)
+
+
+def halving_doubling(n: int, nbytes: float, link: Link) -> float:
+    p = _pow2_below(n)
+    steps = p.bit_length() - 1
+    return (2 * steps * link.alpha + 2 * (p - 1) / p * nbytes * link.beta + (p - 1) / p * nbytes * link.gamma
+            + _fold(n, nbytes, link))
+
+
+def reduce_scatter(n: int, nbytes: float, link: Link) -> float:
+    return (n - 1) * link.alpha + (n - 1) / n * nbytes * (link.beta + link.gamma) if n > 1 else 0.0
+
+
+def all_gather(n: int, nbytes: float, link: Link) -> float:
+    return (n - 1) * link.alpha + (n - 1) / n * nbytes * link.beta if n > 1 else 0.0
+
+
+def tree_broadcast(n: int, nbytes: float, link: Link) -> float:
+    return math.ceil(math.log2(n)) * (link.alpha + nbytes * link.beta) if n > 1 else 0.0
+
+
+PREDICT = {"ring": ring, "doubling": doubling, "halving_doubling": halving_doubling}
+
+
+def choose(n: int, nbytes: int, link: Link) -> str:
+    """The all-reduce algorithm the model predicts fastest (ties go to the earlier in ALL_REDUCE)."""
+    return min(ALL_REDUCE, key=lambda a: PREDICT[a](n, nbytes, link))
+
+
+# ---------------------------------------------------------------------------
+# The fitted links of this machine
+# ---------------------------------------------------------------------------
+
+# Used only if docs/results/alphabeta_gloo.json is missing: the rounded W = 2 fit it held when
+# this was written, so that "auto" still chooses sensibly.
+_FALLBACK = Link(alpha=150e-6, beta=1.0e-9, gamma=0.25e-9, name="gloo (fallback)")
+_links: dict[int, Link] | None = None
+
+
+def fitted_links(path: Path = FIT_PATH) -> dict[int, Link]:
+    """World size -> fitted Link, from the committed fit (read once per process)."""
+    global _links
+    if _links is None:
+        try:
+            record = json.loads(Path(path).read_text())
+            _links = {int(w): Link(f["alpha_s"], f["beta_s_per_byte"], f["gamma_s_per_byte"], f"gloo, {w} ranks")
+                      for w, f in record["fits"].items()}
+        except (OSError, KeyError, ValueError):
+            _links = {}
+    return _links
+
+
+def link_for(n: int) -> Link:
+    """The fit for n ranks, or for the nearest measured world size (every rank gets the same)."""
+    links = fitted_links()
+    if not links:
+        return _FALLBACK
+    return links[min(links, key=lambda w: (abs(w - n), w))]
+
+
+# ---------------------------------------------------------------------------
+# Measuring and fitting (run with `fit`)
+# ---------------------------------------------------------------------------
+
+def warm_up(right: int, left: int, group=None, seconds: float = 0.5) -> None:
+    """Exchange small messages for a while first: the first few hundred on a fresh gloo pair are
+    several times slower (measured here: the first size timed took 5× the next one)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from parallel.ring import _exchange, _wait
+
+    a, b = torch.zeros(1024), torch.zeros(1024)
+    end = torch.tensor([time.perf_counter() + seconds], dtype=torch.float64)
+    dist.broadcast(end, 0, group)  # every rank stops after the same number of exchanges
+    go = torch.ones(1)
+    while go.item():
+        _wait(_exchange(a, b, right, left, group))
+        go.fill_(float(time.perf_counter() < end.item()))
+        dist.broadcast(go, 0, group)
+
+
+def _p2p_job(sizes: list[int], rounds: int) -> dict:
+    """On every rank: time one ring step (batch_isend_irecv: send right, receive left) per size,
+    and the addition of a received piece. Returns this rank's samples, µs per call."""
+    import torch
+    import torch.distributed as dist
+
+    from benchmark import measure
+    from parallel.ring import _exchange, _peers, _wait
+
+    _, _, right, left = _peers(None)
+    out: dict = {"steps": {}, "add": {}}
+    warm_up(right, left)
+    bufs = {nbytes: (torch.zeros(nbytes // 4), torch.empty(nbytes // 4)) for nbytes in sizes}
+    # All sizes interleaved round by round, so a burst of load from elsewhere hits every size
+    # alike instead of spoiling one. The same number of calls on every rank: each is a message.
+    stats = measure({nbytes: (lambda s=s, r=r: _wait(_exchange(s, r, right, left, None)))
+                     for nbytes, (s, r) in bufs.items()}, rounds=rounds, warmup=2, number=4)
+    for nbytes, (send, recv) in bufs.items():
+        out["steps"][nbytes] = stats[nbytes].samples
+        out["add"][nbytes] = measure({"add": lambda s=send, r=recv: s.add_(r)}, rounds=5, warmup=1)["add"].median
+    dist.barrier()
+    return out
+
+
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares of t = α + β·m, each point weighted by 1/t: relative errors count, so the
+    4 KiB points (latency) weigh as much as the 64 MiB ones (bandwidth)."""
+    import numpy as np
+
+    m = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    a = np.stack([1 / t, m / t], axis=1)
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    return float(alpha), float(beta)
+
+
+def fit(world_sizes: list[int], rounds: int) -> dict:
+    import torch
+
+    from benchmark import describe_device
+    from parallel.launch import launch
+
+    fits = {}
+    for w in world_sizes:
+        ranks = launch(_p2p_job, w, (SIZES, rounds), threads_per_rank=1, timeout_s=120, deadline_s=900)
+        points = []
+        for nbytes in SIZES:  # per-call times: each sample timed 4 steps
+            slowest = [max(s) for s in zip(*(r["steps"][nbytes] for r in ranks))]  # a step ends with its last rank
+            points.append((nbytes, statistics.median(slowest) * 1e-6))
+        alpha, beta = fit_line(points)
+        adds = [(nbytes, max(r["add"][nbytes] for r in ranks) * 1e-6) for nbytes in SIZES]
+        gamma = fit_line([a for a in adds if a[0] >= 1 << 20])[1]  # memory-bound sizes: in cache it is faster
+        fits[str(w)] = {
+            "alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma,
+            "bandwidth_gbs": 1e-9 / beta, "add_gbs": 1e-9 / gamma,
+            "points": [{"bytes": m, "measured_us": t * 1e6, "fitted_us": (alpha + beta * m) * 1e6,
+                        "residual_pct": 100 * ((alpha + beta * m) / t - 1)} for m, t in points],
+            "add_points": [{"bytes": m, "measured_us": t * 1e6} for m, t in adds],
+        }
+        print(f"{w} ranks: α = {alpha * 1e6:.1f} µs, β = {beta * 1e9:.3f} ns/byte ({1e-9 / beta:.2f} GB/s), "
+              f"γ = {gamma * 1e9:.3f} ns/byte", flush=True)
+    return {"benchmark": "alphabeta", "device": describe_device("cpu"), "torch": torch.__version__,
+            "backend": "gloo", "threads_per_rank": 1,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
+            "method": "per size: median over rounds (all sizes interleaved in each round) of the slowest rank's "
+                      "time of one batch_isend_irecv step (send right, receive left); "
+                      "t = α + β·m fitted by least squares weighted by 1/t; "
+                      "γ: slope of the time of add_ over the sizes from 1 MiB (out of cache); "
+                      "0.5 s of small exchanges first (a fresh gloo pair is slow for its first messages)",
+            "fits": fits}
+
+
+def fit_table(record: dict) -> str:
+    rows = ["| ranks | α µs | β ns/byte (GB/s) | γ ns/byte | worst residual | residuals 4 KiB … 64 MiB |",
+            "|---:|---:|---:|---:|---:|---|"]
+    for w, f in record["fits"].items():
+        res = [p["residual_pct"] for p in f["points"]]
+        rows.append(f"| {w} | {f['alpha_s'] * 1e6:.0f} | {f['beta_s_per_byte'] * 1e9:.3f} ({f['bandwidth_gbs']:.2f}) "
+                    f"| {f['gamma_s_per_byte'] * 1e9:.3f} | {max(res, key=abs):+.0f}% | "
+                    + " ".join(f"{r:+.0f}%" for r in res) + " |")
+    rows.append(f"\nOne step = one batch_isend_irecv between neighbours, slowest rank, median; on gloo, "
+                f"{record['threads_per_rank']} thread per rank, {record['device']}, torch {record['torch']}, "
+                f"{record['date']}: `{record['command']}`")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------
+# Past this machine: step time, communication share and scaling efficiency
+# ---------------------------------------------------------------------------
+
+# Documented GPU fabrics (sources in parallel/collectives.md). α: NCCL's own tuning model
+# (src/graph/tuning.cc) charges a ring step 1.9 µs on NVLink and 4.0 µs over the network
+# (protocol LL128). β: NVLink 4 on an H100 SXM is 900 GB/s in both directions together, 450 GB/s
+# each way; InfiniBand NDR is 400 Gb/s = 50 GB/s per port, one port per GPU in a DGX H100.
+# γ: an add reads 8 and writes 4 bytes per float, at the H100's 3.35 TB/s of HBM3.
+NVLINK = Link(alpha=1.9e-6, beta=1 / 450e9, gamma=3 / 3.35e12, name="NVLink 4 (H100 SXM)")
+INFINIBAND = Link(alpha=4.0e-6, beta=1 / 50e9, gamma=3 / 3.35e12, name="InfiniBand NDR, one 400 Gb/s port per GPU")
+GPUS_PER_NODE = 8
+
+
+def fabric(kind: str, n: int) -> Link:
+    """The link a collective over n ranks is limited by: NVLink inside an 8-GPU node, the network
+    beyond it (a flat ring over the slowest link); on gloo, this machine's fit."""
+    if kind == "gloo":
+        return link_for(n)
+    return NVLINK if n <= GPUS_PER_NODE else INFINIBAND
+
+
+def mlp_parameters(hidden: list[int], features: int = 32, classes: int = 10) -> int:
+    sizes = [features, *hidden, classes]
+    return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+
+def project(kind: str, n: int, params: int, compute_s: float, optimizer_s: float, hidden: list[int],
+            batch_per_rank: int, tp: int = GPUS_PER_NODE) -> dict:
+    """Predicted step of DP, DP + ZeRO-1 and DP × TP at n ranks (weak scaling: every rank's
+    computation is the same at every n). Communication is not overlapped with computation."""
+    grad = 4 * params  # float32 gradients
+    link = fabric(kind, n)
+    out = {}
+    best = min(PREDICT[a](n, grad, link) for a in ALL_REDUCE)
+    out["dp"] = (compute_s, best, 8 * params)
+    # ZeRO-1: reduce-scatter + all-gather (the ring's bytes), Adam on 1/n of the parameters
+    zero_comm = reduce_scatter(n, grad, link) + all_gather(n, grad, link)
+    out["dp+zero"] = (compute_s - optimizer_s + optimizer_s / n, zero_comm, 8 * params / n)
+    # DP × TP: t ranks of one node split every layer (Megatron: column- then row-parallel, one
+    # all-reduce of the activations per pair forward and one backward); each replica of t ranks
+    # takes t ranks' samples; the replicas all-reduce their 1/t of the gradient over the network.
+    t = min(tp, n)
+    tp_link = fabric(kind, t)
+    activations = 4 * batch_per_rank * t * max(hidden)
+    tp_comm = 2 * math.ceil(len(hidden) / 2) * min(PREDICT[a](t, activations, tp_link) for a in ALL_REDUCE)
+    replicas = n // t
+    dp_link = fabric(kind, n) if replicas > 1 else tp_link
+    dp_comm = min(PREDICT[a](replicas, grad / t, dp_link) for a in ALL_REDUCE) if replicas > 1 else 0.0
+    out["dp×tp"] = (compute_s, tp_comm + dp_comm, 8 * params / t)
+    return {name: {"compute_s": c, "comm_s": m, "step_s": c + m, "comm_share": m / (c + m),
+                   "efficiency": compute_s / (c + m), "optimizer_state_bytes": mem, "tp": t if name == "dp×tp" else 1}
+            for name, (c, m, mem) in out.items()}
+
+
+def predict(args: argparse.Namespace) -> dict:
+    params = mlp_parameters(args.hidden)
+    ranks = [2 ** k for k in range(1, 11)]
+    rows = []
+    for kind in ("gloo", "nvlink+infiniband"):
+        compute = args.compute_ms * 1e-3 if kind == "gloo" else args.gpu_compute_ms * 1e-3
+        opt = args.optimizer_ms * 1e-3 if kind == "gloo" else args.optimizer_ms * 1e-3 * compute / (
+            args.compute_ms * 1e-3)
+        for n in ranks:
+            for strategy, r in project(kind.split("+")[0], n, params, compute, opt, args.hidden,
+                                       args.batch_per_rank).items():
+                rows.append({"fabric": kind, "ranks": n, "strategy": strategy, **r})
+    validation = []
+    for path in args.validate or []:
+        rec = json.loads(Path(path).read_text())
+        by = {r["variant"]: r for r in rec["results"]}
+        n = rec["world_size"]
+        compute, adam = by["compute only"]["step_us"] * 1e-6, by["adam step alone"]["step_us"] * 1e-6
+        for strategy, variant in (("dp", "dp"), ("dp+zero", "zero")):
+            # the measured computation of this run, plus the model's communication
+            r = project("gloo", n, rec["parameters"], compute, adam, rec["hidden"], rec["batch_per_rank"])[strategy]
+            measured = by[variant]["step_us"] * 1e-6
+            validation.append({"ranks": n, "strategy": strategy, "predicted_s": r["step_s"], "measured_s": measured,
+                               "error_pct": 100 * (r["step_s"] / measured - 1), "source": path})
+    return {"benchmark": "predict", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
+            "model": {"hidden": args.hidden, "parameters": params, "batch_per_rank": args.batch_per_rank,
+                      "compute_ms": args.compute_ms, "gpu_compute_ms": args.gpu_compute_ms,
+                      "optimizer_ms": args.optimizer_ms},
+            "links": {"gloo": {str(w): vars(link) for w, link in fitted_links().items()},
+                      "nvlink": vars(NVLINK), "infiniband": vars(INFINIBAND)},
+            "projections": rows, "validation": validation}
+
+
+def predict_table(record: dict) -> str:
+    strategies = list(dict.fromkeys(r["strategy"] for r in record["projections"]))
+    rows = ["| fabric | ranks | " + " | ".join(f"{s} step ms (comm share, efficiency)" for s in strategies) + " |",
+            "|---|---:|" + "---:|" * len(strategies)]
+    by = {(r["fabric"], r["ranks"], r["strategy"]): r for r in record["projections"]}
+    for fab, n in dict.fromkeys((r["fabric"], r["ranks"]) for r in record["projections"]):
+        if n not in (2, 4, 8, 16, 64, 1024):
+            continue
+        cells = []
+        for s in strategies:
+            r = by[(fab, n, s)]
+            cells.append(f"{r['step_s'] * 1e3:.2f} ({100 * r['comm_share']:.0f}%, {100 * r['efficiency']:.0f}%)")
+        rows.append(f"| {fab} | {n} | " + " | ".join(cells) + " |")
+    m = record["model"]
+    rows.append(f"\nMLP {m['hidden']} ({m['parameters']:,} parameters), {m['batch_per_rank']} samples per rank; "
+                f"computation {m['compute_ms']:.1f} ms per step on this CPU (Adam {m['optimizer_ms']:.1f} ms of it), "
+                f"{m['gpu_compute_ms']} ms assumed on a GPU; "
+                f"{record['date']}: `{record['command']}`")
+    if record["validation"]:
+        rows.append("\n| ranks (gloo, here) | strategy | predicted ms | measured ms | error |")
+        rows.append("|---:|---|---:|---:|---:|")
+        for v in record["validation"]:
+            rows.append(f"| {v['ranks']} | {v['strategy']} | {v['predicted_s'] * 1e3:.2f} "
+                        f"| {v['measured_s'] * 1e3:.2f} | {v['error_pct']:+.0f}% |")
+    return "\n".join(rows)
+
+
+def plot_predict(record: dict, path: str) -> None:
+    from benchmark import pyplot
+
+    plt = pyplot()
+    fabrics = list(dict.fromkeys(r["fabric"] for r in record["projections"]))
+    fig, axes = plt.subplots(1, len(fabrics), figsize=(5 * len(fabrics), 3.4), sharey=True)
+    for ax, fab in zip(axes, fabrics):
+        rows = [r for r in record["projections"] if r["fabric"] == fab]
+        for strategy in dict.fromkeys(r["strategy"] for r in rows):
+            pts = [r for r in rows if r["strategy"] == strategy]
+            ax.plot([r["ranks"] for r in pts], [100 * r["efficiency"] for r in pts], marker="o", label=strategy)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ranks")
+        ax.set_title(fab, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("scaling efficiency (%)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def plot_model(records: list[dict], path: str) -> None:
+    """Model (lines) against measurement (markers): one panel per world size."""
+    from benchmark import pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(records), figsize=(4.2 * len(records), 3.6), sharey=True, squeeze=False)
+    colours = {"ring": "tab:blue", "doubling": "tab:orange", "halving_doubling": "tab:green",
+               "dist.all_reduce": "black"}
+    for ax, record in zip(axes[0], records):
+        n = record["world_size"]
+        link = link_for(n)
+        sizes = sorted({r["bytes"] for r in record["results"]})
+        for algorithm, colour in colours.items():
+            measured = [r for r in record["results"] if r["variant"] == algorithm]
+            ax.plot([r["bytes"] for r in measured], [r["time_us"] for r in measured], "o" if algorithm in PREDICT
+                    else "x", color=colour, label=f"{algorithm} measured")
+            if algorithm in PREDICT:
+                ax.plot(sizes, [PREDICT[algorithm](n, m, link) * 1e6 for m in sizes], "-", color=colour, alpha=0.7,
+                        label=f"{algorithm} model")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes")
+        ax.set_title(f"{n} ranks" + (" (2 cores: oversubscribed)" if n > 2 else ""), fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("µs per all-reduce")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def model_table(record: dict) -> str:
+    """Predicted against measured time of each algorithm, from an allreduce benchmark record."""
+    n, link = record["world_size"], link_for(record["world_size"])
+    rows = ["| size | " + " | ".join(f"{a.replace('_', '-')} model / measured µs" for a in ALL_REDUCE) + " |",
+            "|---:|" + "---:|" * len(ALL_REDUCE)]
+    by = {(r["bytes"], r["variant"]): r for r in record["results"]}
+    for m in sorted({r["bytes"] for r in record["results"]}):
+        size = f"{m >> 20} MiB" if m >= 1 << 20 else f"{m >> 10} KiB"
+        rows.append(f"| {size} | " + " | ".join(f"{PREDICT[a](n, m, link) * 1e6:.0f} / {by[(m, a)]['time_us']:.0f}"
+                                                for a in ALL_REDUCE) + " |")
+    rows.append(f"\n{n} ranks; model: the fit in docs/results/alphabeta_gloo.json for {link.name}; measured: "
+                f"`{record['command']}` ({record['date']})")
+    return "\n".join(rows)
+
+
+RENDERERS = {"alphabeta": fit_table, "model": model_table, "predict": predict_table}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Examples:"):],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    f = sub.add_parser("fit", help="measure point-to-point steps and fit α, β, γ")
+    f.add_argument("--world-sizes", default="2,3,4", help="comma-separated, each at least 2")
+    f.add_argument("--rounds", type=int, default=15)
+    f.add_argument("--json", metavar="PATH", help="write the fit and its residuals here")
+    sub.add_parser("show", help="print the committed fit and the algorithm it chooses per size")
+    pl = sub.add_parser("plot", help="draw the model against allreduce benchmark records (needs matplotlib)")
+    pl.add_argument("records", nargs="+", help="JSON written by distributed.py --bench allreduce")
+    pl.add_argument("--out", required=True, metavar="PNG")
+    pr = sub.add_parser("predict", help="project step time and scaling of DP, DP + ZeRO, DP × TP to 1024 ranks")
+    pr.add_argument("--hidden", default="1024,1024", help="hidden widths of the MLP (32 features in, 10 out)")
+    pr.add_argument("--batch-per-rank", type=int, default=128)
+    pr.add_argument("--compute-ms", type=float,
+                    help="measured computation of one step on one rank here (forward, backward, Adam); "
+                         "default: 'compute only' of the first --validate record")
+    pr.add_argument("--optimizer-ms", type=float,
+                    help="the part of it that is Adam's step; default: 'adam step alone' of that record")
+    pr.add_argument("--gpu-compute-ms", type=float, default=1.0, help="the same step's computation on a GPU")
+    pr.add_argument("--validate", nargs="*", metavar="JSON", help="zero benchmark records to check predictions against")
+    pr.add_argument("--json", metavar="PATH")
+    pr.add_argument("--plot", metavar="PATH", help="scaling efficiency against ranks (needs matplotlib)")
+    args = parser.parse_args(argv)
+    if args.command == "fit":
+        try:
+            sizes = [int(s) for s in args.world_sizes.split(",")]
+        except ValueError:
+            parser.error(f"--world-sizes takes integers separated by commas, got {args.world_sizes!r}")
+        if min(sizes) < 2:
+            parser.error("every world size must be at least 2 (a fit needs a peer)")
+        if args.json:  # fail before minutes of measuring, not after
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        record = fit(sizes, args.rounds)
+        if args.json:
+            Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        print(fit_table(record))
+    elif args.command == "predict":
+        try:
+            args.hidden = [int(h) for h in args.hidden.split(",")]
+        except ValueError:
+            parser.error(f"--hidden takes widths separated by commas, got {args.hidden!r}")
+        if args.compute_ms is None or args.optimizer_ms is None:
+            if not args.validate:
+                parser.error("--compute-ms is needed (or a --validate record to take it from)")
+            first = {r["variant"]: r for r in json.loads(Path(args.validate[0]).read_text())["results"]}
+            if args.compute_ms is None:
+                args.compute_ms = first["compute only"]["step_us"] / 1e3
+            if args.optimizer_ms is None:
+                args.optimizer_ms = first["adam step alone"]["step_us"] / 1e3
+        if args.plot:
+            from benchmark import pyplot
+
+            pyplot()  # matplotlib missing: say so before anything is computed
+        record = predict(args)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        if args.plot:
+            plot_predict(record, args.plot)
+        print(predict_table(record))
+    elif args.command == "plot":
+        plot_model([json.loads(Path(p).read_text()) for p in args.records], args.out)
+    elif args.command == "show":
+        if not FIT_PATH.exists():
+            raise SystemExit(f"{FIT_PATH.relative_to(ROOT)} is missing; run the fit command in this module's help")
+        record = json.loads(FIT_PATH.read_text())
+        print(fit_table(record))
+        for w in sorted(fitted_links()):
+            print(f"{w} ranks: " + ", ".join(f"{s >> 10} KiB→{choose(w, s, link_for(w))}" for s in SIZES))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""ZeRO stage 1: Adam whose state is sharded over the ranks (Rajbhandari et al., 2020).
+
+Plain data parallelism keeps a full copy of Adam's two moments on every rank: 8 bytes per
+float32 parameter, n times over. Here the parameters are seen as one flat vector, padded to
+a multiple of n and cut into n equal shards; rank r keeps Adam's state for shard r only:
+
+  1. reduce-scatter the flat gradient: rank r receives the sum of shard r (ring, n − 1 steps);
+  2. rank r runs Adam on shard r of the parameters, with its shard of the moments;
+  3. all-gather the updated shards: every rank has every parameter again (n − 1 steps).
+
+Steps 1 and 3 move exactly the bytes of one ring all-reduce, so the communication is the
+same as plain data parallelism; the optimiser's memory and work fall as 1/n. Adam is
+elementwise, so each element gets the update it would get unsharded.
+
+``state_dict()`` gathers the shards into torch.optim.Adam's own format (one entry per
+parameter) and ``load_state_dict()`` takes that format and keeps its shard: checkpoints are
+full and interchangeable with unsharded runs. Both are collective: every rank calls them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parallel.ring import ring_all_gather, ring_reduce_scatter
+
+
+class ZeroAdam:
+    """torch.optim.Adam over ``params``, its state sharded over the ranks of ``group``."""
+
+    def __init__(self, params, lr: float = 1e-3, group: dist.ProcessGroup | None = None, **adam_kwargs) -> None:
+        self.params: list[nn.Parameter] = [p for p in params if p.requires_grad]
+        if not self.params:
+            raise ValueError("ZeroAdam needs at least one parameter that requires grad")
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) != 1 or {p.device for p in self.params} != {self.params[0].device}:
+            raise ValueError(f"ZeroAdam needs parameters of one dtype on one device, got {sorted(map(str, dtypes))}")
+        self.group, self.adam_kwargs = group, {"lr": lr, **adam_kwargs}
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard_numel = -(-self.numel // self.size)  # padded: every shard the same size
+        ref = self.params[0]
+        self.flat_grad = torch.zeros(self.shard_numel * self.size, dtype=ref.dtype, device=ref.device)
+        self.lo = self.rank * self.shard_numel
+        self.shard = nn.Parameter(torch.zeros(self.shard_numel, dtype=ref.dtype, device=ref.device))
+        self.opt = torch.optim.Adam([self.shard], **self.adam_kwargs)
+        self.param_groups = self.opt.param_groups  # lr schedulers and the trainer read these
+        self.comm_s = 0.0
+
+    def _views(self, flat: torch.Tensor):
+        """(parameter, its part of ``flat``) for every parameter, in order."""
+        offset = 0
+        for p in self.params:
+            yield p, flat[offset: offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, part in self._views(self.flat_grad):  # a parameter with no gradient contributes zeros
+            part.copy_(p.grad) if p.grad is not None else part.zero_()
+        start = time.perf_counter()
+        grad = ring_reduce_scatter(self.flat_grad, "sum", self.group, check=False)
+        self.comm_s += time.perf_counter() - start
+        # The shard's values are the parameters' (they may have been loaded or broadcast since).
+        full = self.flat_grad  # reused as the gather source: the gradient is no longer needed
+        for p, part in self._views(full):
+            part.copy_(p)
+        full[self.numel:].zero_()
+        self.shard.copy_(full[self.lo: self.lo + self.shard_numel])
+        self.shard.grad = grad
+        self.opt.step()
+        start = time.perf_counter()
+        gathered = ring_all_gather(self.shard.detach(), self.group, check=False)
+        self.comm_s += time.perf_counter() - start
+        for p, part in self._views(gathered):
+            p.copy_(part)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def state_bytes(self) -> int:
+        """Bytes of optimiser state this rank holds (Adam's moments and step counter)."""
+        return sum(v.numel() * v.element_size() for s in self.opt.state.values() for v in s.values()
+                   if isinstance(v, torch.Tensor))
+
+    # -- checkpoints in torch.optim.Adam's own format -------------------------------------
+
+    def _unsharded(self) -> torch.optim.Adam:
+        """A plain Adam over the real parameters, carrying the same hyperparameters."""
+        full = torch.optim.Adam(self.params, **self.adam_kwargs)
+        for key, value in self.opt.param_groups[0].items():
+            if key != "params":
+                full.param_groups[0][key] = value
+        return full
+
+    @torch.no_grad()
+    def state_dict(self) -> dict:
+        """The full state, as torch.optim.Adam over the same parameters would save it (collective)."""
+        full = self._unsharded()
+        state = self.opt.state.get(self.shard)
+        if state:
+            moments = {k: ring_all_gather(state[k], self.group, check=False) for k in ("exp_avg", "exp_avg_sq")}
+            parts = {k: [part for _, part in self._views(flat)] for k, flat in moments.items()}
+            for i, p in enumerate(self.params):
+                full.state[p] = {"step": state["step"].clone(), **{k: v[i].clone() for k, v in parts.items()}}
+        return full.state_dict()
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a full Adam state (ours or a plain Adam's); this rank keeps its shard."""
+        full = self._unsharded()
+        full.load_state_dict(state_dict)  # checks the parameter groups' sizes, casts to our dtype
+        for key, value in full.param_groups[0].items():
+            if key != "params":
+                self.opt.param_groups[0][key] = value
+        self.opt.state.clear()
+        states = [full.state.get(p) for p in self.params]
+        if not any(states):
+            return
+        if not all(states):
+            raise ValueError("the checkpoint holds Adam state for some parameters only")
+        shard = {}
+        for k in ("exp_avg", "exp_avg_sq"):
+            flat = torch.zeros_like(self.flat_grad)
+            for (_, part), s in zip(self._views(flat), states):
+                part.copy_(s[k])
+            shard[k] = flat[self.lo: self.lo + self.shard_numel].clone()
+        steps = {float(s["step"]) for s in states}
+        if len(steps) != 1:
+            raise ValueError(f"the checkpoint's parameters were stepped different numbers of times: {sorted(steps)}")
+        self.opt.state[self.shard] = {"step": states[0]["step"].clone(), **shard}

@@ -1,0 +1,214 @@
+"""Doubling and halving-doubling all-reduce, the choice by size, the cost model.
+
+Functions that run inside the ranks are top-level, so the spawned processes can import them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from parallel import costmodel
+from parallel.collectives import ALGORITHMS, RingError, all_reduce, choose
+from parallel.launch import launch
+from parallel.trainer import Config, train
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+NUMELS = [0, 1, 3, 7, 1000, 12345]
+DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16)
+
+
+def collective_cases(big: int) -> list:
+    """Every algorithm, size, dtype and op against dist.all_reduce on the same inputs."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = []
+    for algorithm in ALGORITHMS:
+        for numel in NUMELS + ([big] if big and algorithm != "ring" else []):
+            for dtype in DTYPES if numel != big else (torch.float32,):
+                for op in ("sum", "avg") if dtype.is_floating_point else ("sum",):
+                    g = torch.Generator().manual_seed(7919 * rank + numel)
+                    t = (torch.randn(numel, generator=g) * 100).to(dtype)
+                    expected = t.clone()
+                    dist.all_reduce(expected)
+                    if op == "avg":
+                        expected /= n
+                    all_reduce(t, op, algorithm, check=(numel != big))
+                    out.append((algorithm, numel, str(dtype), op, t, expected))
+    # a non-contiguous tensor is reduced through a contiguous copy and written back in place
+    for algorithm in ("doubling", "halving_doubling"):
+        base = torch.arange(12.0).reshape(3, 4) * (rank + 1)
+        all_reduce(base.t(), algorithm=algorithm)
+        out.append((algorithm, "t()", "float32", "sum", base, torch.arange(12.0).reshape(3, 4) * n * (n + 1) / 2))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+def test_every_algorithm_matches_dist_all_reduce_and_is_identical_on_every_rank(world_size):
+    big = 2_000_003 if world_size == 3 else 0  # a few million elements once (3: the fold-in path)
+    results = launch(collective_cases, world_size, (big,), deadline_s=240)
+    for case in range(len(results[0])):
+        algorithm, numel, dtype, op, got, expected = results[0][case]
+        what = f"{algorithm} {numel} {dtype} {op}"
+        if dtype.endswith("int64"):
+            assert torch.equal(got, expected), what
+        elif dtype.endswith("bfloat16"):  # 8 bits of mantissa; the order of the additions shows
+            torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=4.0, msg=what)
+        else:
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-3, msg=what)
+        for other in results[1:]:  # bit-identical across ranks
+            assert other[case][4].view(-1).view(torch.uint8).numpy().tobytes() == \
+                got.view(-1).view(torch.uint8).numpy().tobytes(), what
+
+
+def nan_payloads() -> list[bytes]:
+    """Each rank's NaN carries its own payload: which payload survives a + b depends on the
+    order of the operands, so this shows whether every rank computed the same expression."""
+    rank, out = dist.get_rank(), []
+    for algorithm in ("doubling", "halving_doubling"):
+        t = torch.tensor([0.5, -0.0, 1.0, 3.0], dtype=torch.float32)
+        t.view(torch.int32)[0] = 0x7FC00000 + rank + 1   # a quiet NaN, payload rank + 1
+        if rank % 2:
+            t.view(torch.int32)[2] = 0x7FC00000 + 16 * (rank + 1)
+        all_reduce(t, algorithm=algorithm)
+        out.append(t.numpy().tobytes())
+    return out
+
+
+def mismatched_calls() -> list[str]:
+    rank, out = dist.get_rank(), []
+    for algorithm in ("doubling", "halving_doubling"):  # after a RingError the ranks are still in step
+        try:
+            all_reduce(torch.zeros(10 + rank), algorithm=algorithm)
+            out.append("no error")
+        except RingError as e:
+            out.append(str(e))
+    return out
+
+
+def edge_cases() -> tuple[list[bytes], list[str]]:
+    return nan_payloads(), mismatched_calls()
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_nan_payloads_identical_on_every_rank_and_disagreeing_ranks_all_get_a_clear_error(world_size):
+    results = launch(edge_cases, world_size, deadline_s=60)
+    for i, algorithm in enumerate(("doubling", "halving_doubling")):
+        assert all(r[0][i] == results[0][0][i] for r in results), algorithm
+        values = torch.frombuffer(bytearray(results[0][0][i]), dtype=torch.float32)
+        assert math.isnan(values[0]) and values[1].item() == 0.0 and math.copysign(1, values[1].item()) == -1
+        for _, messages in results:
+            assert "ranks passed different tensors or ops" in messages[i], algorithm
+            assert f"rank {world_size - 1}: numel {9 + world_size}" in messages[i], algorithm
+
+
+def test_argument_errors_need_no_process_group():
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        all_reduce(torch.zeros(3), algorithm="tree")
+    with pytest.raises(ValueError, match="op must be one of"):
+        all_reduce(torch.zeros(3), "max")
+    with pytest.raises(TypeError, match="op 'avg' needs a floating-point tensor"):
+        all_reduce(torch.zeros(3, dtype=torch.int64), "avg")
+    with pytest.raises(TypeError, match="needs a torch.Tensor"):
+        all_reduce([1.0])
+
+
+# ---------------------------------------------------------------------------
+# The cost model and the choice by size
+# ---------------------------------------------------------------------------
+
+def test_model_formulas():
+    link = costmodel.Link(alpha=1.0, beta=0.01, gamma=0.0)
+    n, nbytes = 4, 800
+    assert costmodel.ring(n, nbytes, link) == pytest.approx(2 * 3 * 1.0 + 2 * 3 / 4 * 800 * 0.01)
+    assert costmodel.doubling(n, nbytes, link) == pytest.approx(2 * (1.0 + 8))
+    assert costmodel.halving_doubling(n, nbytes, link) == pytest.approx(4 * 1.0 + 2 * 3 / 4 * 8)
+    # 5 ranks: the power of two below is 4, and the extra rank costs a hand-in and a hand-back
+    assert costmodel.doubling(5, nbytes, link) == pytest.approx(2 * 9 + 2 * 9)
+    assert costmodel.ring(1, nbytes, link) == costmodel.doubling(1, nbytes, link) == 0
+
+
+def test_choice_follows_the_model():
+    latency_bound = costmodel.Link(alpha=100e-6, beta=1e-9)
+    assert costmodel.choose(4, 4096, latency_bound) == "doubling"
+    # with a fold-in, halving-doubling moves 2N more bytes than the ring: large tensors go round the ring
+    assert costmodel.choose(3, 64 << 20, latency_bound) == "ring"
+    assert costmodel.choose(4, 64 << 20, latency_bound) == "halving_doubling"
+    for n in (2, 3, 4, 5):
+        for nbytes in costmodel.SIZES:
+            assert choose(nbytes // 4, 4, n) == costmodel.choose(n, nbytes, costmodel.link_for(n))
+    assert choose(10, 4, 1) == "ring"
+
+
+def test_fit_recovers_a_line():
+    points = [(m, 50e-6 + 2e-9 * m) for m in costmodel.SIZES]
+    alpha, beta = costmodel.fit_line(points)
+    assert alpha == pytest.approx(50e-6, rel=1e-6) and beta == pytest.approx(2e-9, rel=1e-6)
+
+
+def test_committed_fit_is_read():
+    links = costmodel.fitted_links()
+    assert {2, 3, 4} <= set(links), "docs/results/alphabeta_gloo.json lacks world sizes 2-4"
+    assert all(link.alpha > 0 and link.beta > 0 for link in links.values())
+
+
+# ---------------------------------------------------------------------------
+# ZeRO stage 1
+# ---------------------------------------------------------------------------
+
+QUICK = {"epochs": 2, "batch_size": 60, "hidden": (16,), "train_limit": 600, "return_state": True, "timeout": 60}
+
+
+def assert_close_runs(a: dict, b: dict) -> None:
+    for x, y in zip(a["epochs"], b["epochs"], strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+        assert x["accuracy"] == y["accuracy"]
+    assert a["final_accuracy"] == b["final_accuracy"]
+    for k in a["state"]:
+        torch.testing.assert_close(a["state"][k], b["state"][k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])  # 3: 698 parameters do not split evenly, the shards are padded
+def test_zero_trains_like_plain_data_parallelism(world_size):
+    plain = launch(train, world_size, (Config(world_size=world_size, **QUICK),), deadline_s=240)
+    zero = launch(train, world_size, (Config(world_size=world_size, zero=True, **QUICK),), deadline_s=240)
+    for r in zero[1:]:  # every rank ends with the same weights
+        for k in r["state"]:
+            assert torch.equal(r["state"][k], zero[0]["state"][k]), k
+    assert_close_runs(zero[0], plain[0])
+
+
+def zero_state_bytes() -> tuple[int, int]:
+    from parallel.zero import ZeroAdam
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(100, 10)  # 1010 parameters
+    opt = ZeroAdam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 100)).sum().backward()
+    opt.step()
+    return opt.state_bytes(), opt.shard_numel
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero_optimizer_state_falls_as_one_over_world_size(world_size):
+    for state_bytes, shard in launch(zero_state_bytes, world_size, deadline_s=60):
+        assert shard == -(-1010 // world_size)
+        assert state_bytes == 2 * 4 * shard + 4  # two float32 moments of the shard, and the step counter
+
+
+@pytest.mark.slow
+def test_zero_and_plain_checkpoints_are_interchangeable(tmp_path):
+    three = {**QUICK, "epochs": 3}
+    straight = launch(train, 2, (Config(**three),), deadline_s=240)[0]
+    for first, then in ((True, False), (False, True)):
+        ckpt = str(tmp_path / f"from_{'zero' if first else 'plain'}.pt")
+        launch(train, 2, (Config(checkpoint=ckpt, zero=first, **{**QUICK, "epochs": 1}),), deadline_s=240)
+        state = torch.load(ckpt, weights_only=True)
+        # torch.optim.Adam's own format: one entry per parameter, of the parameter's full shape
+        assert [tuple(s["exp_avg"].shape) for s in state["optimizer"]["state"].values()] == \
+            [tuple(v.shape) for v in state["model"].values()]
+        resumed = launch(train, 2, (Config(checkpoint=ckpt, resume=True, zero=then, **three),), deadline_s=240)[0]
+        assert_close_runs(resumed, straight)

@@ -1,0 +1,167 @@
+"""Tensor parallelism (chapter 6): the ring all-gather and reduce-scatter, the autograd pieces,
+the sharded layers against the unsharded MLP, training with --tp, checkpoints across tp sizes.
+
+Functions that run inside the ranks are top-level, so the spawned processes can import them.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from parallel.launch import launch
+from parallel.ring import RingError, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+
+# ---------------------------------------------------------------------------
+# The collectives
+# ---------------------------------------------------------------------------
+
+ROWS = [0, 1, 3, 7, 64]
+
+
+def _data(rank: int, rows: int, dtype: torch.dtype, trailing: tuple = (3,)) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * rank + rows)
+    return (torch.randn(rows, *trailing, generator=g) * 1000).to(dtype)
+
+
+def collective_cases() -> list:
+    """Every case's (name, ours, reference, exact?) on this rank; small segments, so the
+    wavefront runs with many pieces per chunk."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = []
+    with warnings.catch_warnings():  # torch 2.13 calls both torch functions deprecated, and runs them
+        warnings.simplefilter("ignore", FutureWarning)
+        for dtype in (torch.float32, torch.float64):
+            for rows in ROWS:
+                for op in ("sum", "avg"):
+                    t = _data(rank, rows, dtype)
+                    before = t.clone()
+                    mine = ring_reduce_scatter(t, op, segment_bytes=64)
+                    assert torch.equal(t, before), "reduce-scatter changed its input"
+                    if rows % n == 0:  # gloo's own reduce_scatter_tensor takes equal parts only
+                        ref = torch.empty(rows // n, 3, dtype=dtype)
+                        dist.reduce_scatter_tensor(ref, t.clone())
+                    else:  # uneven: the reference is the chunk of a sum of every rank's input
+                        ref = sum(_data(r, rows, dtype) for r in range(n))
+                        ref = torch.tensor_split(ref, n)[rank]
+                    if op == "avg":
+                        ref = ref / n
+                    out.append((f"reduce_scatter {op} rows={rows} {dtype}", mine, ref, False))
+                    # the all-reduce is built from the same steps: for a 1-d tensor (the same
+                    # chunks) its chunk is the reduce-scatter's result, bit for bit
+                    whole = ring_all_reduce(t.reshape(-1).clone(), op, segment_bytes=64)
+                    out.append((f"all_reduce chunk {op} rows={rows} {dtype}",
+                                ring_reduce_scatter(t.reshape(-1), op, segment_bytes=64),
+                                torch.tensor_split(whole, n)[rank], True))
+                # all-gather of uneven parts: rank r passes rows + r rows
+                part = _data(rank, rows + rank, dtype)
+                got = ring_all_gather(part, segment_bytes=64)
+                out.append((f"all_gather uneven rows={rows} {dtype}", got,
+                            torch.cat([_data(r, rows + r, dtype) for r in range(n)]), True))
+                even = _data(rank, rows, dtype)
+                ref = torch.empty(rows * n, 3, dtype=dtype)
+                dist.all_gather_into_tensor(ref, even)
+                out.append((f"all_gather even rows={rows} {dtype}", ring_all_gather(even, segment_bytes=64),
+                            ref, True))
+        # 1-d tensors split by elements, including fewer elements than ranks; a 0-d tensor
+        for numel in (1, 7):
+            t = _data(rank, numel, torch.float64, ())
+            ref = torch.tensor_split(sum(_data(r, numel, torch.float64, ()) for r in range(n)), n)[rank]
+            out.append((f"reduce_scatter 1-d numel={numel}", ring_reduce_scatter(t), ref, False))
+        scalar = torch.tensor(float(rank) + 0.5)
+        out.append(("all_gather 0-d", ring_all_gather(scalar), torch.arange(n, dtype=torch.float32) + 0.5, True))
+        # a non-contiguous input
+        base = _data(rank, 6, torch.float32, (4,)).t()
+        ref = torch.cat([_data(r, 6, torch.float32, (4,)).t() for r in range(n)])
+        out.append(("all_gather non-contiguous", ring_all_gather(base), ref, True))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_ring_all_gather_and_reduce_scatter_match_torch_and_agree_across_ranks(world_size):
+    results = launch(collective_cases, world_size, deadline_s=180)
+    for case, (name, mine, _ref, exact) in enumerate(results[0]):
+        for rank, cases in enumerate(results):
+            got, expected = cases[case][1], cases[case][2]
+            assert got.shape == expected.shape and got.dtype == expected.dtype, (name, rank)
+            if exact:
+                assert torch.equal(got, expected), (name, rank)
+            else:  # our ring adds in another order than gloo: equal up to rounding
+                tol = 1e-12 if got.dtype == torch.float64 else 1e-5
+                torch.testing.assert_close(got, expected, rtol=tol, atol=tol * 1e4, msg=f"{name} rank {rank}")
+        if name.startswith("all_gather"):  # bit-identical on every rank
+            for cases in results[1:]:
+                assert cases[case][1].numpy().tobytes() == mine.numpy().tobytes(), name
+
+
+def disagreeing_call(kind: str) -> str:
+    rank = dist.get_rank()
+    try:
+        if kind == "gather-trailing":
+            ring_all_gather(torch.zeros(2, 3 + rank))
+        elif kind == "gather-dtype":
+            ring_all_gather(torch.zeros(2, dtype=[torch.float32, torch.float64][rank % 2]))
+        elif kind == "scatter-shape":
+            ring_reduce_scatter(torch.zeros(4 + rank, 2))
+        elif kind == "scatter-op":
+            ring_reduce_scatter(torch.zeros(4), ["sum", "avg"][rank % 2])
+        else:  # different collectives
+            ring_all_gather(torch.zeros(4)) if rank == 0 else ring_reduce_scatter(torch.zeros(4))
+    except RingError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("gather-trailing", ["ring_all_gather: ranks passed different shapes", "rank 0: numel 6, shape (2, 3)",
+                         "rank 1: numel 8, shape (2, 4)"]),
+    ("gather-dtype", ["ring_all_gather: ranks passed different shapes", "float32", "float64"]),
+    ("scatter-shape", ["ring_reduce_scatter: ranks passed different tensors or ops", "shape (4, 2)",
+                       "shape (5, 2)"]),
+    ("scatter-op", ["op sum", "op avg"]),
+    ("kinds", ["ranks passed different", "numel 4, shape (4), float32"]),
+])
+def test_ranks_that_disagree_all_get_the_same_clear_error(kind, expected):
+    messages = launch(disagreeing_call, 2, (kind,), deadline_s=60)
+    assert messages[0] != "no error"
+    for m in messages:
+        for text in expected:
+            assert text in m, (text, m)
+    if kind == "kinds":  # each rank names the collective the other one called
+        assert "rank 1: reduce_scatter, numel 4" in messages[0] and "rank 0: all_gather, numel 4" in messages[1]
+    else:
+        assert messages[0] == messages[1]
+
+
+def test_collective_argument_errors_need_no_process_group():
+    with pytest.raises(TypeError, match="ring_all_gather needs a torch.Tensor"):
+        ring_all_gather([1.0])
+    with pytest.raises(ValueError, match="op must be one of"):
+        ring_reduce_scatter(torch.zeros(2), "max")
+    with pytest.raises(TypeError, match="op 'avg' needs a floating-point tensor"):
+        ring_reduce_scatter(torch.zeros(2, dtype=torch.int64), "avg")
+
+
+def subgroup_case() -> list:
+    """Two groups of two in a world of four: each group gathers and reduces only its own."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = groups[rank // 2]
+    x = torch.full((2,), float(rank))
+    return [ring_all_gather(x, mine), ring_reduce_scatter(torch.arange(4.0) + rank, group=mine)]
+
+
+def test_collectives_on_a_subgroup():
+    results = launch(subgroup_case, 4, deadline_s=120)
+    assert torch.equal(results[0][0], torch.tensor([0.0, 0, 1, 1])) and torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[3][0], torch.tensor([2.0, 2, 3, 3]))
+    # group {2, 3}: (0..3 + 2) + (0..3 + 3) = 2·(0..3) + 5, split in two
+    assert torch.equal(results[2][1], torch.tensor([5.0, 7])) and torch.equal(results[3][1], torch.tensor([9.0, 11]))
+    # group {0, 1}: 2·(0..3) + 1
+    assert torch.equal(results[0][1], torch.tensor([1.0, 3])) and torch.equal(results[1][1], torch.tensor([5.0, 7]))
