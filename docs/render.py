@@ -31,7 +31,8 @@ def renderers() -> dict[str, Callable[[dict], str]]:
     import benchmark
     from parallel import bench, trainer
 
-    return {"table": benchmark.table, "roofline": benchmark.roofline_table, "run": trainer.table, **bench.RENDERERS}
+    return {"table": benchmark.table, "roofline": benchmark.roofline_table, "sweep": benchmark.sweep_table,
+            "run": trainer.table, **bench.RENDERERS}
 
 
 def render(text: str) -> str:
