@@ -701,6 +701,9 @@ def main(argv: list[str] | None = None) -> int:
     # A float32 benchmark means float32 GEMMs: TF32 would make the reference 8x faster and less exact.
     torch.backends.cuda.matmul.allow_tf32 = False
 
+    print(f"timing {', '.join(['reference', *(['compile'] if args.compile or args.sweep else []), *loaded])} "
+          + ("over the sweep's shapes..." if args.sweep else "at B={} I={} O={}...".format(*shape)),
+          file=sys.stderr, flush=True)
     if args.sweep:
         min_rounds = args.rounds if isinstance(args.rounds, int) else 10
         record = run_sweep(["reference", "compile", *loaded], SWEEP, args.device, dtype, min_rounds,

@@ -24,6 +24,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,6 +83,8 @@ def positive(kind: type = float, allow_zero: bool = False) -> Callable[[str], fl
             raise argparse.ArgumentTypeError(
                 f"expected a {'number' if kind is float else 'whole number'}, got {text!r}") from None
         if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            if kind is int:
+                raise argparse.ArgumentTypeError(f"must be at least {0 if allow_zero else 1}, got {text!r}")
             raise argparse.ArgumentTypeError(f"must be a finite number {'>= 0' if allow_zero else '> 0'}, got {text!r}")
         return value
 
@@ -92,9 +95,9 @@ def positive(kind: type = float, allow_zero: bool = False) -> Callable[[str], fl
 def check_output(path: str | None, flag: str) -> Path | None:
     """Before any work: ``path`` can be written as a file. Returns it as a Path (or None).
 
-    Refuses a directory, a folder that does not exist (it is not created) and a place this
-    process cannot create a file in. The check creates and removes a probe only where the
-    file does not exist yet; an existing file is opened for appending and left unchanged.
+    Refuses a directory, a folder that does not exist (it is not created) and a folder this
+    process cannot create a file in (tested with a probe file, created and removed at once);
+    an existing file is opened for appending and left unchanged.
     """
     if path is None:
         return None
@@ -110,10 +113,10 @@ def check_output(path: str | None, flag: str) -> Path | None:
         if p.exists():
             with open(p, "ab"):
                 pass
-        else:
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        else:  # a probe of our own name: processes checking the same path at once do not collide
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".probe")
             os.close(fd)
-            os.unlink(p)
+            os.unlink(probe)
     except OSError as e:
         raise UserError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
     return p
