@@ -35,6 +35,9 @@ Examples:
 
 from __future__ import annotations
 
+import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is one line too
+
+# isort: split
 import argparse
 import datetime
 import json
@@ -51,7 +54,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import cli
 import modes
 
 # ---------------------------------------------------------------------------

@@ -28,7 +28,20 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+# torch is imported only where it is needed: the scripts import this module before torch, so
+# that a Ctrl-C during their imports (importing torch takes seconds) is one line too.
+_excepthook = sys.excepthook
+
+
+def _interrupted_hook(kind, value, tb) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        # Python then ends the process by SIGINT itself (status 130 in a shell).
+        print(f"\n{_prog()}: interrupted", file=sys.stderr)
+    else:
+        _excepthook(kind, value, tb)
+
+
+sys.excepthook = _interrupted_hook
 
 
 class UserError(Exception):
@@ -44,6 +57,8 @@ def _prog() -> str:
 
 
 def _out_of_memory(e: BaseException) -> bool:
+    import torch
+
     return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
         isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
 
@@ -136,6 +151,8 @@ def need_matplotlib(flag: str = "--plot") -> None:
 def available_memory(device: str = "cpu") -> int | None:
     """Bytes that can be allocated now on the device, or None if unknown."""
     if device.startswith("cuda"):
+        import torch
+
         return torch.cuda.mem_get_info(torch.device(device))[0]
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -24,6 +24,9 @@ docs/README.md.
 
 from __future__ import annotations
 
+import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is one line too
+
+# isort: split
 import argparse
 import json
 import os
@@ -32,7 +35,6 @@ from pathlib import Path
 
 import torch
 
-import cli
 import modes
 from parallel.data import DataError
 from parallel.launch import LaunchError, launch, run_in_process_group

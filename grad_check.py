@@ -19,6 +19,9 @@ Examples:
 
 from __future__ import annotations
 
+import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is one line too
+
+# isort: split
 import argparse
 import sys
 from dataclasses import dataclass
@@ -26,7 +29,6 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-import cli
 import modes
 from benchmark import check_stages
 

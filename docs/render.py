@@ -6,6 +6,10 @@ A chapter marks where a table goes:
     ...generated, do not edit...
     <!-- end table -->
 
+Kinds: table (benchmark.py), roofline (benchmark.py --roofline), sweep (benchmark.py --sweep),
+run (distributed.py), allreduce and step (distributed.py --bench). docs/README.md lists the
+command that writes each file.
+
 Examples:
   python docs/render.py            # rewrite every table
   python docs/render.py --check    # exit 1 if a table is out of date (CI runs this)
@@ -72,4 +76,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import cli
+
+    cli.run(main)
