@@ -2,7 +2,8 @@
 
 The reference is torch.sigmoid(F.linear(x, W, b)) in eager mode (``--compile`` adds the same
 under torch.compile). All variants are timed in one run, interleaved round by round (the order
-rotates), so drift (clocks, other processes) hits them alike. Three things are timed for each
+rotates), so drift (clocks, other processes) hits them alike. The weights have nn.Linear's
+scale (see _inputs), so the sigmoid works where a trained layer's does. Three things are timed for each
 variant: the forward with autograd recording (as in training); the backward alone, replayed on
 a retained graph; and fwd+bwd, one call that runs the forward and then the backward, as a
 training step does. CPU: torch.utils.benchmark.Timer, each sample averaging enough calls to last
@@ -275,9 +276,15 @@ def check_stages(selected: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def _inputs(batch: int, in_f: int, out_f: int, device: str, dtype: torch.dtype, seed: int):
+    """x ~ N(0, 1); weight and bias ~ N(0, 1/I), the scale of nn.Linear's initialisation, so that
+    x Wᵀ + b ~ N(0, 1) as in a working layer. Unscaled N(0, 1) weights would give pre-activations
+    of standard deviation √I (64 at I = 4096): the sigmoid saturates, its gradient underflows to
+    subnormal numbers, and a GEMM over those runs about twice as slowly (measured here), which
+    is a property of the data, not of the code being compared."""
     gen = torch.Generator().manual_seed(seed)
-    tensors = [torch.randn(s, generator=gen, dtype=dtype).to(device).requires_grad_()
-               for s in ((batch, in_f), (out_f, in_f), (out_f,))]
+    scale = (1.0, in_f ** -0.5, in_f ** -0.5)
+    tensors = [(torch.randn(s, generator=gen, dtype=dtype) * k).to(device).requires_grad_()
+               for s, k in zip(((batch, in_f), (out_f, in_f), (out_f,)), scale)]
     grad_out = torch.randn(batch, out_f, generator=gen, dtype=dtype).to(device)
     return tensors, grad_out
 
@@ -522,9 +529,8 @@ def roofline(stages: Sequence[str], batch: int, in_f: int, out_f: int, device: s
     dname = str(dtype).removeprefix("torch.")
     peak_tflops = peak_tflops or (known[dname] if known else None)
     peak_gbs = peak_gbs or (known["gbs"] if known else None)
-    gen = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(s, generator=gen, dtype=dtype).to(device) for s in ((batch, in_f), (out_f, in_f), (out_f,)))
-    g = torch.randn(batch, out_f, generator=gen, dtype=dtype).to(device)
+    (x, w, b), g = _inputs(batch, in_f, out_f, device, dtype, 0)
+    x, w, b = (t.detach() for t in (x, w, b))
     y = torch.sigmoid(F.linear(x, w, b))
     flops, nbytes = 2 * batch * in_f * out_f, (3 * batch * out_f + out_f) * x.element_size()
     kernels = {"reference: addmm + sigmoid": (lambda: torch.sigmoid(F.linear(x, w, b)), "flops"),
