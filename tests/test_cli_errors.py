@@ -444,6 +444,16 @@ def test_benchmark_record_is_consistent_with_its_samples(tmp_path):
     assert "fwd+bwd / reference (95% CI)" in result.stdout
 
 
+def test_benchmark_inputs_keep_the_sigmoid_out_of_saturation():
+    """Unscaled weights put subnormal numbers into the backward GEMMs at large I (slow for a
+    reason that has nothing to do with the code compared); the inputs have nn.Linear's scale."""
+    (x, w, b), _ = benchmark._inputs(256, 4096, 256, "cpu", torch.float32, 0)
+    z = torch.nn.functional.linear(x, w, b).detach()
+    assert 0.8 < z.std().item() < 1.2
+    y = torch.sigmoid(z)
+    assert (y * (1 - y)).min().item() > torch.finfo(torch.float32).tiny  # no subnormal gradients
+
+
 def test_rounds_auto_adds_rounds_within_the_budget():
     record = benchmark.run(["reference", "py"], 4, 4, 4, rounds=10, auto=True, ci_target=1e-9, budget_s=1.0)
     assert record["rounds"] > 10  # the target cannot be met: rounds were added until the budget ran out
