@@ -650,7 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the reference")
     parser.add_argument("--rounds", type=rounds_arg, default=None,
-                        help="interleaved samples per variant, or auto (default 20; with --sweep, auto)")
+                        help="interleaved samples per variant, or auto (default 20); with --sweep, the least "
+                             "per point (default 10), more added as with auto")
     parser.add_argument("--ci-target", type=cli.positive(float), default=0.02,
                         help="--rounds auto: stop when every ratio's interval is within ±this fraction (0.02)")
     parser.add_argument("--budget", type=cli.positive(float), default=None,
