@@ -4,27 +4,40 @@ For every mode: torch.autograd.gradcheck in float64 (the stage's backward agains
 differences of its own forward), then the float32 output and gradients against the torch
 reference. One line per check; the exit status is 0 only if every check passed.
 
+gradcheck's cost grows with the number of inputs times the number of outputs (it builds the
+whole Jacobian, numerically and analytically): the script estimates it from the sizes, warns
+above GRADCHECK_WARN_S seconds and refuses above GRADCHECK_MAX_S, suggesting smaller sizes or
+--fast-gradcheck (torch's fast mode: the Jacobian times random vectors, not the whole matrix).
+
 Examples:
   python grad_check.py py
   python grad_check.py all                      # every mode that works here
   python grad_check.py cpp -b 64 -i 128 -o 32 --no-bias
+  python grad_check.py cpp -b 512 -i 256 -o 128 --fast-gradcheck
   python grad_check.py cuda --device cuda
   python grad_check.py cuda --emulate --kernel 3   # stage 3's kernels on the CPU (cuda/emulated.py)
 """
 
 from __future__ import annotations
 
+import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is one line too
+
+# isort: split
 import argparse
 import sys
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.gradcheck import GradcheckError
 
 import modes
+from benchmark import check_stages
 
 # float32 results differ from the reference only by rounding in the reductions. A check
 # passes when |actual − reference| ≤ ATOL·max(1, max|reference|) + RTOL·|reference|.
 RTOL, ATOL = 1e-4, 1e-5
+# Seconds of estimated gradcheck time above which the script warns, and refuses.
+GRADCHECK_WARN_S, GRADCHECK_MAX_S = 10.0, 120.0
 
 
 @dataclass
@@ -47,8 +60,27 @@ def compare(actual: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
     return bool((err <= allowed).all()), f"max |err| {worst:.2e} (rtol {RTOL:g}, atol {ATOL:g}·scale)"
 
 
+def gradcheck_cost(batch: int, in_f: int, out_f: int, bias: bool = True, fast: bool = False) -> tuple[float, int]:
+    """(seconds, bytes) that gradcheck will roughly need at these sizes, in float64.
+
+    Slow mode perturbs every input element (two forward calls each) and backpropagates every
+    output element (one backward call each), and holds both Jacobians, inputs × outputs.
+    The constants (100 µs a call, 0.1 µs a Jacobian entry, 1 GFLOP/s) are deliberately slow
+    ones for a small CPU: the estimate is there to catch minutes, not to predict seconds.
+    Fast mode makes a few calls per input tensor and holds no Jacobian.
+    """
+    n_in = batch * in_f + out_f * in_f + (out_f if bias else 0)
+    n_out = batch * out_f
+    flops = 2 * batch * in_f * out_f
+    calls = 3 * 4 if fast else 2 * n_in + n_out
+    seconds = calls * (1e-4 + flops / 1e9) + (0 if fast else n_in * n_out * 1e-7)
+    nbytes = 8 * (4 * (n_in + n_out) if fast else 2 * n_in * n_out)
+    return seconds, nbytes
+
+
 def run_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu",
-               bias: bool = True, seed: int = 0, fn: modes.DenseFn | None = None) -> list[Check]:
+               bias: bool = True, seed: int = 0, fast: bool = False,
+               fn: modes.DenseFn | None = None) -> list[Check]:
     """Run gradcheck and the reference comparison for one mode (or ``fn``); one Check per line."""
     fn = fn or modes.dense(mode)
     gen = torch.Generator().manual_seed(seed)
@@ -64,9 +96,9 @@ def run_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu"
     checks = []
     inputs64 = make(torch.float64)
     try:
-        ok = torch.autograd.gradcheck(call, inputs64, eps=1e-6, atol=1e-5, rtol=1e-3)
-        checks.append(Check(mode, f"gradcheck float64 ({', '.join(names)})", ok))
-    except Exception as e:  # gradcheck raises with the mismatching Jacobian in the message
+        ok = torch.autograd.gradcheck(call, inputs64, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=fast)
+        checks.append(Check(mode, f"gradcheck{' (fast)' if fast else ''} float64 ({', '.join(names)})", ok))
+    except GradcheckError as e:  # raised with the mismatching Jacobian in the message
         checks.append(Check(mode, f"gradcheck float64 ({', '.join(names)})", False, str(e).splitlines()[0]))
 
     inputs = make(torch.float32)
@@ -88,19 +120,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog=__doc__[__doc__.index("Examples:"):],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = cli.positive(int)
     parser.add_argument("mode", choices=[*modes.MODES, "all"])
-    parser.add_argument("-b", "--batch", type=int, default=8)
-    parser.add_argument("-i", "--in-features", type=int, default=16)
-    parser.add_argument("-o", "--out-features", type=int, default=12)
+    parser.add_argument("-b", "--batch", type=size, default=8)
+    parser.add_argument("-i", "--in-features", type=size, default=16)
+    parser.add_argument("-o", "--out-features", type=size, default=12)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--no-bias", action="store_true")
+    parser.add_argument("--fast-gradcheck", action="store_true",
+                        help="torch's fast gradcheck (random projections of the Jacobian): for big sizes")
     parser.add_argument("--emulate", action="store_true",
                         help="mode cuda only: run stage 3's kernels on the CPU through the execution-model emulation")
     parser.add_argument("--kernel", type=int, metavar="N", default=None,
                         help="with --emulate: GEMM version N only (0 = automatic; default: every version)")
     args = parser.parse_args(argv)
-    if min(args.batch, args.in_features, args.out_features) < 1:
-        parser.error("batch, in and out features must be at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda needs a CUDA build of torch and a GPU (this torch is {torch.__version__})")
 
@@ -109,15 +142,33 @@ def main(argv: list[str] | None = None) -> int:
     try:
         selected, skipped = modes.resolve(args.mode)
     except RuntimeError as e:
-        print(e, file=sys.stderr)
-        return 2
+        raise cli.UserError(str(e)) from None
     for m, reason in skipped.items():
         print(f"SKIP  {m:<4}  {reason}")
 
-    failed = 0
-    for mode in selected:
-        for check in run_checks(mode, args.batch, args.in_features, args.out_features,
-                                args.device, bias=not args.no_bias):
+    # The cost of the work, from the sizes, before any of it starts.
+    b, i, o = args.batch, args.in_features, args.out_features
+    seconds, jacobians = gradcheck_cost(b, i, o, not args.no_bias, args.fast_gradcheck)
+    seconds *= len(selected)
+    tensors = 4 * 8 * (b * i + o * i + o + b * o)  # inputs, their copies and gradients, in float64
+    cli.check_memory(tensors, args.device, f"the inputs at B={b} I={i} O={o}")
+    if seconds > GRADCHECK_MAX_S:
+        raise cli.UserError(f"gradcheck at B={b} I={i} O={o} ({b * i + o * i + o:,} inputs, {b * o:,} outputs) "
+                            f"would take about {seconds / 60:,.0f} min: use smaller sizes (the defaults -b 8 -i 16 "
+                            "-o 12 check the same code paths)"
+                            + ("" if args.fast_gradcheck else " or --fast-gradcheck"))
+    cli.check_memory(tensors + jacobians, args.device, f"gradcheck's Jacobians at B={b} I={i} O={o}")
+    if seconds > GRADCHECK_WARN_S:
+        print(f"gradcheck at these sizes will take about {seconds:.0f} s (smaller sizes or --fast-gradcheck "
+              "are quicker)", file=sys.stderr, flush=True)
+
+    # Load (and build) each stage first: a compiler that fails gives a FAIL line with its message.
+    loaded, load_failed = check_stages(selected)
+    failed = len(load_failed)
+    for mode, why in load_failed.items():
+        print(Check(mode, "load the stage", False, why).line(), flush=True)
+    for mode in loaded:
+        for check in run_checks(mode, b, i, o, args.device, bias=not args.no_bias, fast=args.fast_gradcheck):
             print(check.line(), flush=True)
             failed += not check.passed
     print(f"{'all checks passed' if not failed else f'{failed} check(s) FAILED'} "
@@ -154,4 +205,4 @@ def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main)

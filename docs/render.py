@@ -6,6 +6,10 @@ A chapter marks where a table goes:
     ...generated, do not edit...
     <!-- end table -->
 
+Kinds: table (benchmark.py), roofline (benchmark.py --roofline), sweep (benchmark.py --sweep),
+run (distributed.py), allreduce and step (distributed.py --bench). docs/README.md lists the
+command that writes each file.
+
 Examples:
   python docs/render.py            # rewrite every table
   python docs/render.py --check    # exit 1 if a table is out of date (CI runs this)
@@ -31,8 +35,8 @@ def renderers() -> dict[str, Callable[[dict], str]]:
     import benchmark
     from parallel import bench, costmodel, trainer
 
-    return {"table": benchmark.table, "roofline": benchmark.roofline_table, "run": trainer.table, **bench.RENDERERS,
-            **costmodel.RENDERERS,
+    return {"table": benchmark.table, "roofline": benchmark.roofline_table, "sweep": benchmark.sweep_table,
+            "run": trainer.table, **bench.RENDERERS, **costmodel.RENDERERS,
             "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table}
 
 
@@ -72,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stale = []
     for md in sorted(ROOT.glob("**/*.md")):  # the READMEs and the chapters beside them
-        if "build" in md.relative_to(ROOT).parts:
+        parts = md.relative_to(ROOT).parts
+        if "build" in parts or any(p.startswith(".") for p in parts):  # build output, .venv-ci, .git
             continue
         old = md.read_text()
         new = render(old)
@@ -86,4 +91,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import cli
+
+    cli.run(main)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+import cli
 from benchmark import Stats, describe_device, measure
 from parallel import data as data_mod
 from parallel.collectives import all_reduce, choose
@@ -48,16 +49,19 @@ def _header(config: Config, kind: str) -> dict:
             "command": "python distributed.py " + " ".join(sys.argv[1:])}
 
 
-def _write(record: dict, path: str | None, table: str) -> None:
+def _write(record: dict, path: Path | None, table: str) -> list[str]:
+    """Rank 0: the file first (a reader that closes stdout early must not cost it), then the
+    table, then any error writing the file. Returns those errors."""
     if world()[0] != 0:
-        return
-    if path:  # the file first: a reader that closes stdout early must not cost the results
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(record, indent=2) + "\n")
+        return []
+    errors = cli.write_outputs([(path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))])
     print(table, flush=True)
+    for e in errors:
+        print(f"distributed.py: {e}", file=sys.stderr, flush=True)
+    return errors
 
 
-def allreduce(config: Config, json_path: str | None) -> None:
+def allreduce(config: Config, json_path: Path | None) -> dict:
     rank, n = world()
     device = config.device if dist.get_backend() == "nccl" else "cpu"
     warm_up(*_peers(None)[2:])  # a fresh gloo pair is slow for its first messages
@@ -84,10 +88,10 @@ def allreduce(config: Config, json_path: str | None) -> None:
                             "busbw_ratio_to_dist": statistics.median(ratios), "ratio_spread": Stats(ratios).spread,
                             **({"algorithm": choose(nbytes // 4, 4, n)} if variant == "auto" else {})})
     record = {**_header(config, "allreduce"), "results": results}
-    _write(record, json_path, allreduce_table(record))
+    return {"output_errors": _write(record, json_path, allreduce_table(record))}
 
 
-def step(config: Config, json_path: str | None) -> None:
+def step(config: Config, json_path: Path | None) -> dict:
     """Time a training step three ways on the same model, data and shard."""
     from torch.nn.parallel import DistributedDataParallel
 
@@ -132,7 +136,7 @@ def step(config: Config, json_path: str | None) -> None:
     params = sum(p.numel() for p in build_model(ds.features, tuple(config.hidden), ds.classes, "py").parameters())
     record = {**_header(config, "step"), "mode": config.mode, "hidden": list(config.hidden),
               "global_batch": len(batch), "parameters": params, "bucket_kb": config.bucket_kb, "results": results}
-    _write(record, json_path, step_table(record))
+    return {"output_errors": _write(record, json_path, step_table(record))}
 
 
 def zero(config: Config, json_path: str | None) -> None:

@@ -79,6 +79,7 @@ def synthetic(seed: int = 0, n_train: int = 16000, n_test: int = 2000, features:
 # ---------------------------------------------------------------------------
 
 IDX_TYPES = {0x08: torch.uint8}  # MNIST's files are all unsigned bytes
+CLASSES = 10                     # the digits: a label file holds 0-9 and nothing else
 FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 
@@ -108,6 +109,8 @@ def read_idx(path: Path) -> Tensor:
     if len(raw) != expected:
         raise DataError(f"{path}: header declares shape {tuple(dims)} ({expected} bytes in all) "
                         f"but the file has {len(raw)} bytes")
+    if math.prod(dims) == 0:  # torch.frombuffer refuses an empty buffer
+        return torch.empty(dims, dtype=torch.uint8)
     return torch.frombuffer(bytearray(raw[header:]), dtype=torch.uint8).reshape(dims)
 
 
@@ -126,8 +129,15 @@ def _load_split(folder: Path, which: str) -> Split:
         raise DataError(f"{img_path}: images need at least 2 dimensions (count, pixels...), got {images.dim()}")
     if labels.dim() != 1:
         raise DataError(f"{lbl_path}: labels need 1 dimension, got shape {tuple(labels.shape)}")
+    if len(images) == 0:
+        raise DataError(f"{img_path} holds zero images")
     if len(images) != len(labels):
         raise DataError(f"{img_path} holds {len(images)} images but {lbl_path} holds {len(labels)} labels")
+    bad = labels >= CLASSES
+    if bad.any():
+        first = int(bad.nonzero()[0, 0])
+        raise DataError(f"{lbl_path}: label {int(labels[first])} at index {first} is not a digit 0-{CLASSES - 1} "
+                        f"({int(bad.sum())} such labels); MNIST has {CLASSES} classes")
     x = images.reshape(len(images), -1).double() / 255.0
     return Split(x, labels.long())
 
@@ -140,7 +150,7 @@ def mnist(folder: str | Path, seed: int = 0, val_fraction: float = 1 / 12) -> Da
         raise DataError(f"train images have {train.x.shape[1]} pixels but test images {test.x.shape[1]}")
     mean, std = train.x.mean(), train.x.std().clamp_min(1e-6)
     train.x, test.x = snap((train.x - mean) / std), snap((test.x - mean) / std)
-    classes = int(max(train.y.max(), test.y.max())) + 1 if len(train) else 10
+    classes = CLASSES
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
     n_val = max(1, int(len(train) * val_fraction)) if len(train) > 1 else 0
     val, rest = order[:n_val], order[n_val:]

@@ -85,18 +85,32 @@ def _model_signature(config: Config, ds: data_mod.Dataset) -> dict:
 
 def save_checkpoint(path: str, model: nn.Module, optimizer_state: dict, epoch: int, history: list,
                     signature: dict, config: Config) -> None:
-    """Rank 0 only. Written to a temporary file and renamed, so a crash never leaves half a file.
-    ``optimizer_state`` is torch.optim.Adam's state_dict (ZeroAdam gathers its shards into it)."""
+    """Rank 0 only. Written to a temporary file and renamed, so a crash never leaves half a file,
+    and a failed write leaves no temporary file behind. ``optimizer_state`` is torch.optim.Adam's
+    state_dict (ZeroAdam gathers its shards into it)."""
     state = {"format": 1, "signature": signature, "epoch": epoch, "history": history,
              "model": model.state_dict(), "optimizer": optimizer_state,
-             "data_order": {"seed": config.seed, "batch_size": config.batch_size, "next_epoch": epoch},
+             "data_order": {"seed": config.seed, "batch_size": config.batch_size, "data": config.data,
+                            "next_epoch": epoch},
              "rng": torch.get_rng_state()}
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"cannot write the checkpoint {path}: {e.strerror or e}") from None
+        raise
 
 
-def load_checkpoint(path: str, signature: dict) -> dict:
+# What a resumed run must share with the checkpoint, or it would train on other data.
+DATA_ORDER_FLAGS = {"seed": "--seed", "batch_size": "--batch-size", "data": "--data"}
+
+
+def load_checkpoint(path: str, signature: dict, config: Config | None = None) -> dict:
+    """Read a checkpoint for --resume; raise CheckpointError unless this run (its model and,
+    given ``config``, its data order) continues exactly what the checkpoint was written by."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -108,7 +122,20 @@ def load_checkpoint(path: str, signature: dict) -> dict:
     if state["signature"] != signature:
         raise CheckpointError(f"{path} was written for a different model: {state['signature']}; "
                               f"this run builds {signature}")
+    if config is not None:
+        saved = state.get("data_order", {})
+        for key, flag in DATA_ORDER_FLAGS.items():
+            if key in saved and saved[key] != getattr(config, key):
+                raise CheckpointError(f"{path} was written with {flag} {saved[key]} but this run has {flag} "
+                                      f"{getattr(config, key)}: resuming would train on a different data order; "
+                                      f"use {flag} {saved[key]} or start without --resume")
     return state
+
+
+def check_resume(config: Config, ds: data_mod.Dataset | None = None) -> None:
+    """For the launcher's process, before any rank starts: would --resume be accepted?"""
+    ds = ds if ds is not None else load_data(config)
+    load_checkpoint(config.checkpoint, _model_signature(config, ds), config)
 
 
 def _evaluate(model: nn.Module, split: data_mod.Split, device: str, rank: int, world_size: int) -> float:
@@ -145,7 +172,7 @@ def train(config: Config) -> dict:
     history: list[dict] = []
     start_epoch = 0
     if config.resume:
-        state = load_checkpoint(config.checkpoint, signature)
+        state = load_checkpoint(config.checkpoint, signature, config)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
@@ -262,5 +289,4 @@ def plot(record: dict, path: str) -> None:
     fig.suptitle(f"{c['data']}, mode {c['mode']}, {record['world_size']} ranks on {record['backend']}; "
                  f"test accuracy {100 * record['final_accuracy']:.1f}%", fontsize=9)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -80,6 +80,7 @@ def test_benchmark_json_record(tmp_path):
     assert "| reference |" in result.stdout
 
 
+@pytest.mark.plot
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib (optional) not installed")
 def test_benchmark_plot(tmp_path):
     png = tmp_path / "bench.png"

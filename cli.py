@@ -1,0 +1,185 @@
+"""What every script does around its work, written once: check first, never a traceback.
+
+A user's mistake gets one line and an exit status, never a traceback:
+
+- ``UserError(message)``, raised anywhere: ``script: message`` on stderr, exit 2 (or ``code``);
+- Ctrl-C: ``script: interrupted``, exit 130, as a shell reports SIGINT;
+- a reader that closed the pipe (``| head``): nothing more is written, exit 141 (SIGPIPE's);
+- memory that cannot be allocated: one line saying so, exit 1.
+
+Outputs and optional dependencies are checked before the work starts (``check_output``,
+``need_matplotlib``, ``check_memory``). Output paths are never invented: a missing folder is
+an error, not created, so a typo does not scatter folders. Results are written with
+``write_outputs``, which never loses what was computed: a file that fails to write is
+reported after the results were printed.
+
+    def main(argv=None) -> int: ...
+    if __name__ == "__main__":
+        cli.run(main)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+# torch is imported only where it is needed: the scripts import this module before torch, so
+# that a Ctrl-C during their imports (importing torch takes seconds) is one line too.
+_excepthook = sys.excepthook
+
+
+def _interrupted_hook(kind, value, tb) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        # Python then ends the process by SIGINT itself (status 130 in a shell).
+        print(f"\n{_prog()}: interrupted", file=sys.stderr)
+    else:
+        _excepthook(kind, value, tb)
+
+
+sys.excepthook = _interrupted_hook
+
+
+class UserError(Exception):
+    """A mistake in the command line or its inputs: reported in one line, no traceback."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _prog() -> str:
+    return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+
+
+def run(main: Callable[[], int | None]) -> None:
+    """Run a script's main(), turning user errors into one line and an exit status."""
+    prog = _prog()
+    try:
+        code = main() or 0
+        sys.stdout.flush()  # inside the try: a closed pipe shows up here at the latest
+    except UserError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        code = e.code
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        code = 130
+    except BrokenPipeError:
+        # The reader is gone. Point stdout at /dev/null so that the interpreter's own flush
+        # at exit does not raise again, and leave as a process killed by SIGPIPE would.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    except Exception as e:
+        if not _out_of_memory(e):
+            raise
+        print(f"{prog}: out of memory: {str(e).splitlines()[0][:300]}; choose smaller sizes", file=sys.stderr)
+        code = 1
+    sys.exit(code)
+
+
+def positive(kind: type = float, allow_zero: bool = False) -> Callable[[str], float | int]:
+    """An argparse type: a finite number above zero (or at least zero)."""
+
+    def parse(text: str) -> float | int:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a {'number' if kind is float else 'whole number'}, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            if kind is int:
+                raise argparse.ArgumentTypeError(f"must be at least {0 if allow_zero else 1}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>= 0' if allow_zero else '> 0'}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def check_output(path: str | None, flag: str) -> Path | None:
+    """Before any work: ``path`` can be written as a file. Returns it as a Path (or None).
+
+    Refuses a directory, a folder that does not exist (it is not created) and a folder this
+    process cannot create a file in (tested with a probe file, created and removed at once);
+    an existing file is opened for appending and left unchanged.
+    """
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UserError(f"{flag} {path} is a directory; give a file name")
+    parent = p.parent
+    if not parent.exists():
+        raise UserError(f"{flag} {path}: the folder {parent} does not exist (create it first)")
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is not a folder")
+    try:
+        if p.exists():
+            with open(p, "ab"):
+                pass
+        else:  # a probe of our own name: processes checking the same path at once do not collide
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
+    return p
+
+
+def need_matplotlib(flag: str = "--plot") -> None:
+    """Before any work: matplotlib (an optional extra) imports, with a backend that needs no display."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError:
+        raise UserError(f"{flag} needs matplotlib, which is not installed: pip install matplotlib") from None
+
+
+def available_memory(device: str = "cpu") -> int | None:
+    """Bytes that can be allocated now on the device, or None if unknown."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(nbytes: int, device: str = "cpu", what: str = "these sizes") -> None:
+    """Before allocating: refuse what cannot fit, estimated from the sizes."""
+    free = available_memory(device)
+    if free is not None and nbytes > 0.9 * free:
+        raise UserError(f"{what} need about {nbytes / 2**30:,.1f} GiB of memory on {device}, and "
+                        f"{free / 2**30:,.1f} GiB is available: choose smaller sizes")
+
+
+def write_outputs(writers: list[tuple[Path | None, Callable[[Path], None]]]) -> list[str]:
+    """Write every output that was asked for; return one message per failure (never raises
+    for an OSError), so that the caller can still print its results, then the errors."""
+    errors = []
+    for path, write in writers:
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as e:
+            errors.append(f"could not write {path}: {e.strerror or e}; the results are printed above")
+    return errors

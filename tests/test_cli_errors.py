@@ -1,0 +1,512 @@
+"""A user's mistakes, made as a user makes them: checked before the work, one line, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import benchmark
+import cli
+import distributed
+import grad_check
+from conftest import REASONS, ROOT, run_script
+from parallel import data as data_mod
+from parallel.trainer import CheckpointError, Config, check_resume, save_checkpoint, train
+from test_parallel import make_mnist, write_idx
+
+SCRIPTS = ["benchmark.py", "grad_check.py", "distributed.py", "docs/render.py"]
+TINY = ["-m", "py", "-b", "4", "-i", "4", "-o", "4", "--rounds", "2"]
+
+
+def no_traceback(result: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr[-3000:]
+
+
+def run_with(code: str, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` (which may patch a module), then a script's main under cli.run, as a user's
+    command line would: ``argv[0]`` is the script."""
+    script = argv[0]
+    module = Path(script).stem
+    prog = textwrap.dedent(code) + textwrap.dedent(f"""
+        import sys, cli, {module}
+        sys.argv = {list(argv)!r}
+        cli.run({module}.main)
+    """)
+    return subprocess.run([sys.executable, "-c", prog], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def no_matplotlib(tmp_path) -> dict:
+    """An environment in which `import matplotlib` fails, whether or not it is installed."""
+    fake = tmp_path / "fake_site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    return {"PYTHONPATH": str(fake.parent)}
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot create files in (root ignores permissions: /sys then)."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "readonly"
+        folder.mkdir()
+        folder.chmod(0o500)
+        return folder
+    try:
+        fd, probe = tempfile.mkstemp(dir="/sys")
+    except OSError:
+        return Path("/sys")
+    os.close(fd)
+    os.unlink(probe)
+    pytest.skip("no folder here refuses root's writes")
+
+
+# ---------------------------------------------------------------------------
+# Outputs and optional dependencies, checked before the work starts
+# ---------------------------------------------------------------------------
+
+OUTPUTS = [("benchmark.py", TINY, "--json"), ("benchmark.py", TINY, "--plot"),
+           ("distributed.py", ["--epochs", "1"], "--json"), ("distributed.py", ["--epochs", "1"], "--plot"),
+           ("distributed.py", ["--epochs", "1"], "--checkpoint")]
+
+
+@pytest.mark.parametrize("script, extra, flag", OUTPUTS, ids=[f"{s}{f}" for s, _, f in OUTPUTS])
+@pytest.mark.parametrize("where", ["directory", "missing folder", "unwritable"])
+def test_bad_output_paths_are_refused_before_any_work(tmp_path, script, extra, flag, where):
+    path = {"directory": tmp_path, "missing folder": tmp_path / "absent" / "out.x",
+            "unwritable": None}[where]
+    if path is None:
+        path = unwritable_folder(tmp_path) / "out.x"
+    started = time.monotonic()
+    result = run_script(script, *extra, flag, str(path), timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    expected = {"directory": "is a directory", "missing folder": "does not exist", "unwritable": "cannot write"}
+    assert f"{flag} {path}" in result.stderr and expected[where] in result.stderr
+    no_traceback(result)
+    assert "| reference |" not in result.stdout and "epoch" not in result.stdout  # no work was done
+    assert not list(tmp_path.glob("**/*.probe")), "the writability probe was left behind"
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("script, extra", [("benchmark.py", TINY), ("distributed.py", ["--epochs", "1"])])
+def test_plot_without_matplotlib_is_refused_before_any_work(tmp_path, no_matplotlib, script, extra):
+    result = run_script(script, *extra, "--plot", str(tmp_path / "p.png"), env=no_matplotlib, timeout=120)
+    assert result.returncode == 2 and "--plot needs matplotlib" in result.stderr, result.stderr[-2000:]
+    no_traceback(result)
+    assert "epoch" not in result.stdout and "| reference |" not in result.stdout
+
+
+def test_a_write_that_fails_at_the_end_costs_no_printed_result(tmp_path):
+    patch = """
+        import benchmark
+        def failing(record):
+            def write(path):
+                raise OSError(28, "No space left on device")
+            return write
+        benchmark.write_json = failing
+    """
+    result = run_with(patch, "benchmark.py", *TINY, "--json", str(tmp_path / "b.json"))
+    assert result.returncode == 1
+    assert "| reference |" in result.stdout  # the table first
+    assert "could not write" in result.stderr and "No space left on device" in result.stderr
+    no_traceback(result)
+
+
+def test_checkpoint_onto_a_directory_leaves_no_temporary_file(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    target = tmp_path / "ckpt.pt"
+    target.mkdir()
+    with pytest.raises(CheckpointError, match="cannot write the checkpoint"):
+        save_checkpoint(str(target), model, opt, 1, [], {}, Config())
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+
+
+# ---------------------------------------------------------------------------
+# distributed.py: numbers and --resume checked in the parent, before any rank starts
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag, value", [
+    ("--timeout", "0"), ("--timeout", "-5"), ("--timeout", "nan"), ("--timeout", "inf"),
+    ("--lr", "nan"), ("--lr", "inf"), ("--lr", "0"), ("--lr", "-1e-3"),
+    ("--epochs", "0"), ("--batch-size", "-1"), ("--world-size", "0"), ("--bucket-kb", "0"),
+    ("--seed", "-1"), ("--seed", "99999999999"), ("--batch-size", "1.5"),
+])
+def test_numeric_nonsense_is_a_usage_error(capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_:
+        distributed.build_parser().parse_args([flag, value])
+    assert exit_.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_numeric_nonsense_starts_no_rank():
+    result = run_script("distributed.py", "--lr", "nan", timeout=60)
+    assert result.returncode == 2 and "--lr" in result.stderr and "finite" in result.stderr
+    assert "epoch" not in result.stdout
+    no_traceback(result)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("ckpt") / "ckpt.pt")
+    train(Config(world_size=1, checkpoint=path, epochs=1, hidden=(8,), train_limit=256, batch_size=64))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"seed": 1}, "--seed 0 but this run has --seed 1"),
+    ({"batch_size": 32}, "--batch-size 64 but this run has --batch-size 32"),
+])
+def test_resume_with_another_data_order_is_refused(checkpoint, change, message):
+    config = Config(world_size=1, checkpoint=checkpoint, resume=True, epochs=2, hidden=(8,), batch_size=64,
+                    train_limit=256)
+    check_resume(config)  # the same flags: accepted
+    with pytest.raises(CheckpointError, match=message):
+        check_resume(Config(**{**config.__dict__, **change}))
+
+
+def test_resume_with_another_seed_fails_in_the_parent(checkpoint):
+    result = run_script("distributed.py", "--checkpoint", checkpoint, "--resume", "--epochs", "2", "--hidden", "8",
+                        "--batch-size", "64", "--seed", "3", timeout=120)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "--seed 0 but this run has --seed 3" in result.stderr
+    assert "rank" not in result.stderr and "epoch" not in result.stdout  # no rank was started
+    no_traceback(result)
+
+
+def test_bench_with_one_rank_has_nothing_to_measure():
+    result = run_script("distributed.py", "--bench", "allreduce", "--world-size", "1", timeout=60)
+    assert result.returncode == 2 and "nothing to measure" in result.stderr
+    no_traceback(result)
+
+
+# ---------------------------------------------------------------------------
+# MNIST files that hold nothing, or labels that are not digits
+# ---------------------------------------------------------------------------
+
+def test_idx_with_zero_images_names_the_file(tmp_path):
+    make_mnist(tmp_path)
+    write_idx(tmp_path / "train-images-idx3-ubyte", torch.zeros(0, 6, 5))
+    write_idx(tmp_path / "train-labels-idx1-ubyte", torch.zeros(0))
+    assert data_mod.read_idx(tmp_path / "train-images-idx3-ubyte").shape == (0, 6, 5)
+    with pytest.raises(data_mod.DataError, match=r"train-images-idx3-ubyte holds zero images"):
+        data_mod.mnist(tmp_path)
+
+
+@pytest.mark.parametrize("label", [10, 255])
+def test_a_label_that_is_not_a_digit_names_the_file(tmp_path, label):
+    make_mnist(tmp_path)
+    labels = torch.zeros(40)
+    labels[7] = label
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", labels)
+    with pytest.raises(data_mod.DataError, match=rf"t10k-labels-idx1-ubyte: label {label} at index 7 is not a digit"):
+        data_mod.mnist(tmp_path)
+
+
+def test_mnist_always_has_ten_classes(tmp_path):
+    make_mnist(tmp_path)
+    write_idx(tmp_path / "train-labels-idx1-ubyte", torch.zeros(120))  # only zeros: still 10 classes
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", torch.zeros(40))
+    assert data_mod.mnist(tmp_path).classes == 10
+
+
+# ---------------------------------------------------------------------------
+# Ctrl-C, a closed pipe, sizes that do not fit, a stage that does not build, slow gradchecks
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("when", ["while importing", "while timing"])
+def test_ctrl_c_is_one_line_and_exit_130(when):
+    proc = subprocess.Popen([sys.executable, "benchmark.py", "-m", "py", "-b", "64", "-i", "64", "-o", "64",
+                             "--rounds", "100000"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        if when == "while timing":
+            for line in proc.stderr:  # wait until the timing has started
+                if line.startswith("timing"):
+                    break
+        time.sleep(1)  # while importing: torch takes longer than this to import
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    # 130 from cli.run; during the imports Python ends itself by SIGINT, which a shell reports as 130 too
+    assert proc.returncode in (130, -signal.SIGINT), err
+    assert "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_stops_every_rank_without_a_traceback():
+    """A terminal sends SIGINT to the whole process group: the launcher and every rank."""
+    proc = subprocess.Popen([sys.executable, "distributed.py", "-m", "py", "--epochs", "1000"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch"):
+                break
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args", [["grad_check.py", "py"], ["benchmark.py", *TINY]])
+def test_a_closed_pipe_ends_quietly(tmp_path, args):
+    extra = ["--json", str(tmp_path / "b.json")] if args[0] == "benchmark.py" else []
+    proc = subprocess.Popen([sys.executable, *args, *extra], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone before the first line, as `| head -0` would be
+    err = proc.stderr.read()
+    proc.wait(timeout=300)
+    assert proc.returncode == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
+    if extra:
+        assert json.loads((tmp_path / "b.json").read_text())["results"]  # the file was written before the table
+
+
+@pytest.mark.parametrize("script, args", [
+    ("benchmark.py", ["-m", "py", "-b", "1000000", "-i", "1000000", "-o", "1000000"]),
+    ("grad_check.py", ["py", "-b", "1000000", "-i", "1000000", "-o", "1000000", "--fast-gradcheck"]),
+])
+def test_sizes_that_cannot_fit_are_refused_before_allocating(script, args):
+    started = time.monotonic()
+    result = run_script(script, *args, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "GiB" in result.stderr and "smaller sizes" in result.stderr
+    no_traceback(result)
+    assert time.monotonic() - started < 60
+
+
+def test_an_allocation_that_fails_anyway_is_one_line():
+    patch = """
+        import benchmark
+        def run(*a, **k):
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes")
+        benchmark.run = run
+    """
+    result = run_with(patch, "benchmark.py", *TINY)
+    assert result.returncode == 1 and "out of memory" in result.stderr and "smaller sizes" in result.stderr
+    no_traceback(result)
+
+
+BROKEN_CPP = """
+    import modes
+    real = modes.stage
+    def stage(mode):
+        if mode == "cpp":
+            raise RuntimeError("building dense_cpp_ext failed:\\ncpp/dense.cpp:1:1: error: compiler said no")
+        return real(mode)
+    modes.stage = stage
+"""
+
+
+@pytest.mark.skipif(REASONS["cpp"] is not None, reason=f"mode cpp: {REASONS['cpp']}")
+@pytest.mark.parametrize("argv, line", [
+    (["grad_check.py", "all"], "FAIL  cpp   load the stage"),
+    (["benchmark.py", "-m", "all", "-b", "4", "-i", "4", "-o", "4", "--rounds", "2"], "FAIL  cpp: could not load"),
+    (["distributed.py", "-m", "cpp", "--epochs", "1"], "mode 'cpp' could not be loaded"),
+])
+def test_a_stage_that_fails_to_build_is_a_line_with_the_compilers_message(argv, line):
+    result = run_with(BROKEN_CPP, *argv)
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert line in output and "compiler said no" in output, output[-2000:]
+    no_traceback(result)
+    if argv[0] != "distributed.py":
+        assert "py" in result.stdout  # the other modes still ran
+
+
+def test_a_gradcheck_of_minutes_is_refused_with_smaller_sizes_suggested():
+    result = run_script("grad_check.py", "py", "-b", "1024", "-i", "1024", "-o", "1024", timeout=60)
+    assert result.returncode == 2 and "min" in result.stderr and "smaller sizes" in result.stderr
+    assert "--fast-gradcheck" in result.stderr
+    no_traceback(result)
+
+
+def test_gradcheck_cost_grows_with_inputs_times_outputs():
+    small, _ = grad_check.gradcheck_cost(8, 16, 12)
+    assert small < grad_check.GRADCHECK_WARN_S  # the defaults run without a warning
+    warned, _ = grad_check.gradcheck_cost(64, 128, 32)  # an example in --help: warned, not refused
+    assert warned < grad_check.GRADCHECK_MAX_S
+    big, nbytes = grad_check.gradcheck_cost(256, 256, 256)
+    assert big > grad_check.GRADCHECK_MAX_S and nbytes == 8 * 2 * (256 * 256 * 2 + 256) * 256 * 256
+    fast, fast_bytes = grad_check.gradcheck_cost(256, 256, 256, fast=True)
+    assert fast < grad_check.GRADCHECK_WARN_S and fast_bytes < nbytes / 1000
+
+
+def test_fast_gradcheck_runs_where_the_full_one_is_refused():
+    result = run_script("grad_check.py", "py", "-b", "256", "-i", "256", "-o", "256", "--fast-gradcheck", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "PASS  py    gradcheck (fast) float64" in result.stdout
+
+
+# ---------------------------------------------------------------------------
+# --help examples never overwrite a tracked file; the committed results have a documented command
+# ---------------------------------------------------------------------------
+
+OUTPUT_FLAGS = ("--json", "--plot", "--checkpoint")
+
+
+def help_examples(script: str) -> list[list[str]]:
+    text = run_script(script, "--help").stdout
+    examples = text[text.index("Examples:"):].replace("\\\n", " ")
+    commands = []
+    for line in examples.splitlines()[1:]:
+        line = line.split("#")[0].strip()
+        if line.startswith(("python ", "torchrun ")):
+            commands.append(shlex.split(line))
+    return commands
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_examples_never_write_a_tracked_file(script):
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    tracked_files = set(tracked.stdout.splitlines())
+    commands = help_examples(script)
+    assert commands, f"{script} --help shows no example"
+    for argv in commands:
+        outputs = [argv[k + 1] for k, a in enumerate(argv[:-1]) if a in OUTPUT_FLAGS]
+        for out in outputs:
+            rel = os.path.relpath(Path(ROOT, out).resolve(), ROOT) if not out.startswith("~") else out
+            assert rel not in tracked_files, f"{script} --help example writes the tracked file {out}"
+            assert not rel.startswith("docs/results"), f"{script} --help example writes into docs/results: {out}"
+
+
+def test_every_committed_result_names_a_documented_command():
+    doc = (ROOT / "docs" / "README.md").read_text()
+    results = sorted((ROOT / "docs" / "results").glob("*.json"))
+    assert results
+    for path in results:
+        command = json.loads(path.read_text())["command"]
+        assert f"docs/results/{path.name}" in command, f"{path.name} was not written by its own command"
+        assert command in doc, f"docs/README.md does not list the command that wrote {path.name}: {command}"
+
+
+# ---------------------------------------------------------------------------
+# Honest statistics
+# ---------------------------------------------------------------------------
+
+def test_median_interval_matches_the_binomial_tables():
+    values = list(range(1, 11))
+    assert benchmark.median_ci(values) == (2, 9)          # n = 10: ranks 2 and 9 (97.9%)
+    assert benchmark.median_ci(list(range(1, 7))) == (1, 6)  # n = 6: the extremes (96.9%)
+    assert benchmark.median_ci(list(range(1, 6))) is None    # n = 5: no 95% interval exists
+
+
+def test_median_interval_covers_the_true_median():
+    rng = random.Random(0)
+    trials, covered = 2000, 0
+    for _ in range(trials):
+        sample = [rng.expovariate(1.0) for _ in range(15)]  # skewed; true median ln 2
+        lo, hi = benchmark.median_ci(sample)
+        covered += lo <= 0.6931471805599453 <= hi
+    assert covered / trials >= 0.94
+
+
+def test_paired_ratio_verdicts():
+    ref = [10.0] * 12
+    assert benchmark.paired_ratio([9.0] * 12, ref)["verdict"] == "faster"
+    assert benchmark.paired_ratio([11.0] * 12, ref)["verdict"] == "slower"
+    mixed = benchmark.paired_ratio([9.0, 11.0] * 6, ref)
+    assert mixed["verdict"] == "no significant difference" and mixed["ci"] == [0.9, 1.1]
+    assert benchmark.paired_ratio([9.0] * 3, ref[:3])["verdict"] == "too few rounds for an interval"
+
+
+def test_benchmark_record_is_consistent_with_its_samples(tmp_path):
+    path = tmp_path / "b.json"
+    result = run_script("benchmark.py", "-m", "py", "-b", "8", "-i", "16", "-o", "8", "--rounds", "8",
+                        "--json", str(path), "--threads", "1")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(path.read_text())
+    assert record["threads"] == 1 and record["rounds"] == 8
+    ref = record["results"][0]["samples_us"]["fwd+bwd"]
+    for r in record["results"]:
+        mine = r["samples_us"]["fwd+bwd"]
+        assert len(mine) == 8 and r["fwd_bwd_us"] == pytest.approx(statistics.median(mine))
+        again = benchmark.paired_ratio(mine, ref)
+        assert r["ratio_to_reference"] == pytest.approx(again["ratio"]) and r["ratio_ci"] == again["ci"]
+        assert r["verdict"] in result.stdout or r["mode"] == "reference"
+    assert "fwd+bwd / reference (95% CI)" in result.stdout
+
+
+def test_benchmark_inputs_keep_the_sigmoid_out_of_saturation():
+    """Unscaled weights put subnormal numbers into the backward GEMMs at large I (slow for a
+    reason that has nothing to do with the code compared); the inputs have nn.Linear's scale."""
+    (x, w, b), _ = benchmark._inputs(256, 4096, 256, "cpu", torch.float32, 0)
+    z = torch.nn.functional.linear(x, w, b).detach()
+    assert 0.8 < z.std().item() < 1.2
+    y = torch.sigmoid(z)
+    assert (y * (1 - y)).min().item() > torch.finfo(torch.float32).tiny  # no subnormal gradients
+
+
+def test_rounds_auto_adds_rounds_within_the_budget():
+    started = time.monotonic()
+    record = benchmark.run(["reference", "py"], 4, 4, 4, rounds=6, auto=True, ci_target=1e-9, budget_s=5.0)
+    # The target cannot be met: rounds were added until the budget (counted from the first
+    # round; 6 rounds take about 0.4 s) ran out, and not much beyond it.
+    assert record["rounds"] > 6
+    assert time.monotonic() - started < 60
+
+
+def test_old_records_still_render():
+    old = {"device": "cpu: x", "torch": "2.13.0", "threads": 2, "dtype": "float32", "rounds": 20,
+           "shape": {"batch": 1, "in": 2, "out": 3}, "date": "d", "command": "python benchmark.py",
+           "results": [{"mode": "reference", "forward_us": 1.0, "backward_us": 2.0, "forward_spread_us": 0.1,
+                        "backward_spread_us": 0.2, "forward_gflops": 1.0, "backward_gflops": 1.0,
+                        "ratio_to_reference": 1.0}]}
+    assert "| reference | 1.0 (0.1) | 2.0 (0.2) | – |" in benchmark.table(old)
+
+
+def test_sweep_record_table_and_goals():
+    record = benchmark.run_sweep(["reference", "py"], [(1, 64, 64), (2, 8, 4)], "cpu", torch.float32,
+                                 min_rounds=6, ci_target=0.5, budget_s=1.0)
+    assert [(p["batch"], p["in"], p["out"]) for p in record["points"]] == [(1, 64, 64), (2, 8, 4)]
+    for p in record["points"]:
+        assert p["rounds"] >= 6 and p["ratios"]["py"]["ci"] is not None
+        assert -1 < p["elementwise_share"] < 1
+    assert [g["goal"] for g in record["points"][0]["goals"]] == ["py <= 1.50 at B=1, I=O=64"]
+    text = benchmark.sweep_table(record)
+    assert "| 1 | 64 | 64 |" in text and "| goal | points met |" in text
+
+
+@pytest.mark.plot
+def test_sweep_and_training_plots(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (optional) not installed")
+    from parallel.trainer import plot as training_plot
+
+    record = benchmark.run_sweep(["reference", "py"], [(1, 8, 8), (4, 8, 8)], "cpu", torch.float32,
+                                 min_rounds=6, ci_target=0.5, budget_s=0.5)
+    benchmark.sweep_plot(record, tmp_path / "sweep.png")
+    run = {"epochs": [{"epoch": 1, "loss": 1.0, "accuracy": 0.5}, {"epoch": 2, "loss": 0.5, "accuracy": 0.7}],
+           "final_accuracy": 0.7, "world_size": 2, "backend": "gloo", "config": {"data": "synthetic", "mode": "py"}}
+    training_plot(run, tmp_path / "run.png")
+    for name in ("sweep.png", "run.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_sets_its_own_shapes():
+    result = run_script("benchmark.py", "--sweep", "-b", "4", timeout=60)
+    assert result.returncode == 2 and "--sweep sets the shapes" in result.stderr
+
+
+def test_cli_positive_rejects_nonsense():
+    parse = cli.positive(float)
+    assert parse("0.5") == 0.5
+    for bad in ("0", "-1", "nan", "inf", "x"):
+        with pytest.raises(Exception, match="finite|number"):
+            parse(bad)
