@@ -20,6 +20,10 @@
 
 namespace {
 
+struct CppStage {
+  static constexpr const char* name = "cpp";  // the ops are dense_cpp::forward/backward
+};
+
 // y = sigmoid(z + b), in place over z, in one pass. ATen's way is two (addmm's bias
 // epilogue, then sigmoid), and addmm even pre-fills its output with the broadcast bias.
 // at::vec::Vectorized is ATen's own SIMD wrapper. exp_u20 is its inline polynomial exp
@@ -35,8 +39,11 @@ void bias_sigmoid_(scalar_t* z, const scalar_t* b, int64_t rows, int64_t cols) {
       auto step = [&](int64_t c, int64_t n) {
         Vec v = Vec::loadu(zr + c, n);
         if (b != nullptr) v = v + Vec::loadu(b + c, n);
-        // 1 / (1 + e^-v) has no NaN for any v: e^-v saturates to 0 or to a huge value.
-        (one / (one + v.neg().exp_u20())).store(zr + c, n);
+        // exp_u20 clamps its argument to a finite range first, and a clamp turns NaN into a
+        // number: sigmoid(NaN) would come out finite. Where v is NaN (v != v), keep v.
+        // ±inf need nothing: e^-v saturates to 0 or to a huge value, and y to 1 or 0.
+        const Vec y = one / (one + v.neg().exp_u20());
+        Vec::blendv(y, v, v.isnan()).store(zr + c, n);
       };
       int64_t c = 0;
       for (; c + Vec::size() <= cols; c += Vec::size()) step(c, Vec::size());
@@ -161,5 +168,6 @@ TORCH_LIBRARY_IMPL(dense_cpp, CUDA, m) {
   m.impl("forward", &forward);
   m.impl("backward", &backward);
 }
+TORCH_LIBRARY_IMPL(dense_cpp, Autograd, m) { dense::implement_autograd<CppStage>(m); }
 
 DENSE_PYTHON_MODULE(dense_cpp_ext)
