@@ -55,7 +55,7 @@ void bias_sigmoid_(scalar_t* z, const scalar_t* b, int64_t rows, int64_t cols) {
 at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
                    const std::optional<at::Tensor>& bias) {
   dense::check_inputs(x, weight, bias);
-  const at::Tensor x2 = x.reshape({-1, weight.size(1)});
+  const at::Tensor x2 = x.reshape({dense::rows(x), weight.size(1)});
   // The GEMM is ATen's (MKL/oneDNN on CPU, cuBLAS on GPU): nobody beats those by hand here.
   // The output is allocated once, in its final shape, and the GEMM writes into a 2-d view of
   // it; everything after the GEMM happens in place. (Returning a view of an internal tensor
@@ -126,12 +126,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
                                                         std::array<bool, 3> output_mask) {
   dense::check_inputs(x, weight, std::nullopt);
   const int64_t in_f = weight.size(1), out_f = weight.size(0);
+  TORCH_CHECK_VALUE(grad_out.sizes() == out.sizes(), "grad_out has shape ", grad_out.sizes(),
+                    " but the output had shape ", out.sizes());
   // grad_out may be a broadcast view (y.sum().backward() passes expanded ones): the fused
   // loop wants plain rows.
-  const at::Tensor g = grad_out.reshape({-1, out_f}).contiguous();
-  const at::Tensor y = out.reshape({-1, out_f}).contiguous();
-  TORCH_CHECK_VALUE(g.sizes() == y.sizes(), "grad_out has shape ", grad_out.sizes(),
-                    " but the output had shape ", out.sizes());
+  const int64_t rows = dense::rows(x);
+  const at::Tensor g = grad_out.reshape({rows, out_f}).contiguous();
+  const at::Tensor y = out.reshape({rows, out_f}).contiguous();
 
   at::Tensor dz, grad_b;
   if (y.is_cpu()) {
@@ -151,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
 
   // The two GEMMs of a linear layer's backward, again through ATen.
   at::Tensor grad_x = output_mask[0] ? at::mm(dz, weight).view(x.sizes()) : dense::unused(x);
-  at::Tensor grad_w = output_mask[1] ? at::mm(dz.t(), x.reshape({-1, in_f})) : dense::unused(x);
+  at::Tensor grad_w = output_mask[1] ? at::mm(dz.t(), x.reshape({rows, in_f})) : dense::unused(x);
   return {grad_x, grad_w, grad_b};
 }
 

@@ -67,6 +67,12 @@ inline std::vector<int64_t> out_shape(const at::Tensor& x, const at::Tensor& wei
   return shape;
 }
 
+// The number of rows x folds into: the product of its leading dimensions. (reshape({-1, in})
+// cannot say it: with in_features = 0 every row count fits zero elements.)
+inline int64_t rows(const at::Tensor& x) {
+  return c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
+}
+
 inline at::Tensor unused(const at::Tensor& like) { return at::empty({0}, like.options()); }
 
 
