@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,18 +61,22 @@ def rows(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[str
     }
     for mode in modes_:
         fn = modes.dense(mode)
-        out[f"{mode}: input checks"] = (lambda: modes.check_inputs(x, w, b), "modes.check_inputs alone")
         if mode == "py":
-            op = modes.stage("py").DenseFunction.apply
-            out["py: forward, no autograd"] = (nograd(op), "DenseFunction.apply under no_grad")
+            out["py: input checks"] = (lambda: modes.check_inputs(x, w, b), "modes.check_inputs, on py's path")
+            out["py: forward, no autograd"] = (nograd(fn), "modes.dense('py') under no_grad: checks + "
+                                                           "Function.apply + the torch ops")
         else:
             ops = getattr(torch.ops, f"dense_{mode}")
             y = ops.forward(xd, wd, bd)
-            out[f"{mode}: forward op, no autograd"] = (nograd(ops.forward), "torch.ops call under no_grad: "
-                                                       "dispatcher + C++ checks + kernel")
+
+            def kernel(ops=ops):
+                with torch.inference_mode():  # no Autograd kernel at all
+                    return ops.forward(xd, wd, bd)
+            out[f"{mode}: forward op, no autograd"] = (kernel, "torch.ops call in inference_mode: dispatcher, "
+                                                       "C++ checks, kernel")
             out[f"{mode}: backward op alone"] = (lambda ops=ops, y=y: ops.backward(g, xd, wd, y, [True, True, True]),
-                                                 "torch.ops backward call: dispatcher + kernel")
-        out[f"{mode}: forward"] = (lambda fn=fn: fn(x, w, b), "modes.dense(mode), recording the graph")
+                                                 "torch.ops backward call: dispatcher, C++ checks, kernel")
+        out[f"{mode}: forward"] = (lambda fn=fn: fn(x, w, b), f"modes.dense('{mode}'), recording the graph")
         out[f"{mode}: forward + backward"] = (step(fn), "forward, then torch.autograd.grad")
     return out
 
@@ -89,9 +94,22 @@ def measure(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "rounds": rounds,
         "command": "python cpp/overhead.py " + " ".join(sys.argv[1:]),
+        "commit": _commit(),
         "rows": [{"name": k, "what": table[k][1], "median_us": s.median, "spread_us": s.spread,
                   "over_reference_step": s.median / ref} for k, s in stats.items()],
     }
+
+
+def _commit() -> str | None:
+    """The code measured: HEAD, marked "+changes" if tracked files differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+changes" if dirty else "")) or None
 
 
 def render(record: dict) -> str:
@@ -103,7 +121,7 @@ def render(record: dict) -> str:
     s = record["shape"]
     out.append(f"\n{record['device']}, torch {record['torch']}, {record['threads']} threads, {record['dtype']}, "
                f"B={s['batch']} I={s['in']} O={s['out']}, {record['rounds']} rounds, {record['date']}: "
-               f"`{record['command']}`")
+               f"`{record['command']}`" + (f" (code: {record['commit']})" if record.get("commit") else ""))
     return "\n".join(out)
 
 
@@ -124,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         target = Path(args.json)
         if target.is_dir() or not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
             parser.error(f"--json {args.json}: not a writable file path (does its folder exist?)")
-    try:
-        selected = [m for m in ("py", "cpp") if modes.resolve(m)]
-    except RuntimeError as e:
-        print(e, file=sys.stderr)
-        return 2
+    reasons = modes.available()
+    selected = [m for m in ("py", "cpp") if reasons[m] is None]
+    for m in ("py", "cpp"):
+        if reasons[m] is not None:
+            print(f"skipping {m}: {reasons[m]}", file=sys.stderr)
     record = measure(args.batch, args.in_features, args.out_features, getattr(torch, args.dtype), selected,
                      args.rounds)
     if args.json:

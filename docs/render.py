@@ -29,9 +29,11 @@ MARK = re.compile(r"(<!-- (\w+): (\S+) -->\n)(.*?)(<!-- end \2 -->)", re.S)
 def renderers() -> dict[str, Callable[[dict], str]]:
     """Marker kind -> function from a JSON record to Markdown. Stages add their own."""
     import benchmark
+    from cpp import overhead
     from parallel import bench, trainer
 
-    return {"table": benchmark.table, "roofline": benchmark.roofline_table, "run": trainer.table, **bench.RENDERERS}
+    return {"table": benchmark.table, "roofline": benchmark.roofline_table, "run": trainer.table, **bench.RENDERERS,
+            "overhead": overhead.render}
 
 
 def render(text: str) -> str:

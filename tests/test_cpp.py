@@ -191,3 +191,17 @@ def test_a_failing_build_raises_a_short_build_error(tmp_path):
     assert "undefined_name" in message and "error" in message and "full log:" in message
     assert len(message.splitlines()) <= 10, message
     assert info.value.__suppress_context__  # no chained torch traceback under it
+
+
+def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
+    import json
+
+    result = run_script("cpp/overhead.py", "--rounds", "2", "-i", "8", "-o", "4", "--json", str(tmp_path / "o.json"))
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "o.json").read_text())
+    names = [r["name"] for r in record["rows"]]
+    assert "cpp: forward + backward" in names and "reference: forward + backward" in names
+    assert all(r["median_us"] > 0 for r in record["rows"])
+    assert "| cpp: forward + backward |" in result.stdout
+    bad = run_script("cpp/overhead.py", "--rounds", "1", "--json", str(tmp_path / "missing" / "o.json"))
+    assert bad.returncode == 2 and "not a writable file path" in bad.stderr
