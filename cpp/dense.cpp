@@ -55,13 +55,15 @@ void bias_sigmoid_(scalar_t* z, const scalar_t* b, int64_t rows, int64_t cols) {
 at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
                    const std::optional<at::Tensor>& bias) {
   dense::check_inputs(x, weight, bias);
-  const at::Tensor x2 = x.reshape({dense::rows(x), weight.size(1)});
+  // A 2-d x is used as it is: at B=1 even a view (a new tensor header) is a measurable cost.
+  const bool flat = x.dim() == 2;
+  const at::Tensor x2 = flat ? x : x.reshape({dense::rows(x), weight.size(1)});
   // The GEMM is ATen's (MKL/oneDNN on CPU, cuBLAS on GPU): nobody beats those by hand here.
   // The output is allocated once, in its final shape, and the GEMM writes into a 2-d view of
   // it; everything after the GEMM happens in place. (Returning a view of an internal tensor
   // instead would make autograd track that view.)
   at::Tensor out = at::empty(dense::out_shape(x, weight), x.options());
-  at::Tensor z = out.view({x2.size(0), weight.size(0)});
+  at::Tensor z = flat ? out : out.view({x2.size(0), weight.size(0)});
   if (!x.is_cpu()) {  // on a GPU this stage leans on ATen; fused kernels are stage 3's job
     bias ? at::addmm_out(z, *bias, x2, weight.t()) : at::mm_out(z, x2, weight.t());
     z.sigmoid_();
@@ -131,8 +133,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
   // grad_out may be a broadcast view (y.sum().backward() passes expanded ones): the fused
   // loop wants plain rows.
   const int64_t rows = dense::rows(x);
-  const at::Tensor g = grad_out.reshape({rows, out_f}).contiguous();
-  const at::Tensor y = out.reshape({rows, out_f}).contiguous();
+  const bool flat = x.dim() == 2;  // then no reshape (and no new tensor header) is needed
+  const at::Tensor g = (flat ? grad_out : grad_out.reshape({rows, out_f})).contiguous();
+  const at::Tensor y = (flat ? out : out.reshape({rows, out_f})).contiguous();
 
   at::Tensor dz, grad_b;
   if (y.is_cpu()) {
@@ -151,8 +154,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
   }
 
   // The two GEMMs of a linear layer's backward, again through ATen.
-  at::Tensor grad_x = output_mask[0] ? at::mm(dz, weight).view(x.sizes()) : dense::unused(x);
-  at::Tensor grad_w = output_mask[1] ? at::mm(dz.t(), x.reshape({rows, in_f})) : dense::unused(x);
+  at::Tensor grad_x = !output_mask[0] ? dense::unused(x)
+                      : flat          ? at::mm(dz, weight)
+                                      : at::mm(dz, weight).view(x.sizes());
+  at::Tensor grad_w = output_mask[1] ? at::mm(dz.t(), flat ? x : x.reshape({rows, in_f})) : dense::unused(x);
   return {grad_x, grad_w, grad_b};
 }
 
