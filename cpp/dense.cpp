@@ -52,6 +52,16 @@ void bias_sigmoid_(scalar_t* z, const scalar_t* b, int64_t rows, int64_t cols) {
   });
 }
 
+// Rows per block of the blocked paths: a block of z or dz of about 256 KiB, which stays in
+// cache between the GEMM that writes it and the pass that reads it (or the other way round).
+inline int64_t block_rows(int64_t cols, int64_t element_size) {
+  return std::max<int64_t>(32, (256 << 10) / std::max<int64_t>(1, cols * element_size));
+}
+
+// Blocking costs one GEMM call per block (a few µs each) and smaller GEMMs; it pays where
+// the GEMMs are cheap next to the memory traffic of z and dz: few input features, many rows.
+inline bool use_blocks(int64_t rows, int64_t in_f, int64_t block) { return in_f <= 256 && rows >= 4 * block; }
+
 at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
                    const std::optional<at::Tensor>& bias) {
   dense::check_inputs(x, weight, bias);
@@ -69,11 +79,27 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
     z.sigmoid_();
     return out;
   }
-  at::mm_out(z, x2, weight.t());
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
+  const at::Tensor wt = weight.t();
+  const int64_t rows = x2.size(0), cols = weight.size(0), block = block_rows(cols, x.element_size());
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "dense_cpp_forward", [&] {
-    bias_sigmoid_(z.data_ptr<scalar_t>(), b.defined() ? b.data_ptr<scalar_t>() : nullptr,
-                  z.size(0), z.size(1));
+    const scalar_t* bp = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
+    if (!use_blocks(rows, x2.size(1), block)) {
+      at::mm_out(z, x2, wt);
+      bias_sigmoid_(z.data_ptr<scalar_t>(), bp, rows, cols);
+      return;
+    }
+    // Blocked: the sigmoid pass over a block of rows right after its GEMM, while it is in
+    // cache. (Inside a parallel region bias_sigmoid_'s own parallel_for runs serially.)
+    at::parallel_for(0, rows, block, [&](int64_t r0, int64_t r1) {
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;  // as in blocked_backward
+      for (int64_t r = r0; r < r1; r += block) {
+        const int64_t n = std::min(block, r1 - r);
+        at::Tensor zb = z.narrow(0, r, n);
+        at::mm_out(zb, x2.narrow(0, r, n), wt);
+        bias_sigmoid_(zb.data_ptr<scalar_t>(), bp, n, cols);
+      }
+    });
   });
   return out;
 }
@@ -83,42 +109,93 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
 // Memory is walked in order, row after row (the prefetcher's favourite pattern: after the
 // GEMMs nothing of g or y is left in cache). Threads take disjoint row ranges and keep
 // their own column sums, added together at the end in a fixed order.
+// Column sums run in scalar_t over kSumRows rows (a row of them stays in L1), then the
+// blocks add up in double: a float sum over a million rows keeps its digits.
+constexpr int64_t kSumRows = 64;
+
+// One thread's share: rows of g and y in, rows of dz out, column sums added to total[].
 template <typename scalar_t, bool kBias>
-void sigmoid_grad_and_bias_sum(const scalar_t* g, const scalar_t* y, scalar_t* dz, scalar_t* db,
-                               int64_t rows, int64_t cols) {
+void sigmoid_grad_rows(const scalar_t* g, const scalar_t* y, scalar_t* dz, double* total, scalar_t* part,
+                       int64_t rows, int64_t cols) {
   using Vec = at::vec::Vectorized<scalar_t>;
-  // Column sums run in scalar_t over kBlock rows (a row of them stays in L1), then the
-  // blocks add up in double: a float sum over a million rows keeps its digits.
-  constexpr int64_t kBlock = 64;
-  const int64_t threads = at::get_num_threads();
-  std::vector<double> totals(kBias ? threads * cols : 0, 0.0);
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    double* total = totals.data() + (kBias ? at::get_thread_num() * cols : 0);
-    std::vector<scalar_t> part(kBias ? cols : 0);
-    const Vec one(scalar_t(1));
-    for (int64_t rb = r0; rb < r1; rb += kBlock) {
-      std::fill(part.begin(), part.end(), scalar_t(0));
-      for (int64_t r = rb; r < std::min(r1, rb + kBlock); ++r) {
-        const int64_t row = r * cols;
-        auto step = [&](int64_t c, int64_t n) {
-          const Vec yv = Vec::loadu(y + row + c, n);
-          const Vec d = Vec::loadu(g + row + c, n) * yv * (one - yv);
-          d.store(dz + row + c, n);
-          if constexpr (kBias) (Vec::loadu(part.data() + c, n) + d).store(part.data() + c, n);
-        };
-        int64_t c = 0;
-        for (; c + Vec::size() <= cols; c += Vec::size()) step(c, Vec::size());
-        if (c < cols) step(c, cols - c);
-      }
-      for (int64_t c = 0; c < (kBias ? cols : 0); ++c) total[c] += part[c];
+  const Vec one(scalar_t(1));
+  for (int64_t rb = 0; rb < rows; rb += kSumRows) {
+    if constexpr (kBias) std::fill(part, part + cols, scalar_t(0));
+    for (int64_t r = rb; r < std::min(rows, rb + kSumRows); ++r) {
+      const int64_t row = r * cols;
+      auto step = [&](int64_t c, int64_t n) {
+        const Vec yv = Vec::loadu(y + row + c, n);
+        const Vec d = Vec::loadu(g + row + c, n) * yv * (one - yv);
+        d.store(dz + row + c, n);
+        if constexpr (kBias) (Vec::loadu(part + c, n) + d).store(part + c, n);
+      };
+      int64_t c = 0;
+      for (; c + Vec::size() <= cols; c += Vec::size()) step(c, Vec::size());
+      if (c < cols) step(c, cols - c);
     }
-  });
-  for (int64_t c = 0; c < (kBias ? cols : 0); ++c) {
+    if constexpr (kBias) for (int64_t c = 0; c < cols; ++c) total[c] += part[c];
+  }
+}
+
+// The threads' column sums, added in a fixed order (the same answer on every run).
+template <typename scalar_t>
+void sum_totals(const std::vector<double>& totals, scalar_t* db, int64_t threads, int64_t cols) {
+  for (int64_t c = 0; c < cols; ++c) {
     double sum = 0;
     for (int64_t t = 0; t < threads; ++t) sum += totals[t * cols + c];
     db[c] = static_cast<scalar_t>(sum);
   }
+}
+
+template <typename scalar_t, bool kBias>
+void sigmoid_grad_and_bias_sum(const scalar_t* g, const scalar_t* y, scalar_t* dz, scalar_t* db,
+                               int64_t rows, int64_t cols) {
+  const int64_t threads = at::get_num_threads();
+  std::vector<double> totals(kBias ? threads * cols : 0, 0.0);
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<scalar_t> part(kBias ? cols : 0);
+    sigmoid_grad_rows<scalar_t, kBias>(g + r0 * cols, y + r0 * cols, dz + r0 * cols,
+                                       totals.data() + (kBias ? at::get_thread_num() * cols : 0), part.data(),
+                                       r1 - r0, cols);
+  });
+  if constexpr (kBias) sum_totals(totals, db, threads, cols);
+}
+
+// The blocked backward: each thread takes a block of rows at a time, computes its dz into a
+// buffer of its own, and runs both GEMMs on it at once, while it is still in cache: dz is
+// never written to memory. Each thread accumulates its own dW (dW = Σ_blocks dz_blockᵀ x_block),
+// and the threads' dW add up at the end in a fixed order.
+template <typename scalar_t, bool kBias>
+void blocked_backward(const at::Tensor& g, const at::Tensor& y, const at::Tensor& x2, const at::Tensor& weight,
+                      at::Tensor* grad_x2, at::Tensor* grad_w, scalar_t* db, int64_t block) {
+  const int64_t rows = y.size(0), out_f = y.size(1), in_f = weight.size(1);
+  const int64_t threads = at::get_num_threads();
+  std::vector<double> totals(kBias ? threads * out_f : 0, 0.0);
+  at::Tensor dw_parts = grad_w ? at::zeros({threads, out_f, in_f}, y.options()) : at::Tensor();
+  const scalar_t* gp = g.data_ptr<scalar_t>();
+  const scalar_t* yp = y.data_ptr<scalar_t>();
+  at::parallel_for(0, rows, block, [&](int64_t r0, int64_t r1) {
+    // ATen calls from the worker threads: their thread-local dispatch state is not the caller's,
+    // so say again that this runs below autograd (as the caller's thread already does).
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const int64_t tid = at::get_thread_num();
+    at::Tensor dz = at::empty({std::min(block, r1 - r0), out_f}, y.options());
+    std::vector<scalar_t> part(kBias ? out_f : 0);
+    for (int64_t r = r0; r < r1; r += block) {
+      const int64_t n = std::min(block, r1 - r);
+      at::Tensor dzb = dz.narrow(0, 0, n);
+      sigmoid_grad_rows<scalar_t, kBias>(gp + r * out_f, yp + r * out_f, dzb.data_ptr<scalar_t>(),
+                                         totals.data() + (kBias ? tid * out_f : 0), part.data(), n, out_f);
+      if (grad_x2) {
+        at::Tensor dxb = grad_x2->narrow(0, r, n);
+        at::mm_out(dxb, dzb, weight);
+      }
+      if (grad_w) dw_parts.select(0, tid).addmm_(dzb.t(), x2.narrow(0, r, n));
+    }
+  });
+  if (grad_w) *grad_w = dw_parts.sum(0);
+  if constexpr (kBias) sum_totals(totals, db, threads, out_f);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out,
@@ -139,8 +216,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
 
   at::Tensor dz, grad_b;
   if (y.is_cpu()) {
-    dz = at::empty_like(y);
     grad_b = output_mask[2] ? at::empty({out_f}, y.options()) : dense::unused(y);
+    const int64_t block = block_rows(out_f, y.element_size());
+    if (use_blocks(rows, in_f, block) && (output_mask[0] || output_mask[1])) {
+      at::Tensor grad_x2 = output_mask[0] ? at::empty({rows, in_f}, x.options()) : dense::unused(x);
+      at::Tensor grad_w = dense::unused(x);
+      const at::Tensor x2 = flat ? x : x.reshape({rows, in_f});
+      AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "dense_cpp_backward_blocked", [&] {
+        auto kernel = output_mask[2] ? blocked_backward<scalar_t, true> : blocked_backward<scalar_t, false>;
+        kernel(g, y, x2, weight, output_mask[0] ? &grad_x2 : nullptr, output_mask[1] ? &grad_w : nullptr,
+               output_mask[2] ? grad_b.data_ptr<scalar_t>() : nullptr, block);
+      });
+      return {output_mask[0] ? grad_x2.view(x.sizes()) : grad_x2, grad_w, grad_b};
+    }
+    dz = at::empty_like(y);
     AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "dense_cpp_backward", [&] {
       auto kernel = output_mask[2] ? sigmoid_grad_and_bias_sum<scalar_t, true>
                                    : sigmoid_grad_and_bias_sum<scalar_t, false>;

@@ -205,3 +205,31 @@ def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
     assert "| cpp: forward + backward |" in result.stdout
     bad = run_script("cpp/overhead.py", "--rounds", "1", "--json", str(tmp_path / "missing" / "o.json"))
     assert bad.returncode == 2 and "not a writable file path" in bad.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape_x, bias, wanted", [
+    ((3, 700, 20), True, (True, True, True)),   # enough rows for the blocked CPU path (cpp/dense.cpp)
+    ((2100, 20), False, (True, True, False)),
+    ((2100, 20), True, (False, True, True)),     # an input batch: no grad_x
+    ((2100, 20), True, (True, False, False)),
+])
+def test_blocked_cpu_path_matches_the_reference(ops, dtype, shape_x, bias, wanted):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(shape_x, generator=gen, dtype=dtype)
+    if x.dim() == 2:
+        x = x.t().contiguous().t()  # column-major: the blocks are strided views
+    w = torch.randn(129, 20, generator=gen, dtype=dtype)
+    b = torch.randn(129, generator=gen, dtype=dtype) if bias else None
+    g = torch.randn(*shape_x[:-1], 129, generator=gen, dtype=dtype)
+    results = []
+    for fn in (modes.dense("cpp"), lambda x, w, b: torch.sigmoid(torch.nn.functional.linear(x, w, b))):
+        ts = [t.clone().requires_grad_(need) if t is not None else None for t, need in zip((x, w, b), wanted)]
+        y = fn(*ts)
+        y.backward(g)
+        results.append([y.detach()] + [t.grad if t is not None else None for t in ts])
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    for a, e in zip(*results):
+        assert (a is None) == (e is None)
+        if a is not None:
+            torch.testing.assert_close(a, e, **tol)
