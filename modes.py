@@ -18,6 +18,7 @@ module of that name.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import math
@@ -25,7 +26,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -126,15 +127,35 @@ def stage(mode: str) -> ModuleType:
     return _stage(mode)
 
 
+_dense_fns: dict[str, DenseFn] = {}
+
+
 def dense(mode: str) -> DenseFn:
-    """The stage's differentiable functional op: ``dense(mode)(x, weight, bias)``."""
+    """The stage's differentiable functional op: ``dense(mode)(x, weight, bias)``.
+
+    Inputs are checked once. The compiled stages check them in C++ (cpp/dense_common.h), so
+    the hot path pays for no Python checks; if the op rejects its inputs, modes.check_inputs
+    runs then, to replace the C++ message by the clear TypeError/ValueError. py checks first:
+    its torch ops would accept some inputs that Dense must refuse (float16, integers).
+    """
+    if mode in _dense_fns:
+        return _dense_fns[mode]
     op = _stage(mode).dense
 
-    def checked(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-        check_inputs(x, weight, bias)
-        return op(x, weight, bias)
+    if mode == "py":
+        def checked(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+            check_inputs(x, weight, bias)
+            return op(x, weight, bias)
+    else:
+        def checked(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+            try:
+                return op(x, weight, bias)
+            except (TypeError, ValueError, RuntimeError):
+                check_inputs(x, weight, bias)  # raises the clear error if the inputs are at fault
+                raise
 
     checked.__name__ = checked.__qualname__ = f"dense_{mode}"
+    _dense_fns[mode] = checked
     return checked
 
 
@@ -159,7 +180,7 @@ class Dense(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        self.fn = dense(mode)  # fails early, with the reason, if the mode is unavailable
+        dense(mode)  # fails early, with the reason, if the mode is unavailable
         self.in_features, self.out_features, self.mode = in_features, out_features, mode
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
@@ -178,7 +199,9 @@ class Dense(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fn(x, self.weight, self.bias)
+        # Looked up by name, not held: a module holding a local function cannot be pickled
+        # (torch.save of the whole module), and after unpickling the stage loads on first use.
+        return dense(self.mode)(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -224,13 +247,15 @@ def check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
 
 
 def register_dense_op(namespace: str) -> Callable[..., Tensor]:
-    """Make ``torch.ops.<namespace>.forward`` differentiable and traceable.
+    """Make ``torch.ops.<namespace>.forward`` traceable and vmap-able; returns the op.
 
     Every compiled stage defines the same two ops in C++ (schema in cpp/dense_common.h):
     ``forward(x, weight, bias?) -> out`` and
-    ``backward(grad_out, x, weight, out, output_mask) -> (grad_x, grad_weight, grad_bias)``.
-    This registers, once for all of them, the fake (shape-only) kernels torch.compile
-    traces with, and the autograd formula that calls the stage's own backward op.
+    ``backward(grad_out, x, weight, out, output_mask) -> (grad_x, grad_weight, grad_bias)``,
+    and registers their autograd formula in C++ too (dense::implement_autograd, also in
+    dense_common.h: no Python runs on the hot path). This adds, once for all stages, what
+    only Python can register: the fake (shape-only) kernels torch.compile traces with, and
+    the batching rules of torch.func.vmap.
     """
     ops = getattr(torch.ops, namespace)
 
@@ -246,25 +271,28 @@ def register_dense_op(namespace: str) -> Callable[..., Tensor]:
         shapes = (x.shape, weight.shape, weight.shape[:1])
         return tuple(x.new_empty(s if m else (0,)) for s, m in zip(shapes, output_mask))
 
-    def setup_context(ctx, inputs, output) -> None:
-        x, weight, bias = inputs
-        ctx.save_for_backward(x, weight, output)
-        ctx.has_bias = bias is not None
+    def pick(t: Tensor | None, dim: int | None, i: int) -> Tensor | None:
+        return t if t is None or dim is None else t.select(dim, i)
 
-    def backward(ctx, grad_out: Tensor):
-        # Autograd runs a backward with grad mode on only for create_graph=True. The backward
-        # op has no derivative of its own, so say so rather than return silently wrong zeros.
-        if torch.is_grad_enabled():
-            raise RuntimeError(f"{namespace}: double backward (create_graph=True) is not implemented for "
-                               "this stage; mode 'py' supports it")
-        x, weight, out = ctx.saved_tensors
-        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1],
-                ctx.has_bias and ctx.needs_input_grad[2]]
-        grads = ops.backward(grad_out, x, weight, out, mask)
-        return tuple(g if m else None for g, m in zip(grads, mask))
+    @torch.library.register_vmap(f"{namespace}::forward")
+    def _(info, in_dims, x: Tensor, weight: Tensor, bias: Tensor | None):
+        x_dim, w_dim, b_dim = in_dims
+        if w_dim is None and b_dim is None:
+            # One layer, a batch of inputs: the op already folds leading dimensions into rows.
+            return ops.forward(x.movedim(x_dim, 0), weight, bias), 0
+        # A batch of layers: one call per layer (correct, not fast).
+        return torch.stack([ops.forward(pick(x, x_dim, i), pick(weight, w_dim, i), pick(bias, b_dim, i))
+                            for i in range(info.batch_size)]), 0
 
-    torch.library.register_autograd(f"{namespace}::forward", backward, setup_context=setup_context)
-    return ops.forward
+    @torch.library.register_vmap(f"{namespace}::backward")
+    def _(info, in_dims, grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor, output_mask: Sequence[bool]):
+        # Per-sample gradients (jacrev, vmap of grad) need one weight gradient per sample:
+        # one call per sample, stacked.
+        calls = [ops.backward(*(pick(t, d, i) for t, d in zip((grad_out, x, weight, out), in_dims)), output_mask)
+                 for i in range(info.batch_size)]
+        return tuple(torch.stack(gs) for gs in zip(*calls)), (0, 0, 0)
+
+    return ops.forward.default
 
 
 def load_extension(name: str, sources: Sequence[Path], extra_ldflags: Sequence[str] = (),
@@ -287,8 +315,6 @@ def load_extension(name: str, sources: Sequence[Path], extra_ldflags: Sequence[s
         importlib.import_module(name)
         kind = "installed"
     else:
-        from torch.utils import cpp_extension
-
         build_dir = ROOT / "build" / "jit" / name
         build_dir.mkdir(parents=True, exist_ok=True)
         built_libs = list(build_dir.glob("*.so"))
@@ -296,12 +322,67 @@ def load_extension(name: str, sources: Sequence[Path], extra_ldflags: Sequence[s
         if any(s.stat().st_mtime > newest for s in _source_files(sources)):
             print(f"building the {name} extension in {build_dir.relative_to(ROOT)} "
                   "(about a minute the first time)...", file=sys.stderr, flush=True)
-        cpp_extension.load(name=name, sources=[str(s) for s in sources],
-                           build_directory=str(build_dir), is_python_module=False,
-                           extra_cflags=CXX_FLAGS, extra_ldflags=LD_FLAGS + list(extra_ldflags), **jit_kwargs)
+        with _build_guard(build_dir):
+            _jit_build(name, sources, build_dir, extra_ldflags, jit_kwargs)
         kind = "jit"
     _build_kind[name] = kind
     return kind
+
+
+class BuildError(RuntimeError):
+    """A stage's C++/CUDA extension failed to compile or link; the message has the first errors."""
+
+
+def _jit_build(name: str, sources: Sequence[Path], build_dir: Path, extra_ldflags: Sequence[str],
+               jit_kwargs: dict) -> None:
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.load(name=name, sources=[str(s) for s in sources], build_directory=str(build_dir),
+                           is_python_module=False, extra_cflags=CXX_FLAGS,
+                           extra_ldflags=LD_FLAGS + list(extra_ldflags), **jit_kwargs)
+    except RuntimeError as e:
+        text = str(e)
+        if not text.startswith(f"Error building extension '{name}"):
+            raise  # not a compiler failure (e.g. loading the library): torch's message is the right one
+        log = build_dir / "build.log"
+        log.write_text(text + "\n")
+        lines = text.splitlines()
+        # gcc/nvcc say "error:", the linker "undefined reference"; show the first few with context.
+        hits = [i for i, line in enumerate(lines) if "error" in line.lower() or "undefined reference" in line]
+        hits = [i for i in hits if not lines[i].startswith(("FAILED:", "ninja: build stopped", "Error building"))]
+        first = lines[hits[0]:hits[0] + 6] if hits else lines[-6:]
+        raise BuildError(f"building the {name} extension failed; the compiler said:\n  " + "\n  ".join(first)
+                         + f"\nfull log: {log}") from None
+
+
+@contextlib.contextmanager
+def _build_guard(build_dir: Path) -> Iterator[None]:
+    """Hold an OS lock on the build folder while torch builds or loads the extension there.
+
+    torch's own guard is the file ``<build_dir>/lock``, created at the start and deleted at
+    the end; a build killed by SIGTERM/SIGKILL never deletes it, and every later load then
+    waits for it forever. An flock, unlike that file, is released by the kernel when its
+    holder dies, however it dies. So whoever holds our flock is the only process of ours
+    building here, and a ``lock`` file it finds is stale: it is removed before torch looks.
+    (Another build in progress makes us wait on the flock, which ends when that build does.)
+    """
+    import fcntl
+
+    with open(build_dir / "build.flock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process building in {build_dir}...", file=sys.stderr, flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            print(f"removing {stale}, left by a build that was killed", file=sys.stderr, flush=True)
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _source_files(sources: Sequence[Path]) -> list[Path]:

@@ -20,6 +20,10 @@
 
 namespace {
 
+struct CppStage {
+  static constexpr const char* name = "cpp";  // the ops are dense_cpp::forward/backward
+};
+
 // y = sigmoid(z + b), in place over z, in one pass. ATen's way is two (addmm's bias
 // epilogue, then sigmoid), and addmm even pre-fills its output with the broadcast bias.
 // at::vec::Vectorized is ATen's own SIMD wrapper. exp_u20 is its inline polynomial exp
@@ -35,8 +39,11 @@ void bias_sigmoid_(scalar_t* z, const scalar_t* b, int64_t rows, int64_t cols) {
       auto step = [&](int64_t c, int64_t n) {
         Vec v = Vec::loadu(zr + c, n);
         if (b != nullptr) v = v + Vec::loadu(b + c, n);
-        // 1 / (1 + e^-v) has no NaN for any v: e^-v saturates to 0 or to a huge value.
-        (one / (one + v.neg().exp_u20())).store(zr + c, n);
+        // exp_u20 clamps its argument to a finite range first, and a clamp turns NaN into a
+        // number: sigmoid(NaN) would come out finite. Where v is NaN (v != v), keep v.
+        // ±inf need nothing: e^-v saturates to 0 or to a huge value, and y to 1 or 0.
+        const Vec y = one / (one + v.neg().exp_u20());
+        Vec::blendv(y, v, v.isnan()).store(zr + c, n);
       };
       int64_t c = 0;
       for (; c + Vec::size() <= cols; c += Vec::size()) step(c, Vec::size());
@@ -45,26 +52,54 @@ void bias_sigmoid_(scalar_t* z, const scalar_t* b, int64_t rows, int64_t cols) {
   });
 }
 
+// Rows per block of the blocked paths: a block of z or dz of about 256 KiB, which stays in
+// cache between the GEMM that writes it and the pass that reads it (or the other way round).
+inline int64_t block_rows(int64_t cols, int64_t element_size) {
+  return std::max<int64_t>(32, (256 << 10) / std::max<int64_t>(1, cols * element_size));
+}
+
+// Blocking costs one GEMM call per block (a few µs each) and smaller GEMMs; it pays where
+// the GEMMs are cheap next to the memory traffic of z and dz: few input features, many rows.
+inline bool use_blocks(int64_t rows, int64_t in_f, int64_t block) { return in_f <= 256 && rows >= 4 * block; }
+
 at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
                    const std::optional<at::Tensor>& bias) {
   dense::check_inputs(x, weight, bias);
-  const at::Tensor x2 = x.reshape({-1, weight.size(1)});
+  // A 2-d x is used as it is: at B=1 even a view (a new tensor header) is a measurable cost.
+  const bool flat = x.dim() == 2;
+  const at::Tensor x2 = flat ? x : x.reshape({dense::rows(x), weight.size(1)});
   // The GEMM is ATen's (MKL/oneDNN on CPU, cuBLAS on GPU): nobody beats those by hand here.
   // The output is allocated once, in its final shape, and the GEMM writes into a 2-d view of
   // it; everything after the GEMM happens in place. (Returning a view of an internal tensor
   // instead would make autograd track that view.)
   at::Tensor out = at::empty(dense::out_shape(x, weight), x.options());
-  at::Tensor z = out.view({x2.size(0), weight.size(0)});
+  at::Tensor z = flat ? out : out.view({x2.size(0), weight.size(0)});
   if (!x.is_cpu()) {  // on a GPU this stage leans on ATen; fused kernels are stage 3's job
     bias ? at::addmm_out(z, *bias, x2, weight.t()) : at::mm_out(z, x2, weight.t());
     z.sigmoid_();
     return out;
   }
-  at::mm_out(z, x2, weight.t());
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
+  const at::Tensor wt = weight.t();
+  const int64_t rows = x2.size(0), cols = weight.size(0), block = block_rows(cols, x.element_size());
   AT_DISPATCH_FLOATING_TYPES(z.scalar_type(), "dense_cpp_forward", [&] {
-    bias_sigmoid_(z.data_ptr<scalar_t>(), b.defined() ? b.data_ptr<scalar_t>() : nullptr,
-                  z.size(0), z.size(1));
+    const scalar_t* bp = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
+    if (!use_blocks(rows, x2.size(1), block)) {
+      at::mm_out(z, x2, wt);
+      bias_sigmoid_(z.data_ptr<scalar_t>(), bp, rows, cols);
+      return;
+    }
+    // Blocked: the sigmoid pass over a block of rows right after its GEMM, while it is in
+    // cache. (Inside a parallel region bias_sigmoid_'s own parallel_for runs serially.)
+    at::parallel_for(0, rows, block, [&](int64_t r0, int64_t r1) {
+      const at::AutoDispatchBelowADInplaceOrView below_autograd;  // as in blocked_backward
+      for (int64_t r = r0; r < r1; r += block) {
+        const int64_t n = std::min(block, r1 - r);
+        at::Tensor zb = z.narrow(0, r, n);
+        at::mm_out(zb, x2.narrow(0, r, n), wt);
+        bias_sigmoid_(zb.data_ptr<scalar_t>(), bp, n, cols);
+      }
+    });
   });
   return out;
 }
@@ -74,42 +109,93 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
 // Memory is walked in order, row after row (the prefetcher's favourite pattern: after the
 // GEMMs nothing of g or y is left in cache). Threads take disjoint row ranges and keep
 // their own column sums, added together at the end in a fixed order.
+// Column sums run in scalar_t over kSumRows rows (a row of them stays in L1), then the
+// blocks add up in double: a float sum over a million rows keeps its digits.
+constexpr int64_t kSumRows = 64;
+
+// One thread's share: rows of g and y in, rows of dz out, column sums added to total[].
 template <typename scalar_t, bool kBias>
-void sigmoid_grad_and_bias_sum(const scalar_t* g, const scalar_t* y, scalar_t* dz, scalar_t* db,
-                               int64_t rows, int64_t cols) {
+void sigmoid_grad_rows(const scalar_t* g, const scalar_t* y, scalar_t* dz, double* total, scalar_t* part,
+                       int64_t rows, int64_t cols) {
   using Vec = at::vec::Vectorized<scalar_t>;
-  // Column sums run in scalar_t over kBlock rows (a row of them stays in L1), then the
-  // blocks add up in double: a float sum over a million rows keeps its digits.
-  constexpr int64_t kBlock = 64;
-  const int64_t threads = at::get_num_threads();
-  std::vector<double> totals(kBias ? threads * cols : 0, 0.0);
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    double* total = totals.data() + (kBias ? at::get_thread_num() * cols : 0);
-    std::vector<scalar_t> part(kBias ? cols : 0);
-    const Vec one(scalar_t(1));
-    for (int64_t rb = r0; rb < r1; rb += kBlock) {
-      std::fill(part.begin(), part.end(), scalar_t(0));
-      for (int64_t r = rb; r < std::min(r1, rb + kBlock); ++r) {
-        const int64_t row = r * cols;
-        auto step = [&](int64_t c, int64_t n) {
-          const Vec yv = Vec::loadu(y + row + c, n);
-          const Vec d = Vec::loadu(g + row + c, n) * yv * (one - yv);
-          d.store(dz + row + c, n);
-          if constexpr (kBias) (Vec::loadu(part.data() + c, n) + d).store(part.data() + c, n);
-        };
-        int64_t c = 0;
-        for (; c + Vec::size() <= cols; c += Vec::size()) step(c, Vec::size());
-        if (c < cols) step(c, cols - c);
-      }
-      for (int64_t c = 0; c < (kBias ? cols : 0); ++c) total[c] += part[c];
+  const Vec one(scalar_t(1));
+  for (int64_t rb = 0; rb < rows; rb += kSumRows) {
+    if constexpr (kBias) std::fill(part, part + cols, scalar_t(0));
+    for (int64_t r = rb; r < std::min(rows, rb + kSumRows); ++r) {
+      const int64_t row = r * cols;
+      auto step = [&](int64_t c, int64_t n) {
+        const Vec yv = Vec::loadu(y + row + c, n);
+        const Vec d = Vec::loadu(g + row + c, n) * yv * (one - yv);
+        d.store(dz + row + c, n);
+        if constexpr (kBias) (Vec::loadu(part + c, n) + d).store(part + c, n);
+      };
+      int64_t c = 0;
+      for (; c + Vec::size() <= cols; c += Vec::size()) step(c, Vec::size());
+      if (c < cols) step(c, cols - c);
     }
-  });
-  for (int64_t c = 0; c < (kBias ? cols : 0); ++c) {
+    if constexpr (kBias) for (int64_t c = 0; c < cols; ++c) total[c] += part[c];
+  }
+}
+
+// The threads' column sums, added in a fixed order (the same answer on every run).
+template <typename scalar_t>
+void sum_totals(const std::vector<double>& totals, scalar_t* db, int64_t threads, int64_t cols) {
+  for (int64_t c = 0; c < cols; ++c) {
     double sum = 0;
     for (int64_t t = 0; t < threads; ++t) sum += totals[t * cols + c];
     db[c] = static_cast<scalar_t>(sum);
   }
+}
+
+template <typename scalar_t, bool kBias>
+void sigmoid_grad_and_bias_sum(const scalar_t* g, const scalar_t* y, scalar_t* dz, scalar_t* db,
+                               int64_t rows, int64_t cols) {
+  const int64_t threads = at::get_num_threads();
+  std::vector<double> totals(kBias ? threads * cols : 0, 0.0);
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<scalar_t> part(kBias ? cols : 0);
+    sigmoid_grad_rows<scalar_t, kBias>(g + r0 * cols, y + r0 * cols, dz + r0 * cols,
+                                       totals.data() + (kBias ? at::get_thread_num() * cols : 0), part.data(),
+                                       r1 - r0, cols);
+  });
+  if constexpr (kBias) sum_totals(totals, db, threads, cols);
+}
+
+// The blocked backward: each thread takes a block of rows at a time, computes its dz into a
+// buffer of its own, and runs both GEMMs on it at once, while it is still in cache: dz is
+// never written to memory. Each thread accumulates its own dW (dW = Σ_blocks dz_blockᵀ x_block),
+// and the threads' dW add up at the end in a fixed order.
+template <typename scalar_t, bool kBias>
+void blocked_backward(const at::Tensor& g, const at::Tensor& y, const at::Tensor& x2, const at::Tensor& weight,
+                      at::Tensor* grad_x2, at::Tensor* grad_w, scalar_t* db, int64_t block) {
+  const int64_t rows = y.size(0), out_f = y.size(1), in_f = weight.size(1);
+  const int64_t threads = at::get_num_threads();
+  std::vector<double> totals(kBias ? threads * out_f : 0, 0.0);
+  at::Tensor dw_parts = grad_w ? at::zeros({threads, out_f, in_f}, y.options()) : at::Tensor();
+  const scalar_t* gp = g.data_ptr<scalar_t>();
+  const scalar_t* yp = y.data_ptr<scalar_t>();
+  at::parallel_for(0, rows, block, [&](int64_t r0, int64_t r1) {
+    // ATen calls from the worker threads: their thread-local dispatch state is not the caller's,
+    // so say again that this runs below autograd (as the caller's thread already does).
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const int64_t tid = at::get_thread_num();
+    at::Tensor dz = at::empty({std::min(block, r1 - r0), out_f}, y.options());
+    std::vector<scalar_t> part(kBias ? out_f : 0);
+    for (int64_t r = r0; r < r1; r += block) {
+      const int64_t n = std::min(block, r1 - r);
+      at::Tensor dzb = dz.narrow(0, 0, n);
+      sigmoid_grad_rows<scalar_t, kBias>(gp + r * out_f, yp + r * out_f, dzb.data_ptr<scalar_t>(),
+                                         totals.data() + (kBias ? tid * out_f : 0), part.data(), n, out_f);
+      if (grad_x2) {
+        at::Tensor dxb = grad_x2->narrow(0, r, n);
+        at::mm_out(dxb, dzb, weight);
+      }
+      if (grad_w) dw_parts.select(0, tid).addmm_(dzb.t(), x2.narrow(0, r, n));
+    }
+  });
+  if (grad_w) *grad_w = dw_parts.sum(0);
+  if constexpr (kBias) sum_totals(totals, db, threads, out_f);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out,
@@ -119,17 +205,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
                                                         std::array<bool, 3> output_mask) {
   dense::check_inputs(x, weight, std::nullopt);
   const int64_t in_f = weight.size(1), out_f = weight.size(0);
+  TORCH_CHECK_VALUE(grad_out.sizes() == out.sizes(), "grad_out has shape ", grad_out.sizes(),
+                    " but the output had shape ", out.sizes());
   // grad_out may be a broadcast view (y.sum().backward() passes expanded ones): the fused
   // loop wants plain rows.
-  const at::Tensor g = grad_out.reshape({-1, out_f}).contiguous();
-  const at::Tensor y = out.reshape({-1, out_f}).contiguous();
-  TORCH_CHECK_VALUE(g.sizes() == y.sizes(), "grad_out has shape ", grad_out.sizes(),
-                    " but the output had shape ", out.sizes());
+  const int64_t rows = dense::rows(x);
+  const bool flat = x.dim() == 2;  // then no reshape (and no new tensor header) is needed
+  const at::Tensor g = (flat ? grad_out : grad_out.reshape({rows, out_f})).contiguous();
+  const at::Tensor y = (flat ? out : out.reshape({rows, out_f})).contiguous();
 
   at::Tensor dz, grad_b;
   if (y.is_cpu()) {
-    dz = at::empty_like(y);
     grad_b = output_mask[2] ? at::empty({out_f}, y.options()) : dense::unused(y);
+    const int64_t block = block_rows(out_f, y.element_size());
+    if (use_blocks(rows, in_f, block) && (output_mask[0] || output_mask[1])) {
+      at::Tensor grad_x2 = output_mask[0] ? at::empty({rows, in_f}, x.options()) : dense::unused(x);
+      at::Tensor grad_w = dense::unused(x);
+      const at::Tensor x2 = flat ? x : x.reshape({rows, in_f});
+      AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "dense_cpp_backward_blocked", [&] {
+        auto kernel = output_mask[2] ? blocked_backward<scalar_t, true> : blocked_backward<scalar_t, false>;
+        kernel(g, y, x2, weight, output_mask[0] ? &grad_x2 : nullptr, output_mask[1] ? &grad_w : nullptr,
+               output_mask[2] ? grad_b.data_ptr<scalar_t>() : nullptr, block);
+      });
+      return {output_mask[0] ? grad_x2.view(x.sizes()) : grad_x2, grad_w, grad_b};
+    }
+    dz = at::empty_like(y);
     AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "dense_cpp_backward", [&] {
       auto kernel = output_mask[2] ? sigmoid_grad_and_bias_sum<scalar_t, true>
                                    : sigmoid_grad_and_bias_sum<scalar_t, false>;
@@ -143,8 +243,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
   }
 
   // The two GEMMs of a linear layer's backward, again through ATen.
-  at::Tensor grad_x = output_mask[0] ? at::mm(dz, weight).view(x.sizes()) : dense::unused(x);
-  at::Tensor grad_w = output_mask[1] ? at::mm(dz.t(), x.reshape({-1, in_f})) : dense::unused(x);
+  at::Tensor grad_x = !output_mask[0] ? dense::unused(x)
+                      : flat          ? at::mm(dz, weight)
+                                      : at::mm(dz, weight).view(x.sizes());
+  at::Tensor grad_w = output_mask[1] ? at::mm(dz.t(), flat ? x : x.reshape({rows, in_f})) : dense::unused(x);
   return {grad_x, grad_w, grad_b};
 }
 
@@ -161,5 +263,6 @@ TORCH_LIBRARY_IMPL(dense_cpp, CUDA, m) {
   m.impl("forward", &forward);
   m.impl("backward", &backward);
 }
+TORCH_LIBRARY_IMPL(dense_cpp, Autograd, m) { dense::implement_autograd<CppStage>(m); }
 
 DENSE_PYTHON_MODULE(dense_cpp_ext)

@@ -39,5 +39,6 @@ using Ops = dense::GpuOps<CudaStage>;
 
 TORCH_LIBRARY(dense_cuda, m) { Ops::define(m); }
 TORCH_LIBRARY_IMPL(dense_cuda, CUDA, m) { Ops::implement(m); }
+TORCH_LIBRARY_IMPL(dense_cuda, Autograd, m) { dense::implement_autograd<CudaStage>(m); }
 
 DENSE_PYTHON_MODULE(dense_cuda_ext)

@@ -63,7 +63,7 @@ inline at::Tensor gpu_forward(Kernels& k, int version, const at::Tensor& x, cons
   check_cuda(x, stage);
   const c10::cuda::CUDAGuard guard(x.device());
   // The kernels read plain row-major memory: a transposed view is copied once here.
-  const at::Tensor x2 = x.reshape({-1, weight.size(1)}).contiguous();
+  const at::Tensor x2 = x.reshape({rows(x), weight.size(1)}).contiguous();
   const at::Tensor w = weight.contiguous();
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();
   const int64_t M = x2.size(0), N = w.size(0), K = w.size(1);
@@ -87,11 +87,11 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, i
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t in_f = weight.size(1), out_f = weight.size(0);
-  const at::Tensor g = grad_out.reshape({-1, out_f}).contiguous();  // may be a broadcast view
-  const at::Tensor y = out.reshape({-1, out_f}).contiguous();
-  TORCH_CHECK_VALUE(g.sizes() == y.sizes(), "grad_out has shape ", grad_out.sizes(), " but the output had shape ",
-                    out.sizes());
-  const int64_t rows = y.size(0);
+  TORCH_CHECK_VALUE(grad_out.sizes() == out.sizes(), "grad_out has shape ", grad_out.sizes(),
+                    " but the output had shape ", out.sizes());
+  const int64_t rows = dense::rows(x);
+  const at::Tensor g = grad_out.reshape({rows, out_f}).contiguous();  // may be a broadcast view
+  const at::Tensor y = out.reshape({rows, out_f}).contiguous();
   at::Tensor dz = at::empty_like(y);
   at::Tensor grad_b = output_mask[2] ? at::empty({out_f}, y.options()) : unused(y);
   if (out_f > 0) run_sigmoid_grad(k, g, y, dz, output_mask[2] ? &grad_b : nullptr, rows, out_f, stream);
@@ -104,7 +104,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, i
     grad_x = grad_x.view(x.sizes());
   }
   if (output_mask[1]) {  // dW[out×in] = dzᵀ[out×rows] · x[rows×in]; rows = 0 gives zeros
-    const at::Tensor x2 = x.reshape({-1, in_f}).contiguous();
+    const at::Tensor x2 = x.reshape({rows, in_f}).contiguous();
     grad_w = at::empty({out_f, in_f}, x.options());
     if (out_f > 0 && in_f > 0) run_gemm(k, version, "tn", dz, x2, grad_w, nullptr, out_f, in_f, rows, dense_kernels::kPlain, stream);
   }

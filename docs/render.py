@@ -37,7 +37,8 @@ def renderers() -> dict[str, Callable[[dict], str]]:
 
     return {"table": benchmark.table, "roofline": benchmark.roofline_table, "sweep": benchmark.sweep_table,
             "run": trainer.table, **bench.RENDERERS, **costmodel.RENDERERS,
-            "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table}
+            "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table,
+            "cpp_overhead": _script("cpp/overhead.py").render}
 
 
 def _script(path: str):

@@ -139,5 +139,6 @@ TORCH_LIBRARY(dense_ptx, m) {
   m.def("load_ptx(str ptx) -> ()", &load_ptx);
 }
 TORCH_LIBRARY_IMPL(dense_ptx, CUDA, m) { Ops::implement(m); }
+TORCH_LIBRARY_IMPL(dense_ptx, Autograd, m) { dense::implement_autograd<PtxStage>(m); }
 
 DENSE_PYTHON_MODULE(dense_ptx_ext)
