@@ -9,10 +9,12 @@ Examples:
   python distributed.py -m py --data mnist --data-dir ~/data/mnist --epochs 3
   python distributed.py -m py --epochs 4 --checkpoint ckpt.pt            # then, after a crash:
   python distributed.py -m py --epochs 4 --checkpoint ckpt.pt --resume
+  python distributed.py -m cpp --world-size 4 --tp 2        # 2 data-parallel × 2 tensor-parallel ranks
   torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr HOST --master-port 29500 \\
       distributed.py -m py
   python distributed.py --bench allreduce --world-size 2 --json docs/results/allreduce_gloo_w2.json
   python distributed.py --bench step --json docs/results/step_gloo_w2.json
+  python distributed.py --bench tp --world-size 2 --hidden 256,64 --batch-size 512
 """
 
 from __future__ import annotations
@@ -65,8 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-kb", type=int, default=25600, help="gradient bucket cap in KiB (DDP's default: 25 MiB)")
     p.add_argument("--json", metavar="PATH", help="write the run (or the benchmark) as JSON")
     p.add_argument("--plot", metavar="PATH", help="draw the loss and accuracy curves (needs matplotlib)")
-    p.add_argument("--bench", choices=["allreduce", "step"],
-                   help="instead of training: time our ring against dist.all_reduce, or a training step against DDP")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel size: the hidden layers are split across --tp ranks (world = dp × tp)")
+    p.add_argument("--bench", choices=["allreduce", "step", "tp"],
+                   help="instead of training: time our ring against dist.all_reduce, a training step against DDP, "
+                        "or a tensor-parallel MLP step (hidden D,H: D -> H -> D) overlapped or not, against "
+                        "torch's tensor parallelism")
     return p
 
 
@@ -94,6 +100,25 @@ def resolve(args: argparse.Namespace, world_size: int) -> tuple[Config, str]:
     return config, backend
 
 
+def check_tp(args: argparse.Namespace, world_size: int, config: Config) -> None:
+    """Every --tp mistake, before any rank starts."""
+    from parallel.tp import TPError, shard_sizes
+
+    if args.bench == "tp":
+        return
+    if args.tp < 1 or world_size % args.tp:
+        raise SystemExit(f"--tp {args.tp} must divide the world size {world_size} (world = dp × tp)")
+    try:
+        for i, width in enumerate(args.hidden):
+            shard_sizes(width, args.tp, f"hidden layer {i + 1}'s width")
+    except TPError as e:
+        raise SystemExit(f"--tp: {e}") from None
+    if args.tp > 1 and config.device == "cuda" and config.backend == "gloo":
+        raise SystemExit("--tp > 1 on CUDA needs the nccl backend (one GPU per rank): the sharded layers "
+                         "send CUDA tensors, which gloo cannot")
+    config.tp = args.tp
+
+
 def run_and_report(config: Config, json_path: str | None, plot_path: str | None) -> dict:
     """One rank's whole job: train, then rank 0 writes the JSON and the plot."""
     result = train(config)
@@ -119,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         raise SystemExit(f"mode {args.mode!r} is not available here: {reason}")
     config, backend = resolve(args, world_size)
+    check_tp(args, world_size, config)
 
     if args.bench:
         from parallel import bench

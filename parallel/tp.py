@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 import types
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -77,6 +78,7 @@ class Timeline:
     "comm" for time spent inside a collective or blocked on a transfer. Off by default."""
 
     events: list[tuple[str, float, float]] | None = None
+    comm_s = 0.0  # always kept: seconds this process spent in tensor-parallel communication
 
     @classmethod
     def start(cls) -> None:
@@ -89,11 +91,15 @@ class Timeline:
 
 
 def _timed(kind: str, fn: Callable[[], Tensor | None]) -> Tensor | None:
-    if Timeline.events is None:
+    if Timeline.events is None and kind != "comm":
         return fn()
     start = time.perf_counter()
     out = fn()
-    Timeline.events.append((kind, start, time.perf_counter()))
+    end = time.perf_counter()
+    if kind == "comm":
+        Timeline.comm_s += end - start
+    if Timeline.events is not None:
+        Timeline.events.append((kind, start, end))
     return out
 
 
@@ -574,3 +580,41 @@ def load_full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, stat
         own[i] = {k: (_own_part(v, dims[i], group) if isinstance(v, Tensor) and dims[i] is not None
                       and v.dim() == params[i].dim() and v.dim() > 0 else v) for k, v in entry.items()}
     opt.load_state_dict({"state": own, "param_groups": state["param_groups"]})
+
+
+# ---------------------------------------------------------------------------
+# Two dimensions: data-parallel groups of tensor-parallel groups
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Layout:
+    """Where this rank stands in a world of dp × tp ranks. Global rank = dp_rank · tp + tp_rank:
+    the ranks of a tensor-parallel group are neighbours (on a real cluster, one machine's GPUs,
+    because tensor parallelism communicates inside every layer). ``tp_group`` runs the sharded
+    layers; ``dp_group`` (the ranks with the same tp_rank) averages their gradients."""
+
+    tp: int
+    dp: int
+    tp_rank: int
+    dp_rank: int
+    tp_group: dist.ProcessGroup | None
+    dp_group: dist.ProcessGroup | None
+
+
+def make_layout(tp: int) -> Layout:
+    """Create the groups (every rank must call this, in the same order). tp = 1: the world is
+    one data-parallel group and no group is made."""
+    rank, world = _group_info(None)
+    if tp < 1 or world % tp:
+        raise TPError(f"--tp {tp} must divide the world size {world}")
+    dp = world // tp
+    if tp == 1:
+        return Layout(1, dp, 0, rank, None, None)
+    tp_group = dp_group = None
+    for d in range(dp):  # dist.new_group is collective: every rank creates every group
+        g = dist.new_group([d * tp + t for t in range(tp)])
+        tp_group = g if d == rank // tp else tp_group
+    for t in range(tp):
+        g = dist.new_group([d * tp + t for d in range(dp)])
+        dp_group = g if t == rank % tp else dp_group
+    return Layout(tp, dp, rank % tp, rank // tp, tp_group, dp_group)

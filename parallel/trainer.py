@@ -22,6 +22,7 @@ from torch import nn
 
 import modes
 from parallel import data as data_mod
+from parallel import tp as tp_mod
 from parallel.reducer import GradReducer, world
 from parallel.ring import ring_all_reduce_host, ring_broadcast_from_rank0
 
@@ -47,6 +48,7 @@ class Config:
     progress: bool = False
     return_state: bool = False     # tests compare the final weights
     train_limit: int | None = None  # use only the first N training samples (quick runs, tests)
+    tp: int = 1                    # tensor-parallel size: world = dp × tp (parallel/tp.py)
 
 
 class CheckpointError(ValueError):
@@ -83,10 +85,13 @@ def _model_signature(config: Config, ds: data_mod.Dataset) -> dict:
 
 
 def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, epoch: int, history: list,
-                    signature: dict, config: Config) -> None:
-    """Rank 0 only. Written to a temporary file and renamed, so a crash never leaves half a file."""
+                    signature: dict, config: Config, states: tuple[dict, dict] | None = None) -> None:
+    """Rank 0 only. Written to a temporary file and renamed, so a crash never leaves half a file.
+    ``states``: the (model, optimiser) state_dicts to write instead of the local ones (the
+    unsharded ones of a tensor-parallel run)."""
+    model_state, opt_state = states or (model.state_dict(), opt.state_dict())
     state = {"format": 1, "signature": signature, "epoch": epoch, "history": history,
-             "model": model.state_dict(), "optimizer": opt.state_dict(),
+             "model": model_state, "optimizer": opt_state,
              "data_order": {"seed": config.seed, "batch_size": config.batch_size, "next_epoch": epoch},
              "rng": torch.get_rng_state()}
     tmp = f"{path}.tmp{os.getpid()}"
@@ -109,14 +114,16 @@ def load_checkpoint(path: str, signature: dict) -> dict:
     return state
 
 
-def _evaluate(model: nn.Module, split: data_mod.Split, device: str, rank: int, world_size: int) -> float:
-    """Accuracy over the whole split: each rank counts on its shard, the ring adds the counts."""
+def _evaluate(model: nn.Module, split: data_mod.Split, device: str, rank: int, world_size: int,
+              group: torch.distributed.ProcessGroup | None = None) -> float:
+    """Accuracy over the whole split: each rank counts on its shard, the ring adds the counts
+    (over ``group``, the data-parallel ranks; the ranks of a tensor-parallel group share a shard)."""
     idx = data_mod.shard(torch.arange(len(split)), rank, world_size)
     with torch.no_grad():
         pred = model(split.x[idx].to(device)).argmax(1).cpu() if len(idx) else torch.empty(0)
     counts = torch.tensor([(pred == split.y[idx]).sum().item(), len(idx)], dtype=torch.int64)
     if world_size > 1:
-        ring_all_reduce_host(counts)
+        ring_all_reduce_host(counts, group)
     return counts[0].item() / max(1, counts[1].item())
 
 
@@ -124,10 +131,18 @@ def train(config: Config) -> dict:
     """Run the training loop on this rank (inside a process group, or alone). Returns the
     history; rank 0 prints one line per epoch and writes the checkpoint."""
     rank, world_size = world()
+    # Tensor parallelism: the ranks of a tp group share a data shard and split the layers; the
+    # data-parallel ranks (dp_rank of dp) split the batch. tp = 1 is plain data parallelism.
+    layout = tp_mod.make_layout(config.tp) if world_size > 1 or config.tp > 1 else tp_mod.Layout(1, 1, 0, 0, None, None)
+    dp_rank, dp_size, dp_group = layout.dp_rank, layout.dp, layout.dp_group
     torch.manual_seed(config.seed)
     ds = load_data(config)
     device = config.device
-    model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode, device)
+    if layout.tp > 1:
+        model = tp_mod.build_tp_model(ds.features, tuple(config.hidden), ds.classes, config.mode,
+                                      layout.tp_group, device)
+    else:
+        model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode, device)
     opt = torch.optim.Adam(model.parameters(), lr=config.lr)
     signature = _model_signature(config, ds)
     staging = "cpu" if (device != "cpu" and world_size > 1 and torch.distributed.get_backend() == "gloo") else None
@@ -136,33 +151,38 @@ def train(config: Config) -> dict:
     start_epoch = 0
     if config.resume:
         state = load_checkpoint(config.checkpoint, signature)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+        if layout.tp > 1:  # checkpoints hold the unsharded state: keep this rank's shards
+            tp_mod.load_full_state_dict(model, state["model"], layout.tp_group)
+            tp_mod.load_full_optimizer_state(model, opt, state["optimizer"], layout.tp_group)
+        else:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         start_epoch, history = state["epoch"], state["history"]
         if rank == 0:
             print(f"resuming from {config.checkpoint} after epoch {start_epoch}", flush=True)
-    if world_size > 1:  # every rank starts from rank 0's weights
+    if dp_size > 1:  # every rank starts from its data-parallel rank 0's weights
         for p in model.parameters():
             if staging:
                 host = p.detach().cpu()
-                p.data.copy_(ring_broadcast_from_rank0(host))
+                p.data.copy_(ring_broadcast_from_rank0(host, dp_group))
             else:
-                ring_broadcast_from_rank0(p.data)
+                ring_broadcast_from_rank0(p.data, dp_group)
     reducer = GradReducer(list(model.parameters()), bucket_bytes=config.bucket_kb * 1024,
-                          overlap=config.overlap, staging_device=staging) if world_size > 1 else None
+                          overlap=config.overlap, staging_device=staging, group=dp_group) if dp_size > 1 else None
 
     train_x, train_y = ds.train.x, ds.train.y
     try:
         for epoch in range(start_epoch, config.epochs):
-            started, comm_before = time.perf_counter(), reducer.comm_s if reducer else 0.0
+            # communication: the gradient buckets' and, with --tp, the sharded layers' own
+            started, comm_before = time.perf_counter(), (reducer.comm_s if reducer else 0.0) + tp_mod.Timeline.comm_s
             batches = data_mod.epoch_batches(len(ds.train), config.batch_size, config.seed, epoch)
             # This rank's sum of losses stays on the device: .item() every step would make a GPU
             # wait for each step before the next is queued.
             loss_total, samples = torch.zeros((), dtype=torch.float64, device=device), 0
             last_print = 0.0
             for i, batch in enumerate(batches):
-                idx = data_mod.shard(batch, rank, world_size)
+                idx = data_mod.shard(batch, dp_rank, dp_size)
                 logits = model(train_x[idx].to(device))
                 loss = F.cross_entropy(logits, train_y[idx].to(device), reduction="sum")
                 (loss / len(batch)).backward()
@@ -177,29 +197,34 @@ def train(config: Config) -> dict:
                     print(f"\r  epoch {epoch + 1}: batch {i + 1}/{len(batches)}", end="", flush=True)
             elapsed = time.perf_counter() - started
             loss_sum = torch.tensor([loss_total.item(), samples], dtype=torch.float64)
-            if world_size > 1:
-                ring_all_reduce_host(loss_sum)
+            if dp_size > 1:
+                ring_all_reduce_host(loss_sum, dp_group)
             record = {"epoch": epoch + 1, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
-                      "accuracy": _evaluate(model, ds.val, device, rank, world_size),
+                      "accuracy": _evaluate(model, ds.val, device, dp_rank, dp_size, dp_group),
                       "samples_per_s": len(ds.train) / elapsed,
-                      "comm_s": (reducer.comm_s - comm_before) if reducer else 0.0}
+                      "comm_s": (reducer.comm_s if reducer else 0.0) + tp_mod.Timeline.comm_s - comm_before}
             history.append(record)
+            # A tensor-parallel run gathers the unsharded state (every rank takes part) for rank 0.
+            states = ((tp_mod.full_state_dict(model, layout.tp_group),
+                       tp_mod.full_optimizer_state(model, opt, layout.tp_group))
+                      if config.checkpoint and layout.tp > 1 else None)
             if rank == 0:
                 print(("\r" if config.progress else "") +
                       f"epoch {record['epoch']:>3}/{config.epochs}  loss {record['loss']:.4f}  "
                       f"val accuracy {100 * record['accuracy']:5.1f}%  {record['samples_per_s']:8.0f} samples/s  "
                       f"comm {record['comm_s']:.2f} s", flush=True)
                 if config.checkpoint:
-                    save_checkpoint(config.checkpoint, model, opt, epoch + 1, history, signature, config)
+                    save_checkpoint(config.checkpoint, model, opt, epoch + 1, history, signature, config, states)
             if config.checkpoint and world_size > 1:
                 torch.distributed.barrier()  # nobody runs ahead of a checkpoint being written
     finally:
         if reducer:
             reducer.close()
 
-    result = {"epochs": history, "final_accuracy": _evaluate(model, ds.test, device, rank, world_size)}
+    result = {"epochs": history, "final_accuracy": _evaluate(model, ds.test, device, dp_rank, dp_size, dp_group)}
     if config.return_state:
-        result["state"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        result["state"] = (tp_mod.full_state_dict(model, layout.tp_group) if layout.tp > 1 else
+                           {k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
     return result
 
 
@@ -224,8 +249,9 @@ def table(record: dict) -> str:
         rows.append(f"| {e['epoch']} | {e['loss']:.4f} | {100 * e['accuracy']:.1f}% | {e['samples_per_s']:.0f} "
                     f"| {e['comm_s']:.2f} |")
     c = record["config"]
+    ranks = f"{record['world_size']} ranks" + (f" (tp {c['tp']})" if c.get("tp", 1) > 1 else "")
     rows.append(f"\nTest accuracy {100 * record['final_accuracy']:.1f}%. {c['data']} data, mode {c['mode']}, hidden "
-                f"{c['hidden']}, global batch {c['batch_size']}, {record['world_size']} ranks on {record['backend']}, "
+                f"{c['hidden']}, global batch {c['batch_size']}, {ranks} on {record['backend']}, "
                 f"torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)
 

@@ -209,7 +209,7 @@ def pair_case(modes_to_run: list[str]) -> list:
                 out.append((f"{tag} output", y.detach(), y_ref.detach()[mine]))
                 out.append((f"{tag} grad x", xs.grad, xr.grad[mine]))
                 for key, p in model.named_parameters():
-                    dim = getattr(model[int(key[0])], "tp_dims")[key[2:]]
+                    dim = model[int(key[0])].tp_dims[key[2:]]
                     full = p.grad if dim is None or n == 1 else _gather_dim(p.grad, dim, None)
                     out.append((f"{tag} grad {key}", full, dict(ref.named_parameters())[key].grad))
     return out
@@ -242,3 +242,77 @@ def test_megatron_pair_equals_the_unsharded_mlp(tp):
                 torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12, msg=name)
             else:
                 torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------------------
+# Training with --tp: the same curve as --tp 1; checkpoints hold the unsharded model
+# ---------------------------------------------------------------------------
+
+QUICK_TP = {"epochs": 2, "batch_size": 60, "hidden": (16, 12, 8), "train_limit": 600, "return_state": True,
+            "timeout": 60}
+
+
+def _same_run(a: dict, b: dict) -> None:
+    for ea, eb in zip(a["epochs"], b["epochs"], strict=True):
+        assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5), (ea, eb)
+        assert ea["accuracy"] == eb["accuracy"], (ea, eb)
+    assert a["final_accuracy"] == b["final_accuracy"]
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        torch.testing.assert_close(a["state"][k], b["state"][k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, world_size, tp", [("py", 2, 2), ("cpp", 4, 2), ("py", 3, 3)])
+def test_tensor_parallel_training_gives_the_data_parallel_curve(mode, world_size, tp):
+    """hidden (16, 12, 8): a column/row pair and an unpaired column layer (output gathered);
+    8 and 12 split unevenly over 3 ranks. The unsharded reference is one process."""
+    from parallel.trainer import Config, train
+
+    single = train(Config(mode=mode, world_size=1, **QUICK_TP))
+    ranks = launch(train, world_size, (Config(mode=mode, world_size=world_size, tp=tp, **QUICK_TP),),
+                   deadline_s=300)
+    for r in ranks:  # every rank reports the same run and holds the same unsharded weights
+        _same_run(r, single)
+    for r in ranks[1:]:
+        assert all(torch.equal(r["state"][k], ranks[0]["state"][k]) for k in r["state"])
+
+
+@pytest.mark.slow
+def test_checkpoint_of_a_tp_run_resumes_with_another_tp_and_loads_into_the_plain_mlp(tmp_path):
+    from parallel import data as data_mod
+    from parallel.trainer import Config, build_model, train
+
+    ckpt = str(tmp_path / "ckpt.pt")
+    straight = train(Config(world_size=1, **{**QUICK_TP, "epochs": 3}))
+    launch(train, 2, (Config(world_size=2, tp=2, checkpoint=ckpt, **{**QUICK_TP, "epochs": 1}),), deadline_s=300)
+    state = torch.load(ckpt, weights_only=True)
+    plain = build_model(data_mod.synthetic(0).features, QUICK_TP["hidden"], 10, "py")
+    plain.load_state_dict(state["model"])  # the unsharded shapes and keys
+    assert state["optimizer"]["state"][0]["exp_avg"].shape == plain[0].weight.shape
+    # epoch 2 with tp 3 on 3 ranks, epoch 3 in one process
+    launch(train, 3, (Config(world_size=3, tp=3, checkpoint=ckpt, resume=True, **{**QUICK_TP, "epochs": 2}),),
+           deadline_s=300)
+    resumed = train(Config(world_size=1, checkpoint=ckpt, resume=True, **{**QUICK_TP, "epochs": 3}))
+    _same_run(resumed, straight)
+
+
+def test_bad_tp_combinations_are_one_clear_error_before_any_rank_starts():
+    from conftest import run_script
+
+    result = run_script("distributed.py", "--tp", "3", "--world-size", "2", timeout=60)
+    assert result.returncode == 1 and "--tp 3 must divide the world size 2" in result.stderr
+    result = run_script("distributed.py", "--tp", "4", "--world-size", "4", "--hidden", "16,3", timeout=60)
+    assert result.returncode == 1
+    assert "hidden layer 2's width 3 cannot be split between 4 tensor-parallel ranks" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1  # the one error, nothing from a started rank
+
+
+def test_layer_errors_name_width_and_tp():
+    from parallel.tp import TPError, make_layout, shard_sizes
+
+    assert shard_sizes(7, 3) == [3, 2, 2]
+    with pytest.raises(TPError, match="out_features 3 cannot be split between 4"):
+        shard_sizes(3, 4, "out_features")
+    with pytest.raises(TPError, match="--tp 2 must divide the world size 1"):
+        make_layout(2)
