@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale")
     args = parser.parse_args(argv)
     stale = []
-    for md in sorted(ROOT.glob("**/README.md")):
+    for md in sorted([*ROOT.glob("**/README.md"), ROOT / "parallel" / "tensor_parallel.md"]):
         if "build" in md.relative_to(ROOT).parts:
             continue
         old = md.read_text()

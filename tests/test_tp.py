@@ -316,3 +316,22 @@ def test_layer_errors_name_width_and_tp():
         shard_sizes(3, 4, "out_features")
     with pytest.raises(TPError, match="--tp 2 must divide the world size 1"):
         make_layout(2)
+
+
+@pytest.mark.slow
+def test_bench_tp_writes_every_variant_with_its_split_and_timeline(tmp_path):
+    from conftest import run_script
+
+    out = tmp_path / "tp.json"
+    result = run_script("distributed.py", "--bench", "tp", "--world-size", "2", "--hidden", "16,8",
+                        "--batch-size", "8", "--json", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = __import__("json").loads(out.read_text())
+    assert [r["variant"] for r in record["results"]] == ["unoverlapped", "overlapped", "dtensor"]
+    for r in record["results"]:
+        assert r["step_us"] > 0 and r["comm_us"] > 0 and r["compute_us"] > 0, r
+    assert {e[0] for e in record["timeline"]["overlapped"]} == {0, 1}
+    assert set(record["goals"]) == {"comm_share_at_least_0.30", "overlapped_at_most_0.85_of_unoverlapped",
+                                    "overlapped_no_slower_than_dtensor"}
+    bad = run_script("distributed.py", "--bench", "tp", "--world-size", "2", "--hidden", "16,7", timeout=60)
+    assert bad.returncode == 1 and "divisible by the world size 2" in bad.stderr
