@@ -105,6 +105,11 @@ def check_tp(args: argparse.Namespace, world_size: int, config: Config) -> None:
     from parallel.tp import TPError, shard_sizes
 
     if args.bench == "tp":
+        d_h = args.hidden
+        if len(d_h) != 2 or d_h[1] % world_size or args.batch_size % world_size:
+            raise SystemExit(f"--bench tp takes --hidden D,H (the pair D -> H -> D) with H and --batch-size "
+                             f"divisible by the world size {world_size} (torch's tensor parallelism shards "
+                             f"evenly); got --hidden {','.join(map(str, d_h))} --batch-size {args.batch_size}")
         return
     if args.tp < 1 or world_size % args.tp:
         raise SystemExit(f"--tp {args.tp} must divide the world size {world_size} (world = dp × tp)")

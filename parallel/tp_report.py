@@ -128,18 +128,19 @@ def shards_figure(path: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     for d, ax in enumerate(axes):
-        ax.set_title(f"data-parallel replica {d}: batch rows {d}/2 (ranks {2 * d}, {2 * d + 1})", fontsize=9)
+        ax.set_title(f"data-parallel replica {d}: batch half {d} (ranks {2 * d}, {2 * d + 1})", fontsize=9)
         # W1: H1 × D, rows split (column-parallel); W2: H2 × H1, columns split (row-parallel)
         for t in range(2):
             rank = 2 * d + t
             ax.add_patch(Rectangle((0, 4 - 2 * t), 3, 2, color=COLOURS[t], alpha=0.75))
-            ax.text(1.5, 5 - 2 * t, f"W₁ rows {t}/2\nb₁ part {t}\nrank {rank}", ha="center", va="center", fontsize=8)
+            ax.text(1.5, 5 - 2 * t, f"W₁ rows, half {t}\nb₁, half {t}\nrank {rank}", ha="center", va="center",
+                    fontsize=8)
             ax.add_patch(Rectangle((4 + 2 * t, 0), 2, 6, color=COLOURS[t], alpha=0.75))
-            ax.text(5 + 2 * t, 3, f"W₂ cols\n{t}/2\nrank {rank}", ha="center", va="center", fontsize=8)
+            ax.text(5 + 2 * t, 3, f"W₂ columns,\nhalf {t}\nrank {rank}", ha="center", va="center", fontsize=8)
         ax.add_patch(Rectangle((9, 0), 1, 6, color="lightgray"))
         ax.text(9.5, 3, "b₂, head:\nwhole on\nboth", ha="center", va="center", fontsize=7, rotation=90)
-        ax.text(1.5, -0.7, "column-parallel: σ(X W₁ᵀ + b₁) per rank", ha="center", fontsize=7)
-        ax.text(6, -0.7, "row-parallel: Σ partial, then σ(· + b₂)", ha="center", fontsize=7)
+        ax.text(1.5, 1.8, "column-parallel:\nσ(X W₁ᵀ + b₁)\non each rank", ha="center", va="top", fontsize=7)
+        ax.text(6, -0.3, "row-parallel: partial products summed, then σ(· + b₂)", ha="center", va="top", fontsize=7)
         ax.set_xlim(-0.5, 10.5)
         ax.set_ylim(-1.2, 6.5)
         ax.axis("off")
