@@ -105,6 +105,9 @@ def check_tp(args: argparse.Namespace, world_size: int, config: Config) -> None:
     from parallel.tp import TPError, shard_sizes
 
     if args.bench == "tp":
+        if config.device != "cpu":
+            raise SystemExit("--bench tp runs on the CPU (gloo) only: its comm/compute split reads host clocks, "
+                             "which see kernel launches, not kernels; use -m py or -m cpp")
         d_h = args.hidden
         if len(d_h) != 2 or d_h[1] % world_size or args.batch_size % world_size:
             raise SystemExit(f"--bench tp takes --hidden D,H (the pair D -> H -> D) with H and --batch-size "
