@@ -279,9 +279,9 @@ def tp(config: Config, json_path: str | None) -> None:
     splits["dtensor"] = _torch_split(d, h, rows, n, config.seed)
     results = []
     for name, samples in slowest.items():
+        ratios = [m / u for m, u in zip(samples, slowest["unoverlapped"])]
         results.append({"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
-                        "ratio_to_unoverlapped": statistics.median(
-                            m / u for m, u in zip(samples, slowest["unoverlapped"])),
+                        "ratio_to_unoverlapped": statistics.median(ratios), "ratio_spread": Stats(ratios).spread,
                         **splits[name]})
     by = {r["variant"]: r for r in results}
     elem = 4
@@ -345,11 +345,12 @@ def _torch_split(d: int, h: int, rows: int, n: int, seed: int) -> dict[str, floa
 
 
 def tp_table(record: dict) -> str:
-    rows = ["| variant | step µs (IQR) | step / unoverlapped (paired) | communication µs | computation µs |",
+    rows = ["| variant | step µs (IQR) | step / unoverlapped (paired; IQR) | communication µs | computation µs |",
             "|---|---:|---:|---:|---:|"]
     for r in record["results"]:
+        spread = f" ({r['ratio_spread']:.3f})" if "ratio_spread" in r else ""  # older records lack it
         rows.append(f"| {r['variant']} | {r['step_us']:.0f} ({r['spread_us']:.0f}) | "
-                    f"{r['ratio_to_unoverlapped']:.3f} | {r['comm_us']:.0f} | {r['compute_us']:.0f} |")
+                    f"{r['ratio_to_unoverlapped']:.3f}{spread} | {r['comm_us']:.0f} | {r['compute_us']:.0f} |")
     rows.append(f"\nMLP pair {record['d']} → {record['h']} → {record['d']} (mode {record['mode']}), global batch "
                 f"{record['global_batch']} split along the batch; communication "
                 f"{100 * record['comm_share_unoverlapped']:.0f}% of the unoverlapped step; overlapped / dtensor "
