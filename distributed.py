@@ -10,12 +10,14 @@ Examples:
   python distributed.py -m py --zero                            # Adam's state sharded (ZeRO stage 1)
   python distributed.py -m py --epochs 4 --checkpoint ckpt.pt            # then, after a crash:
   python distributed.py -m py --epochs 4 --checkpoint ckpt.pt --resume
+  python distributed.py -m cpp --world-size 4 --tp 2        # 2 data-parallel × 2 tensor-parallel ranks
   torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr HOST --master-port 29500 \\
       distributed.py -m py
   python distributed.py --bench allreduce --world-size 2 --json /tmp/allreduce_w2.json
   python distributed.py --bench overhead
   python distributed.py --bench step --json /tmp/step_w2.json
   python distributed.py --bench zero --world-size 4 --hidden 1024,1024
+  python distributed.py --bench tp --world-size 2 --hidden 256,64 --batch-size 512
 
 Every flag is checked before any rank starts: numbers, output paths (their folder must exist;
 none is created), matplotlib for --plot, the MNIST files, the stage (a build that fails is
@@ -91,9 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ZeRO stage 1: shard Adam's state over the ranks (reduce-scatter, update a shard, all-gather)")
     p.add_argument("--json", metavar="PATH", help="write the run (or the benchmark) as JSON")
     p.add_argument("--plot", metavar="PATH", help="draw the loss and accuracy curves (needs matplotlib)")
-    p.add_argument("--bench", choices=["allreduce", "step", "overhead", "zero"],
-                   help="instead of training: time our all-reduce against dist.all_reduce, a training step against "
-                        "DDP, where the time of a 4 KiB all-reduce goes, or a ZeRO step against a plain DP step")
+    p.add_argument("--tp", type=cli.positive(int), default=1,
+                   help="tensor-parallel size: the hidden layers are split across --tp ranks (world = dp × tp)")
+    p.add_argument("--bench", choices=["allreduce", "step", "overhead", "zero", "tp"],
+                   help="instead of training: time our ring against dist.all_reduce, a training step against DDP, "
+                        "or a tensor-parallel MLP step (hidden D,H: D -> H -> D) overlapped or not, against "
+                        "torch's tensor parallelism")
     return p
 
 
@@ -119,6 +124,36 @@ def resolve(args: argparse.Namespace, world_size: int) -> tuple[Config, str]:
                     data_dir=args.data_dir, checkpoint=args.checkpoint, resume=args.resume, timeout=args.timeout,
                     overlap=not args.no_overlap, bucket_kb=args.bucket_kb, zero=args.zero, progress=sys.stdout.isatty())
     return config, backend
+
+
+def check_tp(args: argparse.Namespace, world_size: int, config: Config) -> None:
+    """Every --tp mistake, before any rank starts."""
+    from parallel.tp import TPError, shard_sizes
+
+    if args.bench == "tp":
+        if config.device != "cpu":
+            raise cli.UserError("--bench tp runs on the CPU (gloo) only: its comm/compute split reads host clocks, "
+                             "which see kernel launches, not kernels; use -m py or -m cpp")
+        d_h = args.hidden
+        if len(d_h) != 2 or d_h[1] % world_size or args.batch_size % world_size:
+            raise cli.UserError(f"--bench tp takes --hidden D,H (the pair D -> H -> D) with H and --batch-size "
+                             f"divisible by the world size {world_size} (torch's tensor parallelism shards "
+                             f"evenly); got --hidden {','.join(map(str, d_h))} --batch-size {args.batch_size}")
+        return
+    if args.tp < 1 or world_size % args.tp:
+        raise cli.UserError(f"--tp {args.tp} must divide the world size {world_size} (world = dp × tp)")
+    try:
+        for i, width in enumerate(args.hidden):
+            shard_sizes(width, args.tp, f"hidden layer {i + 1}'s width")
+    except TPError as e:
+        raise cli.UserError(f"--tp: {e}") from None
+    if args.tp > 1 and config.device == "cuda" and config.backend == "gloo":
+        raise cli.UserError("--tp > 1 on CUDA needs the nccl backend (one GPU per rank): the sharded layers "
+                         "send CUDA tensors, which gloo cannot")
+    if args.tp > 1 and args.zero:
+        raise cli.UserError("--zero with --tp > 1 is not supported: ZeRO here shards whole parameters over all "
+                            "ranks, and tensor-parallel ranks hold different shards of them; use one or the other")
+    config.tp = args.tp
 
 
 def run_and_report(config: Config, json_path: Path | None, plot_path: Path | None) -> dict:
@@ -174,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     if reason is not None:
         raise cli.UserError(f"mode {args.mode!r} is not available here: {reason}")
     config, backend = resolve(args, world_size)
+    check_tp(args, world_size, config)
     check_before_launch(args, config, world_size)
     json_path = Path(args.json) if args.json else None
 

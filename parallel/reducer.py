@@ -34,8 +34,10 @@ class GradReducer:
     """
 
     def __init__(self, params: list[nn.Parameter], bucket_bytes: int = 1 << 20, overlap: bool = True,
-                 staging_device: str | torch.device | None = None) -> None:
+                 staging_device: str | torch.device | None = None,
+                 group: dist.ProcessGroup | None = None) -> None:
         params = [p for p in params if p.requires_grad]
+        self.group = group  # the ranks that average these gradients (a data-parallel group)
         self.overlap = overlap
         self.buckets: list[list[nn.Parameter]] = []
         size = bucket_bytes  # start a new bucket at the first parameter
@@ -52,7 +54,7 @@ class GradReducer:
         # One reduction with size checks, before training: ranks with different models stop
         # here with a clear error instead of exchanging garbage later.
         for buf in self.buffers:
-            all_reduce(buf, check=True)
+            all_reduce(buf, group=group, check=True)
         self.comm_s = 0.0
         self._error: BaseException | None = None
         self._jobs: queue.Queue[int | None] = queue.Queue()
@@ -100,7 +102,7 @@ class GradReducer:
             part.copy_(p.grad.view(-1)) if p.grad is not None else part.zero_()
             offset += p.numel()
         start = time.perf_counter()
-        all_reduce(buf, check=False)
+        all_reduce(buf, group=self.group, check=False)
         self.comm_s += time.perf_counter() - start
         offset = 0
         for p in self.buckets[i]:

@@ -54,11 +54,16 @@ def _peers(group: dist.ProcessGroup | None) -> tuple[int, int, int, int]:
     return rank, size, glob((rank + 1) % size), glob((rank - 1) % size)
 
 
+# Bytes this process has sent, by purpose (parallel/tp_report.py's table of bytes per step).
+SENT_BYTES = {"data": 0, "metadata": 0}
+
+
 def _exchange(send: Tensor | None, recv: Tensor | None, right: int, left: int,
-              group: dist.ProcessGroup | None) -> list:
+              group: dist.ProcessGroup | None, purpose: str = "data") -> list:
     """Post one ring step: send to the right, receive from the left. Returns the requests."""
     ops = []
     if send is not None and send.numel():
+        SENT_BYTES[purpose] += send.numel() * send.element_size()
         ops.append(dist.P2POp(dist.isend, send, right, group))
     if recv is not None and recv.numel():
         ops.append(dist.P2POp(dist.irecv, recv, left, group))
@@ -112,7 +117,8 @@ def _agree(kind: str, tensor: Tensor, op: str, group: dist.ProcessGroup | None) 
     seen = torch.empty(size, len(mine), dtype=torch.int64, device=tensor.device)
     seen[rank] = mine
     for step in range(size - 1):
-        _wait(_exchange(seen[(rank - step) % size], seen[(rank - step - 1) % size], right, left, group))
+        _wait(_exchange(seen[(rank - step) % size], seen[(rank - step - 1) % size], right, left, group,
+                        "metadata"))
     rows = seen.tolist()
     if kind == "all_gather":  # sizes along dimension 0 may differ: compare the rest
         key = [(r[0], r[1], r[2], r[4], r[5]) for r in rows]

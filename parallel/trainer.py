@@ -22,6 +22,7 @@ from torch import nn
 
 import modes
 from parallel import data as data_mod
+from parallel import tp as tp_mod
 from parallel.reducer import GradReducer, world
 from parallel.ring import ring_all_reduce_host, ring_broadcast_from_rank0
 
@@ -48,6 +49,7 @@ class Config:
     progress: bool = False
     return_state: bool = False     # tests compare the final weights
     train_limit: int | None = None  # use only the first N training samples (quick runs, tests)
+    tp: int = 1                    # tensor-parallel size: world = dp × tp (parallel/tp.py)
 
 
 class CheckpointError(ValueError):
@@ -84,12 +86,13 @@ def _model_signature(config: Config, ds: data_mod.Dataset) -> dict:
 
 
 def save_checkpoint(path: str, model: nn.Module, optimizer_state: dict, epoch: int, history: list,
-                    signature: dict, config: Config) -> None:
+                    signature: dict, config: Config, model_state: dict | None = None) -> None:
     """Rank 0 only. Written to a temporary file and renamed, so a crash never leaves half a file,
     and a failed write leaves no temporary file behind. ``optimizer_state`` is torch.optim.Adam's
-    state_dict (ZeroAdam gathers its shards into it)."""
+    state_dict (ZeroAdam gathers its shards into it; a tensor-parallel run gathers the unsharded
+    one); ``model_state`` replaces the local state_dict (the unsharded one of a tensor-parallel run)."""
     state = {"format": 1, "signature": signature, "epoch": epoch, "history": history,
-             "model": model.state_dict(), "optimizer": optimizer_state,
+             "model": model_state if model_state is not None else model.state_dict(), "optimizer": optimizer_state,
              "data_order": {"seed": config.seed, "batch_size": config.batch_size, "data": config.data,
                             "next_epoch": epoch},
              "rng": torch.get_rng_state()}
@@ -138,14 +141,17 @@ def check_resume(config: Config, ds: data_mod.Dataset | None = None) -> None:
     load_checkpoint(config.checkpoint, _model_signature(config, ds), config)
 
 
-def _evaluate(model: nn.Module, split: data_mod.Split, device: str, rank: int, world_size: int) -> float:
-    """Accuracy over the whole split: each rank counts on its shard, the ring adds the counts."""
+
+def _evaluate(model: nn.Module, split: data_mod.Split, device: str, rank: int, world_size: int,
+              group: torch.distributed.ProcessGroup | None = None) -> float:
+    """Accuracy over the whole split: each rank counts on its shard, the ring adds the counts
+    (over ``group``, the data-parallel ranks; the ranks of a tensor-parallel group share a shard)."""
     idx = data_mod.shard(torch.arange(len(split)), rank, world_size)
     with torch.no_grad():
         pred = model(split.x[idx].to(device)).argmax(1).cpu() if len(idx) else torch.empty(0)
     counts = torch.tensor([(pred == split.y[idx]).sum().item(), len(idx)], dtype=torch.int64)
     if world_size > 1:
-        ring_all_reduce_host(counts)
+        ring_all_reduce_host(counts, group)
     return counts[0].item() / max(1, counts[1].item())
 
 
@@ -153,11 +159,19 @@ def train(config: Config) -> dict:
     """Run the training loop on this rank (inside a process group, or alone). Returns the
     history; rank 0 prints one line per epoch and writes the checkpoint."""
     rank, world_size = world()
+    # Tensor parallelism: the ranks of a tp group share a data shard and split the layers; the
+    # data-parallel ranks (dp_rank of dp) split the batch. tp = 1 is plain data parallelism.
+    layout = tp_mod.make_layout(config.tp) if world_size > 1 or config.tp > 1 else tp_mod.Layout(1, 1, 0, 0, None, None)
+    dp_rank, dp_size, dp_group = layout.dp_rank, layout.dp, layout.dp_group
     torch.manual_seed(config.seed)
     ds = load_data(config)
     device = config.device
-    model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode, device)
-    if config.zero and world_size > 1:
+    if layout.tp > 1:
+        model = tp_mod.build_tp_model(ds.features, tuple(config.hidden), ds.classes, config.mode,
+                                      layout.tp_group, device)
+    else:
+        model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode, device)
+    if config.zero and world_size > 1:  # distributed.py refuses --zero with --tp > 1
         from parallel.zero import ZeroAdam
 
         opt = ZeroAdam(model.parameters(), lr=config.lr)
@@ -173,37 +187,42 @@ def train(config: Config) -> dict:
     start_epoch = 0
     if config.resume:
         state = load_checkpoint(config.checkpoint, signature, config)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
+        if layout.tp > 1:  # checkpoints hold the unsharded state: keep this rank's shards
+            tp_mod.load_full_state_dict(model, state["model"], layout.tp_group)
+            tp_mod.load_full_optimizer_state(model, opt, state["optimizer"], layout.tp_group)
+        else:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         start_epoch, history = state["epoch"], state["history"]
         if rank == 0:
             print(f"resuming from {config.checkpoint} after epoch {start_epoch}", flush=True)
-    if world_size > 1:  # every rank starts from rank 0's weights
+    if dp_size > 1:  # every rank starts from its data-parallel rank 0's weights
         for p in model.parameters():
             if staging:
                 host = p.detach().cpu()
-                p.data.copy_(ring_broadcast_from_rank0(host))
+                p.data.copy_(ring_broadcast_from_rank0(host, dp_group))
             else:
-                ring_broadcast_from_rank0(p.data)
+                ring_broadcast_from_rank0(p.data, dp_group)
     # With ZeRO the optimiser reduce-scatters the gradients itself: no all-reduce buckets.
     reducer = None
-    if world_size > 1 and not config.zero:
+    if dp_size > 1 and not config.zero:
         reducer = GradReducer(list(model.parameters()), bucket_bytes=config.bucket_kb * 1024,
-                              overlap=config.overlap, staging_device=staging)
+                              overlap=config.overlap, staging_device=staging, group=dp_group)
     comm = reducer or (opt if config.zero and world_size > 1 else None)  # what counts communication time
 
     train_x, train_y = ds.train.x, ds.train.y
     try:
         for epoch in range(start_epoch, config.epochs):
-            started, comm_before = time.perf_counter(), comm.comm_s if comm else 0.0
+            # communication: the gradient buckets' (or ZeRO's) and, with --tp, the sharded layers' own
+            started, comm_before = time.perf_counter(), (comm.comm_s if comm else 0.0) + tp_mod.Timeline.comm_s
             batches = data_mod.epoch_batches(len(ds.train), config.batch_size, config.seed, epoch)
             # This rank's sum of losses stays on the device: .item() every step would make a GPU
             # wait for each step before the next is queued.
             loss_total, samples = torch.zeros((), dtype=torch.float64, device=device), 0
             last_print = 0.0
             for i, batch in enumerate(batches):
-                idx = data_mod.shard(batch, rank, world_size)
+                idx = data_mod.shard(batch, dp_rank, dp_size)
                 logits = model(train_x[idx].to(device))
                 loss = F.cross_entropy(logits, train_y[idx].to(device), reduction="sum")
                 (loss / len(batch)).backward()
@@ -218,31 +237,39 @@ def train(config: Config) -> dict:
                     print(f"\r  epoch {epoch + 1}: batch {i + 1}/{len(batches)}", end="", flush=True)
             elapsed = time.perf_counter() - started
             loss_sum = torch.tensor([loss_total.item(), samples], dtype=torch.float64)
-            if world_size > 1:
-                ring_all_reduce_host(loss_sum)
+            if dp_size > 1:
+                ring_all_reduce_host(loss_sum, dp_group)
             record = {"epoch": epoch + 1, "loss": loss_sum[0].item() / max(1.0, loss_sum[1].item()),
-                      "accuracy": _evaluate(model, ds.val, device, rank, world_size),
+                      "accuracy": _evaluate(model, ds.val, device, dp_rank, dp_size, dp_group),
                       "samples_per_s": len(ds.train) / elapsed,
-                      "comm_s": (comm.comm_s - comm_before) if comm else 0.0}
+                      "comm_s": (comm.comm_s if comm else 0.0) + tp_mod.Timeline.comm_s - comm_before}
             history.append(record)
-            # ZeroAdam gathers its shards into a full state: every rank takes part.
-            optimizer_state = opt.state_dict() if config.checkpoint else None
+            # Every rank takes part in gathering a full state: ZeroAdam's shards, or a
+            # tensor-parallel run's unsharded model and optimiser state.
+            model_state, optimizer_state = None, None
+            if config.checkpoint and layout.tp > 1:
+                model_state = tp_mod.full_state_dict(model, layout.tp_group)
+                optimizer_state = tp_mod.full_optimizer_state(model, opt, layout.tp_group)
+            elif config.checkpoint:
+                optimizer_state = opt.state_dict()
             if rank == 0:
                 print(("\r" if config.progress else "") +
                       f"epoch {record['epoch']:>3}/{config.epochs}  loss {record['loss']:.4f}  "
                       f"val accuracy {100 * record['accuracy']:5.1f}%  {record['samples_per_s']:8.0f} samples/s  "
                       f"comm {record['comm_s']:.2f} s", flush=True)
                 if config.checkpoint:
-                    save_checkpoint(config.checkpoint, model, optimizer_state, epoch + 1, history, signature, config)
+                    save_checkpoint(config.checkpoint, model, optimizer_state, epoch + 1, history, signature, config,
+                                    model_state)
             if config.checkpoint and world_size > 1:
                 torch.distributed.barrier()  # nobody runs ahead of a checkpoint being written
     finally:
         if reducer:
             reducer.close()
 
-    result = {"epochs": history, "final_accuracy": _evaluate(model, ds.test, device, rank, world_size)}
+    result = {"epochs": history, "final_accuracy": _evaluate(model, ds.test, device, dp_rank, dp_size, dp_group)}
     if config.return_state:
-        result["state"] = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        result["state"] = (tp_mod.full_state_dict(model, layout.tp_group) if layout.tp > 1 else
+                           {k: v.detach().cpu().clone() for k, v in model.state_dict().items()})
     return result
 
 
@@ -267,8 +294,9 @@ def table(record: dict) -> str:
         rows.append(f"| {e['epoch']} | {e['loss']:.4f} | {100 * e['accuracy']:.1f}% | {e['samples_per_s']:.0f} "
                     f"| {e['comm_s']:.2f} |")
     c = record["config"]
+    ranks = f"{record['world_size']} ranks" + (f" (tp {c['tp']})" if c.get("tp", 1) > 1 else "")
     rows.append(f"\nTest accuracy {100 * record['final_accuracy']:.1f}%. {c['data']} data, mode {c['mode']}, hidden "
-                f"{c['hidden']}, global batch {c['batch_size']}, {record['world_size']} ranks on {record['backend']}, "
+                f"{c['hidden']}, global batch {c['batch_size']}, {ranks} on {record['backend']}, "
                 f"torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)
 

@@ -165,3 +165,236 @@ def test_collectives_on_a_subgroup():
     assert torch.equal(results[2][1], torch.tensor([5.0, 7])) and torch.equal(results[3][1], torch.tensor([9.0, 11]))
     # group {0, 1}: 2·(0..3) + 1
     assert torch.equal(results[0][1], torch.tensor([1.0, 3])) and torch.equal(results[1][1], torch.tensor([5.0, 7]))
+
+
+# ---------------------------------------------------------------------------
+# The layers: forward and every gradient equal to the unsharded MLP with the same weights
+# ---------------------------------------------------------------------------
+
+FEATURES, HIDDEN, OUT, BATCH = 5, 7, 6, 9  # 7 and 9 split unevenly over 2, 3 and 4 ranks
+LAYOUTS = ["megatron", "sequence", "sequence-overlap"]
+
+
+def pair_case(modes_to_run: list[str]) -> list:
+    """(name, ours, reference) for the Megatron pair column -> row, in every layout, mode and dtype."""
+    from modes import Dense
+    from parallel.tp import ColumnParallelDense, RowParallelDense, _gather_dim, full_state_dict
+
+    rank, n = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    out = []
+    for mode in modes_to_run:
+        for dtype in (torch.float64, torch.float32):
+            torch.manual_seed(3)
+            ref = torch.nn.Sequential(Dense(FEATURES, HIDDEN, mode=mode, dtype=dtype),
+                                      Dense(HIDDEN, OUT, mode=mode, dtype=dtype))
+            g = torch.Generator().manual_seed(5)
+            x = torch.randn(BATCH, FEATURES, generator=g, dtype=dtype)
+            grad = torch.randn(BATCH, OUT, generator=g, dtype=dtype)
+            xr = x.clone().requires_grad_()
+            y_ref = ref(xr)
+            y_ref.backward(grad)
+            for layout in LAYOUTS:
+                sp, overlap = layout != "megatron", layout.endswith("overlap")
+                torch.manual_seed(3)  # the same draws as the unsharded layers
+                col = ColumnParallelDense(FEATURES, HIDDEN, mode=mode, dtype=dtype, sequence_parallel=sp,
+                                          overlap=overlap)
+                row = RowParallelDense(HIDDEN, OUT, mode=mode, dtype=dtype, sequence_parallel=sp, overlap=overlap)
+                model = torch.nn.Sequential(col, row)
+                tag = f"{mode} {str(dtype)[6:]} {layout}"
+                out.append((f"{tag} initial state", full_state_dict(model, None), ref.state_dict()))
+                mine = slice(None) if not sp else _rows(BATCH, n, rank)
+                xs = x[mine].clone().requires_grad_()
+                y = model(xs)
+                y.backward(grad[mine])
+                out.append((f"{tag} output", y.detach(), y_ref.detach()[mine]))
+                out.append((f"{tag} grad x", xs.grad, xr.grad[mine]))
+                for key, p in model.named_parameters():
+                    dim = model[int(key[0])].tp_dims[key[2:]]
+                    full = p.grad if dim is None or n == 1 else _gather_dim(p.grad, dim, None)
+                    out.append((f"{tag} grad {key}", full, dict(ref.named_parameters())[key].grad))
+    return out
+
+
+def _rows(batch: int, n: int, rank: int) -> slice:
+    sizes = [batch // n + (1 if r < batch % n else 0) for r in range(n)]
+    return slice(sum(sizes[:rank]), sum(sizes[: rank + 1]))
+
+
+def _pair_modes() -> list[str]:
+    from conftest import REASONS
+
+    return [m for m in ("py", "cpp") if REASONS[m] is None]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 4])
+def test_megatron_pair_equals_the_unsharded_mlp(tp):
+    """Forward and every gradient, for widths and batches that do not divide evenly:
+    float64 to 1e-12, float32 allclose; the gathered initial weights are the same bits."""
+    results = launch(pair_case, tp, (_pair_modes(),), deadline_s=300) if tp > 1 else [pair_case(_pair_modes())]
+    assert len(results[0]) >= 2 * 3 * 8
+    for ranks_cases in results:
+        for name, ours, ref in ranks_cases:
+            if name.endswith("initial state"):
+                assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref), name
+                continue
+            assert ours.shape == ref.shape, name
+            if "float64" in name:
+                torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12, msg=name)
+            else:
+                torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------------------
+# Training with --tp: the same curve as --tp 1; checkpoints hold the unsharded model
+# ---------------------------------------------------------------------------
+
+QUICK_TP = {"epochs": 2, "batch_size": 60, "hidden": (16, 12, 8), "train_limit": 600, "return_state": True,
+            "timeout": 60}
+
+
+def _same_run(a: dict, b: dict) -> None:
+    for ea, eb in zip(a["epochs"], b["epochs"], strict=True):
+        assert ea["loss"] == pytest.approx(eb["loss"], rel=1e-5), (ea, eb)
+        assert ea["accuracy"] == eb["accuracy"], (ea, eb)
+    assert a["final_accuracy"] == b["final_accuracy"]
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        torch.testing.assert_close(a["state"][k], b["state"][k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, world_size, tp", [("py", 2, 2), ("cpp", 4, 2), ("py", 3, 3)])
+def test_tensor_parallel_training_gives_the_data_parallel_curve(mode, world_size, tp):
+    """hidden (16, 12, 8): a column/row pair and an unpaired column layer (output gathered);
+    8 and 12 split unevenly over 3 ranks. The unsharded reference is one process."""
+    from parallel.trainer import Config, train
+
+    single = train(Config(mode=mode, world_size=1, **QUICK_TP))
+    ranks = launch(train, world_size, (Config(mode=mode, world_size=world_size, tp=tp, **QUICK_TP),),
+                   deadline_s=300)
+    for r in ranks:  # every rank reports the same run and holds the same unsharded weights
+        _same_run(r, single)
+    for r in ranks[1:]:
+        assert all(torch.equal(r["state"][k], ranks[0]["state"][k]) for k in r["state"])
+
+
+@pytest.mark.slow
+def test_checkpoint_of_a_tp_run_resumes_with_another_tp_and_loads_into_the_plain_mlp(tmp_path):
+    from parallel import data as data_mod
+    from parallel.trainer import Config, build_model, train
+
+    ckpt = str(tmp_path / "ckpt.pt")
+    straight = train(Config(world_size=1, **{**QUICK_TP, "epochs": 3}))
+    launch(train, 2, (Config(world_size=2, tp=2, checkpoint=ckpt, **{**QUICK_TP, "epochs": 1}),), deadline_s=300)
+    state = torch.load(ckpt, weights_only=True)
+    plain = build_model(data_mod.synthetic(0).features, QUICK_TP["hidden"], 10, "py")
+    plain.load_state_dict(state["model"])  # the unsharded shapes and keys
+    assert state["optimizer"]["state"][0]["exp_avg"].shape == plain[0].weight.shape
+    # epoch 2 with tp 3 on 3 ranks, epoch 3 in one process
+    launch(train, 3, (Config(world_size=3, tp=3, checkpoint=ckpt, resume=True, **{**QUICK_TP, "epochs": 2}),),
+           deadline_s=300)
+    resumed = train(Config(world_size=1, checkpoint=ckpt, resume=True, **{**QUICK_TP, "epochs": 3}))
+    _same_run(resumed, straight)
+
+
+def test_bad_tp_combinations_are_one_clear_error_before_any_rank_starts():
+    from conftest import run_script
+
+    result = run_script("distributed.py", "--tp", "3", "--world-size", "2", timeout=60)
+    assert result.returncode == 1 and "--tp 3 must divide the world size 2" in result.stderr
+    result = run_script("distributed.py", "--tp", "4", "--world-size", "4", "--hidden", "16,3", timeout=60)
+    assert result.returncode == 1
+    assert "hidden layer 2's width 3 cannot be split between 4 tensor-parallel ranks" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1  # the one error, nothing from a started rank
+
+
+def test_layer_errors_name_width_and_tp():
+    from parallel.tp import TPError, make_layout, shard_sizes
+
+    assert shard_sizes(7, 3) == [3, 2, 2]
+    with pytest.raises(TPError, match="out_features 3 cannot be split between 4"):
+        shard_sizes(3, 4, "out_features")
+    with pytest.raises(TPError, match="--tp 2 must divide the world size 1"):
+        make_layout(2)
+
+
+@pytest.mark.slow
+def test_bench_tp_writes_every_variant_with_its_split_and_timeline(tmp_path):
+    from conftest import run_script
+
+    out = tmp_path / "tp.json"
+    result = run_script("distributed.py", "--bench", "tp", "--world-size", "2", "--hidden", "16,8",
+                        "--batch-size", "8", "--json", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = __import__("json").loads(out.read_text())
+    assert [r["variant"] for r in record["results"]] == ["unoverlapped", "overlapped", "dtensor"]
+    for r in record["results"]:
+        assert r["step_us"] > 0 and r["comm_us"] > 0 and r["compute_us"] > 0, r
+    assert {e[0] for e in record["timeline"]["overlapped"]} == {0, 1}
+    assert set(record["goals"]) == {"comm_share_at_least_0.30", "overlapped_at_most_0.85_of_unoverlapped",
+                                    "overlapped_no_slower_than_dtensor"}
+    bad = run_script("distributed.py", "--bench", "tp", "--world-size", "2", "--hidden", "16,7", timeout=60)
+    assert bad.returncode == 1 and "divisible by the world size 2" in bad.stderr
+
+
+# ---------------------------------------------------------------------------
+# The autograd pieces: forward as specified, backward its adjoint
+# ---------------------------------------------------------------------------
+
+def pieces_case() -> list:
+    """(name, got, expected) for every piece's forward and backward; inputs differ per rank."""
+    from parallel import tp as tp_mod
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+
+    def inputs(r: int, rows: int = 5, cols: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(100 + r)
+        return (torch.randn(rows, cols, generator=g, dtype=torch.float64),
+                torch.randn(rows, cols, generator=g, dtype=torch.float64))
+
+    def run(piece, x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.clone().requires_grad_()
+        y = piece.apply(x, None)
+        y.backward(g)
+        return y.detach(), x.grad
+
+    out = []
+    x, _ = inputs(rank)
+    xs = [inputs(r)[0] for r in range(n)]
+    total = sum(xs)
+    cols = [slice(0, 3), slice(3, 5), slice(5, 7)] if n == 3 else [slice(0, 4), slice(4, 7)]
+    rows = [slice(0, 2), slice(2, 4), slice(4, 5)] if n == 3 else [slice(0, 3), slice(3, 5)]
+    # CopyToTP: identity forward, sum of the ranks' gradients backward
+    y, gx = run(tp_mod.CopyToTP, x, x)
+    out += [("CopyToTP forward", y, x), ("CopyToTP backward", gx, total)]
+    # ReduceFromTP: sum forward, identity backward
+    y, gx = run(tp_mod.ReduceFromTP, x, x)
+    out += [("ReduceFromTP forward", y, total), ("ReduceFromTP backward", gx, x)]
+    # ScatterFeatures: own columns forward; backward all-gathers the columns (every rank's g)
+    part = x[:, cols[rank]]
+    y, gx = run(tp_mod.ScatterFeatures, x, part)
+    out += [("ScatterFeatures forward", y, part),
+            ("ScatterFeatures backward", gx, torch.cat([xs[r][:, cols[r]] for r in range(n)], 1))]
+    # GatherFeatures: the inverse; backward keeps this rank's columns
+    y, gx = run(tp_mod.GatherFeatures, part, x)
+    out += [("GatherFeatures forward", y, torch.cat([xs[r][:, cols[r]] for r in range(n)], 1)),
+            ("GatherFeatures backward", gx, x[:, cols[rank]])]
+    # GatherBatch: rows of the batch forward; backward reduce-scatters the rows
+    mine = x[rows[rank]]
+    y, gx = run(tp_mod.GatherBatch, mine, x)
+    out += [("GatherBatch forward", y, torch.cat([xs[r][rows[r]] for r in range(n)])),
+            ("GatherBatch backward", gx, total[rows[rank]])]
+    # ReduceScatterBatch: this rank's rows of the sum forward; backward all-gathers
+    y, gx = run(tp_mod.ReduceScatterBatch, x, mine)
+    out += [("ReduceScatterBatch forward", y, total[rows[rank]]),
+            ("ReduceScatterBatch backward", gx, torch.cat([xs[r][rows[r]] for r in range(n)]))]
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_autograd_pieces_forward_and_backward(world_size):
+    for cases in launch(pieces_case, world_size, deadline_s=120):
+        assert len(cases) == 12
+        for name, got, expected in cases:
+            assert got.shape == expected.shape, name
+            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12, msg=name)
