@@ -441,7 +441,6 @@ class _ParallelDense(nn.Module):
             self.tp_dims["bias"] = 0 if split == "out" else None
         else:
             self.register_parameter("bias", None)
-        self.fn = full.fn
 
     def extra_repr(self) -> str:
         rank, size = _group_info(self.group)
@@ -466,7 +465,7 @@ class ColumnParallelDense(_ParallelDense):
         if self.sequence_parallel:
             y = _ColumnSP.apply(x, self.weight, self.bias, self.group, self.mode, self.overlap, self.check)
         else:
-            y = self.fn(CopyToTP.apply(x, self.group), self.weight, self.bias)
+            y = modes.dense(self.mode)(CopyToTP.apply(x, self.group), self.weight, self.bias)
         return GatherFeatures.apply(y, self.group) if self.gather_output else y
 
 

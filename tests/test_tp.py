@@ -301,11 +301,20 @@ def test_bad_tp_combinations_are_one_clear_error_before_any_rank_starts():
     from conftest import run_script
 
     result = run_script("distributed.py", "--tp", "3", "--world-size", "2", timeout=60)
-    assert result.returncode == 1 and "--tp 3 must divide the world size 2" in result.stderr
+    # A user's mistake: exit status 2 and one line (cli.UserError), as every script does.
+    assert result.returncode == 2 and "--tp 3 must divide the world size 2" in result.stderr
     result = run_script("distributed.py", "--tp", "4", "--world-size", "4", "--hidden", "16,3", timeout=60)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "hidden layer 2's width 3 cannot be split between 4 tensor-parallel ranks" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1  # the one error, nothing from a started rank
+
+
+def test_zero_with_tp_is_refused_before_any_rank_starts():
+    from conftest import run_script
+
+    result = run_script("distributed.py", "--tp", "2", "--zero", timeout=60)
+    assert result.returncode == 2 and "--zero with --tp > 1 is not supported" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_layer_errors_name_width_and_tp():
@@ -334,7 +343,7 @@ def test_bench_tp_writes_every_variant_with_its_split_and_timeline(tmp_path):
     assert set(record["goals"]) == {"comm_share_at_least_0.30", "overlapped_at_most_0.85_of_unoverlapped",
                                     "overlapped_no_slower_than_dtensor"}
     bad = run_script("distributed.py", "--bench", "tp", "--world-size", "2", "--hidden", "16,7", timeout=60)
-    assert bad.returncode == 1 and "divisible by the world size 2" in bad.stderr
+    assert bad.returncode == 2 and "divisible by the world size 2" in bad.stderr
 
 
 # ---------------------------------------------------------------------------
