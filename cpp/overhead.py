@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import benchmark  # noqa: E402
+import cli  # noqa: E402
 import modes  # noqa: E402
 
 
@@ -138,10 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.batch, args.in_features, args.out_features, args.rounds) < 1:
         parser.error("sizes and --rounds must be at least 1")
-    if args.json:  # checked before minutes of work, not after
-        target = Path(args.json)
-        if target.is_dir() or not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
-            parser.error(f"--json {args.json}: not a writable file path (does its folder exist?)")
+    cli.check_output(args.json, "--json")  # before minutes of work, not after
     reasons = modes.available()
     selected = [m for m in ("py", "cpp") if reasons[m] is None]
     for m in ("py", "cpp"):
@@ -156,4 +153,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main)

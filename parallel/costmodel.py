@@ -33,6 +33,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 FIT_PATH = ROOT / "docs" / "results" / "alphabeta_gloo.json"
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -381,7 +383,6 @@ def plot_predict(record: dict, path: str) -> None:
     axes[0].set_ylabel("scaling efficiency (%)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
 
 
@@ -412,7 +413,6 @@ def plot_model(records: list[dict], path: str) -> None:
     axes[0][0].set_ylabel("µs per all-reduce")
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
 
 
@@ -466,8 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--world-sizes takes integers separated by commas, got {args.world_sizes!r}")
         if min(sizes) < 2:
             parser.error("every world size must be at least 2 (a fit needs a peer)")
-        if args.json:  # fail before minutes of measuring, not after
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        cli.check_output(args.json, "--json")  # before minutes of measuring, not after
         record = fit(sizes, args.rounds)
         if args.json:
             Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
@@ -477,6 +476,13 @@ def main(argv: list[str] | None = None) -> int:
             args.hidden = [int(h) for h in args.hidden.split(",")]
         except ValueError:
             parser.error(f"--hidden takes widths separated by commas, got {args.hidden!r}")
+        cli.check_output(args.json, "--json")
+        if args.plot:
+            cli.check_output(args.plot, "--plot")
+            cli.need_matplotlib()  # before anything is computed
+        for path in args.validate or []:
+            if not Path(path).is_file():
+                raise cli.UserError(f"--validate: no such file {path}")
         if args.compute_ms is None or args.optimizer_ms is None:
             if not args.validate:
                 parser.error("--compute-ms is needed (or a --validate record to take it from)")
@@ -485,22 +491,22 @@ def main(argv: list[str] | None = None) -> int:
                 args.compute_ms = first["compute only"]["step_us"] / 1e3
             if args.optimizer_ms is None:
                 args.optimizer_ms = first["adam step alone"]["step_us"] / 1e3
-        if args.plot:
-            from benchmark import pyplot
-
-            pyplot()  # matplotlib missing: say so before anything is computed
         record = predict(args)
         if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
         if args.plot:
             plot_predict(record, args.plot)
         print(predict_table(record))
     elif args.command == "plot":
+        cli.check_output(args.out, "--out")
+        for path in args.records:
+            if not Path(path).is_file():
+                raise cli.UserError(f"no such record {path}")
+        cli.need_matplotlib("plot")
         plot_model([json.loads(Path(p).read_text()) for p in args.records], args.out)
     elif args.command == "show":
         if not FIT_PATH.exists():
-            raise SystemExit(f"{FIT_PATH.relative_to(ROOT)} is missing; run the fit command in this module's help")
+            raise cli.UserError(f"{FIT_PATH.relative_to(ROOT)} is missing; run the fit command in this module's help")
         record = json.loads(FIT_PATH.read_text())
         print(fit_table(record))
         for w in sorted(fitted_links()):
@@ -509,4 +515,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main)

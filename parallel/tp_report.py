@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -26,6 +25,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+import cli  # noqa: E402
 
 # The model of the bytes table: features -> hidden pair -> classes, a global batch, 4 ranks.
 FEATURES, HIDDEN, CLASSES, BATCH, WORLD = 64, (256, 256), 16, 128, 4
@@ -146,7 +147,6 @@ def shards_figure(path: str) -> None:
         ax.axis("off")
     fig.suptitle("4 ranks = 2 data-parallel × 2 tensor-parallel: colour = tensor-parallel rank", fontsize=10)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
 
 
@@ -173,7 +173,6 @@ def timeline_figure(record: dict, path: str) -> None:
                      "waiting for a transfer)", fontsize=9)
     axes[-1].set_xlabel("ms since the step started (one recorded step)")
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
 
 
@@ -189,13 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("record", metavar="JSON")
     t.add_argument("--out", metavar="PATH", required=True)
     args = p.parse_args(argv)
-    if args.what in ("shards", "timeline") and importlib.util.find_spec("matplotlib") is None:
-        print("tp_report.py: drawing needs matplotlib (pip install matplotlib)", file=sys.stderr)
-        return 1
+    # Outputs and matplotlib before any work (cli.py: folders are not created).
+    if args.what == "bytes":
+        cli.check_output(args.json, "--json")
+    else:
+        cli.check_output(args.out, "--out")
+        cli.need_matplotlib(args.what)
     if args.what == "bytes":
         record = bytes_record()
         if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
         print(bytes_table(record))
     elif args.what == "shards":
@@ -213,4 +214,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main)

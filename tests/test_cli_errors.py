@@ -518,3 +518,30 @@ def test_cli_positive_rejects_nonsense():
     for bad in ("0", "-1", "nan", "inf", "x"):
         with pytest.raises(Exception, match="finite|number"):
             parse(bad)
+
+
+# ---------------------------------------------------------------------------
+# The report scripts of chapters 3-6 share the same checks: outputs before any work, one line
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ("-m", "parallel.costmodel", "fit", "--world-sizes", "2", "--json", "{missing}/fit.json"),
+    ("-m", "parallel.costmodel", "predict", "--compute-ms", "1", "--optimizer-ms", "0.1",
+     "--json", "{missing}/p.json"),
+    ("-m", "parallel.costmodel", "predict", "--validate", "{missing}/zero.json"),
+    ("-m", "parallel.costmodel", "plot", "{missing}/allreduce.json", "--out", "{tmp}/m.png"),
+    ("parallel/tp_report.py", "bytes", "--json", "{missing}/bytes.json"),
+    ("parallel/tp_report.py", "shards", "--out", "{missing}/s.png"),
+    ("cuda/static_report.py", "--json", "{tmp}"),
+    ("ptx/sass_report.py", "--json", "{missing}/s.json"),
+], ids=["fit-json", "predict-json", "predict-validate", "plot-record", "bytes-json", "shards-out",
+        "static-json-dir", "sass-json"])
+def test_report_scripts_refuse_bad_paths_before_any_work(tmp_path, args):
+    from conftest import run_script
+
+    args = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in args]
+    result = run_script(*args, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "does not exist" in lines[0] or "is a directory" in lines[0] or "no such" in lines[0], lines[0]

@@ -204,7 +204,7 @@ def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
     assert all(r["median_us"] > 0 for r in record["rows"])
     assert "| cpp: forward + backward |" in result.stdout
     bad = run_script("cpp/overhead.py", "--rounds", "1", "--json", str(tmp_path / "missing" / "o.json"))
-    assert bad.returncode == 2 and "not a writable file path" in bad.stderr
+    assert bad.returncode == 2 and "does not exist (create it first)" in bad.stderr
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
