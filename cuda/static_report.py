@@ -34,6 +34,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # cli.py, from any working directory
+    sys.path.insert(0, str(ROOT))
+
+import cli  # noqa: E402
+
 DEFAULT_SOURCES = ["cuda/dense_kernels.cu"]
 GEMM = re.compile(r"^dense_gemm_v(\d+)_(nt|nn|tn)_(f32|f64)$")
 
@@ -330,18 +335,25 @@ def call_targets(code: list[Instr]) -> set[int]:
             if i.op.startswith("CALL") and re.search(r"0x[0-9a-f]+", i.args)}
 
 
-def calls(code: list[Instr]) -> dict:
-    """How many subroutines a kernel calls, and where its MUFU.EX2 (the sigmoid's exponential)
-    is: in the kernel's own code (the sigmoid was inlined) or in a subroutine (a call per output).
-    A subroutine spans its entry to the first RET after it."""
-    targets = sorted(call_targets(code))
+def callee_addresses(code: list[Instr], targets: set[int] | None = None) -> set[int]:
+    """The addresses of the code a kernel reaches by CALL: each callee spans its target to the
+    first RET after it."""
     inside = set()
-    for t in targets:
+    for t in sorted(call_targets(code) if targets is None else targets):
         for i in code:
             if i.addr >= t:
                 inside.add(i.addr)
                 if i.op.startswith("RET"):
                     break
+    return inside
+
+
+def calls(code: list[Instr]) -> dict:
+    """How many subroutines a kernel calls, and where its MUFU.EX2 (the sigmoid's exponential)
+    is: in the kernel's own code (the sigmoid was inlined) or in a subroutine (a call per output).
+    A subroutine spans its entry to the first RET after it."""
+    targets = call_targets(code)
+    inside = callee_addresses(code, targets)
     ex2 = [i for i in code if i.op.startswith("MUFU.EX2")]
     return {"targets": len(targets), "mufu_ex2_inline": sum(i.addr not in inside for i in ex2),
             "mufu_ex2_in_callees": sum(i.addr in inside for i in ex2)}
@@ -658,8 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in sources:
         if not s.is_file():
             parser.error(f"no such source file: {s}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"the folder of --json {args.json} does not exist")
+    cli.check_output(args.json, "--json")
     for t in args.timings:
         if not Path(t).is_file():
             parser.error(f"no such timings file: {t}")
@@ -683,4 +694,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main)

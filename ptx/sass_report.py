@@ -30,6 +30,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # cli.py, from any working directory
+    sys.path.insert(0, str(ROOT))
+
+import cli  # noqa: E402
+
 EDITED = ROOT / "ptx" / "dense_kernels.ptx"
 
 
@@ -88,17 +93,8 @@ def tag(text: str) -> str | None:
 
 def called_code(code: list) -> list | None:
     """What a kernel reaches by CALL: each callee spans its target to the first RET after it."""
-    targets = sorted(sr.call_targets(code))
-    if not targets:
-        return None
-    keep = set()
-    for t in targets:
-        for i in code:
-            if i.addr >= t:
-                keep.add(i.addr)
-                if i.op.startswith("RET"):
-                    break
-    return [i for i in code if i.addr in keep]
+    keep = sr.callee_addresses(code)
+    return [i for i in code if i.addr in keep] if keep else None
 
 
 def summary(code: list) -> dict:
@@ -235,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no such PTX file: {args.ptx}")
     if args.generated and not Path(args.generated).is_file():
         parser.error(f"no such PTX file: {args.generated}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"the folder of --json {args.json} does not exist")
+    cli.check_output(args.json, "--json")
     if sr.sass_tools()[0] is None:
         print(f"error: {sr.sass_tools()[1]}", file=sys.stderr)
         return 2
@@ -250,4 +245,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main)
