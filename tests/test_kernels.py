@@ -109,14 +109,15 @@ def test_ptx_edits_are_in_place():
 
 
 def normalised(ptx: str) -> list[str]:
-    """Code lines only: comments go, and the hash of the source's path that nvcc puts into the
-    names of internal symbols is blanked (a clone elsewhere gets other names)."""
-    lines = []
-    for line in ptx.splitlines():
-        code = line.split("//", 1)[0].rstrip()
-        if code.strip():
-            lines.append(re.sub(r"(_INTERNAL_|_GLOBAL__N__)[0-9a-f]{8}_", r"\1", code))
-    return lines
+    """Code lines only, with nvcc's path hash blanked: ptx/sass_report.py's, the one that
+    compares the two PTX files there too."""
+    import importlib.util
+
+    if "sass_report" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("sass_report", ROOT / "ptx" / "sass_report.py")
+        module = sys.modules["sass_report"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["sass_report"].normalised(ptx)
 
 
 def function_of(lines: list[str], index: int) -> str:
