@@ -491,6 +491,44 @@ def test_sweep_record_table_and_goals():
     text = benchmark.sweep_table(record)
     assert "| 1 | 64 | 64 |" in text and "| goal | points met |" in text
 
+    replicated = benchmark.run_sweep(["reference", "py"], [(2, 8, 4)], "cpu", torch.float32,
+                                     min_rounds=6, ci_target=0.5, budget_s=1.0, replicates=3)
+    point = replicated["points"][0]
+    assert replicated["replicates"] == point["replicates"] == 3 and point["rounds"] >= 6
+    assert len(point["ratios"]["py"]["replicate_ratios"]) == 3 and point["ratios"]["py"]["ci"] is not None
+    assert "over 3 replicates" in benchmark.sweep_table(replicated)
+    # Replicates in fresh processes (as --sweep runs them): the same record, made by the children.
+    spawned = benchmark.run_sweep(["reference", "py"], [(2, 8, 4)], "cpu", torch.float32,
+                                  min_rounds=4, ci_target=0.5, budget_s=1.0, replicates=2, processes=True)
+    assert spawned["replicate_in"] == "a fresh process each"
+    assert len(spawned["points"][0]["ratios"]["py"]["replicate_ratios"]) == 2 and spawned["points"][0]["rounds"] >= 6
+
+
+def test_replicated_ratio_widens_with_disagreeing_replicates():
+    ref = [[10.0] * 20] * 4
+    agree = benchmark.replicated_ratio([[9.0 + 0.01 * k for k in range(20)]] * 4, ref)
+    assert agree["verdict"] == "faster" and agree["ci"][1] < 0.92
+    # Each replicate alone is tight, but they disagree: the interval must cover them, not the rounds.
+    apart = benchmark.replicated_ratio([[9.0] * 20, [11.5] * 20, [9.2] * 20, [11.0] * 20], ref)
+    assert apart["replicate_ratios"] == pytest.approx([0.9, 1.15, 0.92, 1.1])
+    assert apart["ci"][0] <= 0.92 and apart["ci"][1] >= 1.1 and apart["verdict"] == "no significant difference"
+    assert benchmark.replicated_ratio([[9.0] * 12], [[10.0] * 12])["ci"] == [0.9, 0.9]  # one replicate: order statistics
+
+
+def test_set_malloc_is_recorded():
+    # In a child process: "retain" cannot be undone, and the test process keeps glibc's defaults.
+    code = ("import benchmark, torch; print(benchmark._header('cpu', torch.float32)['malloc']); "
+            "print(benchmark.set_malloc('retain')); print(benchmark._header('cpu', torch.float32)['malloc'])")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    before, done, recorded = result.stdout.split("\n")[:3]
+    assert before == "default" and recorded == done
+    assert done.startswith("retain (glibc") or done.startswith("default (")  # glibc, or it says why not
+
+
+def test_replicates_only_with_sweep():
+    result = run_script("benchmark.py", "--replicates", "3", timeout=60)
+    assert result.returncode == 2 and "--replicates applies to --sweep" in result.stderr
+
 
 @pytest.mark.plot
 def test_sweep_and_training_plots(tmp_path):
