@@ -163,7 +163,7 @@ def warm_up(right: int, left: int, group=None, seconds: float = 0.5) -> None:
 
 
 def _p2p_job(sizes: list[int], rounds: int) -> dict:
-    """On every rank: time one ring step (batch_isend_irecv: send right, receive left) per size,
+    """On every rank: time one ring step (ring._exchange: send right, receive left) per size,
     and the addition of a received piece. Returns this rank's samples, µs per call."""
     import torch
     import torch.distributed as dist
@@ -228,7 +228,7 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
             "method": "per size: median over rounds (all sizes interleaved in each round) of the slowest rank's "
-                      "time of one batch_isend_irecv step (send right, receive left); "
+                      "time of one ring._exchange step (send right, receive left: on gloo irecv, then isend); "
                       "t = α + β·m fitted by least squares weighted by 1/t; "
                       "γ: slope of the time of add_ over the sizes from 1 MiB (out of cache); "
                       "0.5 s of small exchanges first (a fresh gloo pair is slow for its first messages)",
@@ -243,7 +243,7 @@ def fit_table(record: dict) -> str:
         rows.append(f"| {w} | {f['alpha_s'] * 1e6:.0f} | {f['beta_s_per_byte'] * 1e9:.3f} ({f['bandwidth_gbs']:.2f}) "
                     f"| {f['gamma_s_per_byte'] * 1e9:.3f} | {max(res, key=abs):+.0f}% | "
                     + " ".join(f"{r:+.0f}%" for r in res) + " |")
-    rows.append(f"\nOne step = one batch_isend_irecv between neighbours, slowest rank, median; on gloo, "
+    rows.append(f"\nOne step = one ring._exchange between neighbours, slowest rank, median; on gloo, "
                 f"{record['threads_per_rank']} thread per rank, {record['device']}, torch {record['torch']}, "
                 f"{record['date']}: `{record['command']}`")
     return "\n".join(rows)

@@ -11,8 +11,9 @@ most one row). Two collectives move chunks round the ring, n − 1 steps each:
                   receives chunk (r − s − 1) mod n straight into place.
 
 The all-reduce is the one followed by the other, 2(n − 1) steps in which each rank sends
-2(n − 1)/n of the data, whatever n is: the ring is bandwidth-optimal. Every step is one
-batch_isend_irecv (send right, receive left), which is deadlock-free on gloo and NCCL alike.
+2(n − 1)/n of the data, whatever n is: the ring is bandwidth-optimal. Every step posts a send
+to the right and a receive from the left before waiting on either, which is deadlock-free
+(see ``_exchange`` for how on NCCL and on gloo).
 
 Each chunk travels in pieces of about 4 MiB, in a wavefront: piece k + 1 runs one step behind
 piece k, so adding one piece overlaps the transfer of the next, and in the all-reduce the
@@ -31,8 +32,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 OPS = ("sum", "avg")
-# Measured on the 2-core CPU machine with gloo: 4 MiB pieces beat 1 MiB (per-message cost)
-# and 16 MiB (less overlap).
+# The second table of `distributed.py --bench allreduce` compares piece sizes. On the 2-core
+# CPU machine with gloo, 4 MiB pieces beat 1 MiB pieces at 64 MiB with 2 ranks (0.93 against
+# 0.71 of gloo's busbw, 95% intervals apart); elsewhere, and against 16 MiB pieces, the
+# intervals overlap (docs/results/allreduce_gloo_w*.json).
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
@@ -60,14 +63,27 @@ SENT_BYTES = {"data": 0, "metadata": 0}
 
 def _exchange(send: Tensor | None, recv: Tensor | None, right: int, left: int,
               group: dist.ProcessGroup | None, purpose: str = "data") -> list:
-    """Post one ring step: send to the right, receive from the left. Returns the requests."""
-    ops = []
-    if send is not None and send.numel():
+    """Post one ring step: send to the right, receive from the left. Returns the requests.
+
+    NCCL needs the pair as one batch_isend_irecv (separate calls can deadlock). On gloo an
+    isend or irecv never blocks, so the receive is posted first, straight to the process
+    group: the data finds its buffer waiting, and no batching code runs. The overhead
+    benchmark times both ways (docs/results/allreduce_overhead_w2.json).
+    """
+    sending = send is not None and send.numel() > 0
+    receiving = recv is not None and recv.numel() > 0
+    if sending:
         SENT_BYTES[purpose] += send.numel() * send.element_size()
-        ops.append(dist.P2POp(dist.isend, send, right, group))
-    if recv is not None and recv.numel():
-        ops.append(dist.P2POp(dist.irecv, recv, left, group))
-    return dist.batch_isend_irecv(ops) if ops else []
+    if not (sending or receiving):
+        return []
+    if (send if sending else recv).is_cuda:
+        ops = ([dist.P2POp(dist.isend, send, right, group)] if sending else []) + \
+              ([dist.P2POp(dist.irecv, recv, left, group)] if receiving else [])
+        return dist.batch_isend_irecv(ops)
+    requests = [dist.irecv(recv, left, group)] if receiving else []
+    if sending:
+        requests.append(dist.isend(send, right, group))
+    return requests
 
 
 def _wait(requests: list) -> None:

@@ -512,7 +512,8 @@ def test_replicated_ratio_widens_with_disagreeing_replicates():
     apart = benchmark.replicated_ratio([[9.0] * 20, [11.5] * 20, [9.2] * 20, [11.0] * 20], ref)
     assert apart["replicate_ratios"] == pytest.approx([0.9, 1.15, 0.92, 1.1])
     assert apart["ci"][0] <= 0.92 and apart["ci"][1] >= 1.1 and apart["verdict"] == "no significant difference"
-    assert benchmark.replicated_ratio([[9.0] * 12], [[10.0] * 12])["ci"] == [0.9, 0.9]  # one replicate: order statistics
+    # One replicate: the order statistics of its rounds, as paired_ratio gives.
+    assert benchmark.replicated_ratio([[9.0] * 12], [[10.0] * 12])["ci"] == [0.9, 0.9]
 
 
 def test_set_malloc_is_recorded():

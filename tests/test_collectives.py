@@ -212,3 +212,26 @@ def test_zero_and_plain_checkpoints_are_interchangeable(tmp_path):
             [tuple(v.shape) for v in state["model"].values()]
         resumed = launch(train, 2, (Config(checkpoint=ckpt, resume=True, zero=then, **three),), deadline_s=240)[0]
         assert_close_runs(resumed, straight)
+
+
+def test_allreduce_table_judges_the_goal_with_intervals():
+    from parallel.bench import allreduce_table
+
+    def row(nbytes: int, variant: str, ratio: float, ci: list[float] | None) -> dict:
+        return {"bytes": nbytes, "variant": variant, "time_us": 100.0, "spread_us": 5.0, "busbw_gbs": 1.0,
+                "busbw_ratio_to_dist": ratio, "ratio_spread": 0.1, "ratio_ci": ci,
+                **({"algorithm": "doubling"} if variant == "auto" else {})}
+
+    results = []
+    for nbytes, ratio, ci in ((4096, 0.95, [0.92, 0.99]), (16384, 0.85, [0.70, 1.10]), (65536, 0.60, [0.50, 0.70])):
+        results += [row(nbytes, "auto", ratio, ci), row(nbytes, "dist.all_reduce", 1.0, [1.0, 1.0]),
+                    row(nbytes, "ring", 0.5, [0.4, 0.6])]
+    record = {"results": results, "world_size": 2, "backend": "gloo", "threads_per_rank": 1, "device": "cpu",
+              "torch": "x", "date": "d", "command": "c"}
+    text = allreduce_table(record)
+    assert "| 16 KiB | doubling |" in text and "0.85 (0.70–1.10)" in text and "95% CI" in text
+    assert "met at 4 KiB; missed at 16 KiB, 64 KiB; significantly below 0.90 (interval under it) at 64 KiB." in text
+    for r in results:  # a record from before intervals: IQRs, and no significance claimed
+        r.pop("ratio_ci")
+    old = allreduce_table(record)
+    assert "(paired, IQR)" in old and "significantly" not in old
