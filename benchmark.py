@@ -18,8 +18,9 @@ significant difference". The fwd+bwd column is measured as one call, not summed 
 two columns. ``--rounds auto`` adds rounds until every interval is narrower than
 ±``--ci-target`` or ``--budget`` seconds have passed. ``--sweep`` runs the grid of shapes in
 SWEEP (fwd+bwd only) and measures how much of the reference's time is its GEMMs; it measures
-each point ``--replicates`` times with fresh tensors, because where tensors land in memory
-moves small shapes' ratios by more than one measurement's interval (see replicated_ratio).
+each point ``--replicates`` times, each in a fresh process with fresh tensors, because the
+state of a process moves small shapes' ratios by more than one process's interval (see
+replicated_ratio).
 ``--malloc retain`` (the default) keeps freed memory in the process, so that no variant pays
 page faults for the allocator's history (see set_malloc).
 
@@ -128,10 +129,11 @@ def replicated_ratio(mine: Sequence[Sequence[float]], ref: Sequence[Sequence[flo
                      resamples: int = 2000, seed: int = 0) -> dict:
     """The paired ratio over several replicates of one measurement (fresh tensors each).
 
-    Rounds of one replicate share its tensors' placement in memory, and at small sizes that
-    placement moves the ratio by more than one replicate's interval (measured: cpp at B=1,
-    I=O=1024 gave 0.97, 1.11 and 0.97 in three replicates of one process). So the interval
-    must come from the replicates, not only the rounds: a two-level bootstrap resamples the
+    Rounds of one replicate share whatever state its process and tensors are in, and at small
+    sizes that state moves the ratio by more than one replicate's interval (docs/results/
+    cpu_sweep.json: cpp at B=1, I=O=1024 gave 1.16, 1.18, 1.14, 0.98 and 0.97 in five fresh
+    processes). So the interval must come from the replicates, not only the rounds: a
+    two-level bootstrap resamples the
     replicates, then the rounds within each, and takes the median of the pooled ratios;
     the interval is the central 95% of ``resamples`` such medians. The ratio itself is the
     median of all rounds' ratios. One replicate: paired_ratio's distribution-free interval.
@@ -180,13 +182,13 @@ def pin_threads(threads: int | None) -> list[int] | None:
 
 
 # What glibc's malloc does with a freed block decides whether the next allocation of that size
-# costs nothing or a page fault per 4 KiB page (a 4 MiB gradient: 1024 faults, more than the
-# GEMM that fills it at B=1). By default it returns large blocks to the OS (mmap above a
-# threshold that moves as the program runs, and a heap trimmed above another), so the cost
-# depends on what the process allocated before. "retain" keeps freed memory in the process, as
-# PyTorch's CUDA caching allocator, jemalloc and tcmalloc do: every variant then pays for its
-# work, not for the allocator's history. docs/results/cpu_sweep_glibc.json is the sweep with
-# glibc's defaults (--malloc default), for comparison with cpu_sweep.json.
+# costs nothing or a page fault per 4 KiB page. By default it hands large blocks back to the
+# OS: always above 32 MiB, and below that depending on thresholds that move as the program
+# runs, so the cost depends on what the process allocated before. At B=1, I=O=4096 the
+# reference's fwd+bwd took 18.3 ms with glibc's defaults and 6.1 ms without the faults
+# (docs/results/cpu_sweep_glibc.json, written with --malloc default, against cpu_sweep.json).
+# "retain" keeps freed memory in the process, as PyTorch's CUDA caching allocator, jemalloc
+# and tcmalloc do: every variant then pays for its work, not for the allocator's history.
 MALLOC_CHOICES = ("retain", "default")
 MALLOC = "default"  # what set_malloc() last did in this process: every record says it
 
@@ -799,7 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=cli.positive(int), help="torch threads, pinned to as many CPUs "
                         "(default: torch's own count)")
     parser.add_argument("--replicates", type=cli.positive(int), default=None,
-                        help="--sweep: measure each point this many times, with fresh tensors each time (default 5)")
+                        help="--sweep: measure each point this many times, each in a fresh process with fresh "
+                             "tensors (default 5)")
     parser.add_argument("--malloc", choices=MALLOC_CHOICES, default="retain",
                         help="retain: freed memory stays in the process, so no variant pays page faults for "
                              "the allocator's history (default); default: glibc's own behaviour")
