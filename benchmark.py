@@ -47,7 +47,6 @@ import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is 
 # isort: split
 import argparse
 import datetime
-import json
 import math
 import os
 import platform
@@ -765,10 +764,6 @@ def plot(record: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def write_json(record: dict) -> Callable[[Path], None]:
-    return lambda path: path.write_text(json.dumps(record, indent=2) + "\n")
-
-
 # ---------------------------------------------------------------------------
 # The command line
 # ---------------------------------------------------------------------------
@@ -887,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
                            args.ci_target, args.budget or 20.0,
                            progress=lambda line: print(line, file=sys.stderr, flush=True),
                            replicates=args.replicates or 5, processes=True)
-        errors = cli.write_outputs([(json_path, write_json(record)), (plot_path, lambda p: sweep_plot(record, p))])
+        errors = cli.write_outputs([(json_path, cli.json_writer(record)), (plot_path, lambda p: sweep_plot(record, p))])
         print(sweep_table(record))
     else:
         variants = ["reference"] + (["compile"] if args.compile else []) + loaded
@@ -901,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
             record["roofline"] = roofline(stages, *shape, args.device, dtype, rounds,
                                           args.peak_tflops, args.peak_gbs)
         # Files first: a reader that closes stdout early (| head) must not cost the results.
-        errors = cli.write_outputs([(json_path, write_json(record)), (plot_path, lambda p: plot(record, p))])
+        errors = cli.write_outputs([(json_path, cli.json_writer(record)), (plot_path, lambda p: plot(record, p))])
         print(table(record))
         if args.roofline:
             print("\n" + roofline_table(record))

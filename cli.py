@@ -21,6 +21,7 @@ reported after the results were printed.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -183,3 +184,19 @@ def write_outputs(writers: list[tuple[Path | None, Callable[[Path], None]]]) -> 
         except OSError as e:
             errors.append(f"could not write {path}: {e.strerror or e}; the results are printed above")
     return errors
+
+
+def json_writer(record: dict, indent: int = 2) -> Callable[[Path], None]:
+    """The writer of one JSON record, for write_outputs."""
+    return lambda path: Path(path).write_text(json.dumps(record, indent=indent) + "\n")
+
+
+def publish(text: str, writers: list[tuple[Path | None, Callable[[Path], None]]], prog: str) -> int:
+    """The end of a script: files first (a reader that closes stdout early must not cost them),
+    then ``text`` on stdout, then one line per file that failed to write. Returns the exit
+    status: 1 if a file failed, else 0. Nothing computed is lost either way."""
+    errors = write_outputs(writers)
+    print(text, flush=True)
+    for e in errors:
+        print(f"{prog}: {e}", file=sys.stderr)
+    return 1 if errors else 0

@@ -33,7 +33,6 @@ import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is 
 
 # isort: split
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -163,7 +162,7 @@ def run_and_report(config: Config, json_path: Path | None, plot_path: Path | Non
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     if rank == 0:
         record = report(config, result, config.backend)
-        errors = cli.write_outputs([(json_path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n")),
+        errors = cli.write_outputs([(json_path, cli.json_writer(record)),
                                     (plot_path, lambda p: plot(record, p))])
         print(f"test accuracy {100 * result['final_accuracy']:.1f}%", flush=True)
         for e in errors:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.batch, args.in_features, args.out_features, args.rounds) < 1:
         parser.error("sizes and --rounds must be at least 1")
-    cli.check_output(args.json, "--json")  # before minutes of work, not after
+    json_path = cli.check_output(args.json, "--json")  # before minutes of work, not after
     reasons = modes.available()
     selected = [m for m in ("py", "cpp") if reasons[m] is None]
     for m in ("py", "cpp"):
@@ -146,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {m}: {reasons[m]}", file=sys.stderr)
     record = measure(args.batch, args.in_features, args.out_features, getattr(torch, args.dtype), selected,
                      args.rounds)
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-    print(render(record))
-    return 0
+    return cli.publish(render(record), [(json_path, cli.json_writer(record))], "overhead.py")
 
 
 if __name__ == "__main__":

@@ -670,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in sources:
         if not s.is_file():
             parser.error(f"no such source file: {s}")
-    cli.check_output(args.json, "--json")
+    json_path = cli.check_output(args.json, "--json")
     for t in args.timings:
         if not Path(t).is_file():
             parser.error(f"no such timings file: {t}")
@@ -685,12 +685,10 @@ def main(argv: list[str] | None = None) -> int:
               "command": " ".join(["python cuda/static_report.py", *(sys.argv[1:] if argv is None else argv)]),
               "kernels": report.kernels, "other_kernels": report.other_kernels, "timings": joined,
               "warnings": report.warnings}
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-    print(table(record), flush=True)
+    status = cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))], "static_report.py")
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ nccl-tests: algbw = bytes / time, busbw = algbw · 2(n − 1)/n for an all-reduc
 from __future__ import annotations
 
 import datetime
-import json
 import statistics
 import sys
 import time
@@ -56,7 +55,7 @@ def _write(record: dict, path: Path | None, table: str) -> list[str]:
     table, then any error writing the file. Returns those errors."""
     if world()[0] != 0:
         return []
-    errors = cli.write_outputs([(path, lambda p: p.write_text(json.dumps(record, indent=2) + "\n"))])
+    errors = cli.write_outputs([(path, cli.json_writer(record))])
     print(table, flush=True)
     for e in errors:
         print(f"distributed.py: {e}", file=sys.stderr, flush=True)

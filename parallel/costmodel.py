@@ -466,19 +466,16 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--world-sizes takes integers separated by commas, got {args.world_sizes!r}")
         if min(sizes) < 2:
             parser.error("every world size must be at least 2 (a fit needs a peer)")
-        cli.check_output(args.json, "--json")  # before minutes of measuring, not after
+        json_path = cli.check_output(args.json, "--json")  # before minutes of measuring, not after
         record = fit(sizes, args.rounds)
-        if args.json:
-            Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-        print(fit_table(record))
+        return cli.publish(fit_table(record), [(json_path, cli.json_writer(record))], "costmodel")
     elif args.command == "predict":
         try:
             args.hidden = [int(h) for h in args.hidden.split(",")]
         except ValueError:
             parser.error(f"--hidden takes widths separated by commas, got {args.hidden!r}")
-        cli.check_output(args.json, "--json")
+        json_path, plot_path = cli.check_output(args.json, "--json"), cli.check_output(args.plot, "--plot")
         if args.plot:
-            cli.check_output(args.plot, "--plot")
             cli.need_matplotlib()  # before anything is computed
         for path in args.validate or []:
             if not Path(path).is_file():
@@ -492,11 +489,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.optimizer_ms is None:
                 args.optimizer_ms = first["adam step alone"]["step_us"] / 1e3
         record = predict(args)
-        if args.json:
-            Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-        if args.plot:
-            plot_predict(record, args.plot)
-        print(predict_table(record))
+        return cli.publish(predict_table(record), [(json_path, cli.json_writer(record)),
+                                                   (plot_path, lambda p: plot_predict(record, p))], "costmodel")
     elif args.command == "plot":
         cli.check_output(args.out, "--out")
         for path in args.records:

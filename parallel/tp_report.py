@@ -190,15 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     # Outputs and matplotlib before any work (cli.py: folders are not created).
     if args.what == "bytes":
-        cli.check_output(args.json, "--json")
+        json_path = cli.check_output(args.json, "--json")
     else:
         cli.check_output(args.out, "--out")
         cli.need_matplotlib(args.what)
     if args.what == "bytes":
         record = bytes_record()
-        if args.json:
-            Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
-        print(bytes_table(record))
+        return cli.publish(bytes_table(record), [(json_path, cli.json_writer(record))], "tp_report.py")
     elif args.what == "shards":
         shards_figure(args.out)
     else:

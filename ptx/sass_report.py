@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import json
 import os
 import re
 import subprocess
@@ -231,17 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no such PTX file: {args.ptx}")
     if args.generated and not Path(args.generated).is_file():
         parser.error(f"no such PTX file: {args.generated}")
-    cli.check_output(args.json, "--json")
+    json_path = cli.check_output(args.json, "--json")
     if sr.sass_tools()[0] is None:
         print(f"error: {sr.sass_tools()[1]}", file=sys.stderr)
         return 2
     record = build(Path(args.ptx).resolve(), args.generated)
     record["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record["command"] = " ".join(["python ptx/sass_report.py", *(sys.argv[1:] if argv is None else argv)])
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-    print(table(record))
-    return 0
+    return cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))], "sass_report.py")
 
 
 if __name__ == "__main__":

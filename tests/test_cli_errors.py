@@ -110,12 +110,12 @@ def test_plot_without_matplotlib_is_refused_before_any_work(tmp_path, no_matplot
 
 def test_a_write_that_fails_at_the_end_costs_no_printed_result(tmp_path):
     patch = """
-        import benchmark
-        def failing(record):
+        import cli
+        def failing(record, indent=2):
             def write(path):
                 raise OSError(28, "No space left on device")
             return write
-        benchmark.write_json = failing
+        cli.json_writer = failing
     """
     result = run_with(patch, "benchmark.py", *TINY, "--json", str(tmp_path / "b.json"))
     assert result.returncode == 1
@@ -584,3 +584,17 @@ def test_report_scripts_refuse_bad_paths_before_any_work(tmp_path, args):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "does not exist" in lines[0] or "is a directory" in lines[0] or "no such" in lines[0], lines[0]
+
+
+def test_publish_writes_first_prints_then_reports_a_failed_write(tmp_path, capsys):
+    import cli
+
+    def failing(path):
+        raise OSError(28, "No space left on device")
+
+    good = tmp_path / "r.json"
+    assert cli.publish("| the table |", [(good, cli.json_writer({"a": 1})), (None, failing)], "x.py") == 0
+    assert json.loads(good.read_text()) == {"a": 1} and "| the table |" in capsys.readouterr().out
+    assert cli.publish("| the table |", [(tmp_path / "s.json", failing)], "x.py") == 1
+    out, err = capsys.readouterr()
+    assert "| the table |" in out and "x.py: could not write" in err and "No space left" in err
