@@ -37,3 +37,17 @@ def run_script(*args: str, timeout: float = 300, env: dict | None = None) -> sub
     """Run a repository script the way a user would, from the repository root."""
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def all_reduce_case(numel: int, dtype: torch.dtype, op: str, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inside a rank: this rank's input for an all-reduce test (seeded by rank and size), and
+    what dist.all_reduce makes of it (divided by the world size for op="avg")."""
+    import torch.distributed as dist
+
+    g = torch.Generator().manual_seed(7919 * dist.get_rank() + numel)
+    t = (torch.randn(numel, generator=g) * scale).to(dtype)
+    expected = t.clone()
+    dist.all_reduce(expected)
+    if op == "avg":
+        expected /= dist.get_world_size()
+    return t, expected

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import all_reduce_case
 from parallel import costmodel
 from parallel.collectives import ALGORITHMS, RingError, all_reduce, choose
 from parallel.launch import launch
@@ -30,12 +31,7 @@ def collective_cases(big: int) -> list:
         for numel in NUMELS + ([big] if big and algorithm != "ring" else []):
             for dtype in DTYPES if numel != big else (torch.float32,):
                 for op in ("sum", "avg") if dtype.is_floating_point else ("sum",):
-                    g = torch.Generator().manual_seed(7919 * rank + numel)
-                    t = (torch.randn(numel, generator=g) * 100).to(dtype)
-                    expected = t.clone()
-                    dist.all_reduce(expected)
-                    if op == "avg":
-                        expected /= n
+                    t, expected = all_reduce_case(numel, dtype, op, 100)
                     all_reduce(t, op, algorithm, check=(numel != big))
                     out.append((algorithm, numel, str(dtype), op, t, expected))
     # a non-contiguous tensor is reduced through a contiguous copy and written back in place

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from conftest import ROOT, run_script
+from conftest import ROOT, all_reduce_case, run_script
 from parallel import data as data_mod
 from parallel.launch import LaunchError, launch
 from parallel.ring import RingError, ring_all_reduce, ring_broadcast_from_rank0
@@ -45,12 +45,7 @@ def ring_cases() -> list:
     for numel in NUMELS:
         for dtype in (torch.float32, torch.float64, torch.int64):
             for op in ("sum", "avg") if dtype != torch.int64 else ("sum",):
-                g = torch.Generator().manual_seed(7919 * rank + numel)
-                t = (torch.randn(numel, generator=g) * 1000).to(dtype)
-                expected = t.clone()
-                dist.all_reduce(expected)
-                if op == "avg":
-                    expected /= n
+                t, expected = all_reduce_case(numel, dtype, op, 1000)
                 # small segments, so the pipelined path runs with many segments per chunk
                 ring_all_reduce(t, op, segment_bytes=64)
                 out.append((numel, str(dtype), op, t, expected))
