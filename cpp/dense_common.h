@@ -88,19 +88,22 @@ using BackwardFn = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tens
                                                                   const at::Tensor&, const at::Tensor&,
                                                                   std::array<bool, 3>);
 
+// dense_<stage>::<op> from the dispatcher, typed; each caller keeps it in a static (looked up once).
+template <class Fn>
+c10::TypedOperatorHandle<Fn> find_op(const char* stage, const char* op) {
+  const std::string name = std::string("dense_") + stage + "::" + op;
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), "").template typed<Fn>();
+}
+
 template <class Stage>
 const c10::TypedOperatorHandle<ForwardFn>& forward_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow((std::string("dense_") + Stage::name + "::forward").c_str(), "")
-                             .template typed<ForwardFn>();
+  static const auto op = find_op<ForwardFn>(Stage::name, "forward");
   return op;
 }
 
 template <class Stage>
 const c10::TypedOperatorHandle<BackwardFn>& backward_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow((std::string("dense_") + Stage::name + "::backward").c_str(), "")
-                             .template typed<BackwardFn>();
+  static const auto op = find_op<BackwardFn>(Stage::name, "backward");
   return op;
 }
 
