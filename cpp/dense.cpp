@@ -18,6 +18,10 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <iterator>
+#include <numeric>
+#include <type_traits>
+
 namespace {
 
 struct CppStage {
@@ -61,6 +65,124 @@ inline int64_t block_rows(int64_t cols, int64_t element_size) {
 // Blocking costs one GEMM call per block (a few µs each) and smaller GEMMs; it pays where
 // the GEMMs are cheap next to the memory traffic of z and dz: few input features, many rows.
 inline bool use_blocks(int64_t rows, int64_t in_f, int64_t block) { return in_f <= 256 && rows >= 4 * block; }
+
+// ---------------------------------------------------------------------------------------------
+// A few rows (B <= 4): the layer is a matrix-vector product, bound by memory. The backward's
+// two GEMMs then each stream a matrix once (one reads W, one writes dW) at two flops an
+// element, each GEMM call has its fixed cost (dispatch, waking the threads, choosing a kernel),
+// and the elementwise pass and dz in memory come on top. Here one pass over the rows of W does
+// the whole backward; each thread takes a range of output features. (The forward is one GEMM
+// call either way and stays ATen's.) Measured in cpp/README.md.
+// ---------------------------------------------------------------------------------------------
+constexpr int64_t kFewRows = 4;
+constexpr int64_t kGroup = 4;  // rows of W handled together
+
+inline bool few_rows(int64_t rows) { return rows >= 1 && rows <= kFewRows; }
+
+// Output features per thread: at least about 16K elements of W each, or waking the second
+// thread costs more than it saves.
+inline int64_t features_grain(int64_t in_f) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(in_f, 1)); }
+
+// Calls body(i, k) for the chunks of one Vec each that cover 0 to n: the full-width ones in a
+// loop of their own, then the tail (k < V; loadu(p, k) fills the other lanes with zeros).
+// After inlining, the full chunks' loads and stores have a constant width.
+template <int64_t V, typename Body>
+inline void for_each_chunk(int64_t n, const Body& body) {
+  int64_t i = 0;
+  for (; i + V <= n; i += V) body(i, V);
+  if (i < n) body(i, n - i);
+}
+
+// Calls body(o, n) for o0 to o1 in groups of n = kGroup rows, then one row at a time. n is a
+// std::integral_constant: the body's loops over the group have a constant trip count, so they
+// unroll and keep their values in registers.
+template <typename Body>
+inline void for_each_group(int64_t o0, int64_t o1, const Body& body) {
+  int64_t o = o0;
+  for (; o + kGroup <= o1; o += kGroup) body(o, std::integral_constant<int64_t, kGroup>());
+  for (; o < o1; ++o) body(o, std::integral_constant<int64_t, 1>());
+}
+
+// Calls body with the row count as a std::integral_constant (1 to kFewRows), for the same reason.
+template <typename Body>
+inline void with_rows(int64_t rows, const Body& body) {
+  static_assert(kFewRows == 4, "one case per row count");
+  switch (rows) {
+    case 1: return body(std::integral_constant<int64_t, 1>());
+    case 2: return body(std::integral_constant<int64_t, 2>());
+    case 3: return body(std::integral_constant<int64_t, 3>());
+    default: return body(std::integral_constant<int64_t, 4>());
+  }
+}
+
+// The backward for the kN rows of W from o, with dz[r] = g[r, o] y (1 − y):
+//   db[o] = Σ_r dz[r],   dW[o, :] = Σ_r dz[r] x[r, :],   dx_part[r, :] += dz[r] W[o, :]
+// dW is written a row at a time, one forward stream of stores (rows interleaved chunk by chunk
+// were slower). dx_part takes the kN rows of W at once: each chunk of it is loaded and stored
+// once per kN rows instead of once per row.
+// Null gw, gb or dx_part: that gradient was not asked for.
+template <typename scalar_t, int64_t kRows, int64_t kN>
+inline void few_rows_backward_group(const scalar_t* __restrict g, const scalar_t* __restrict y,
+                                    const scalar_t* __restrict x, const scalar_t* __restrict w,
+                                    scalar_t* __restrict gw, scalar_t* __restrict gb, scalar_t* __restrict dx_part,
+                                    int64_t in_f, int64_t out_f, int64_t o) {
+  using Vec = at::vec::Vectorized<scalar_t>;
+  scalar_t dz[kN][kRows];
+  for (int64_t q = 0; q < kN; ++q) {
+    scalar_t sum = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const scalar_t yv = y[r * out_f + o + q];
+      dz[q][r] = g[r * out_f + o + q] * yv * (scalar_t(1) - yv);
+      sum += dz[q][r];
+    }
+    if (gb) gb[o + q] = sum;
+  }
+  if (gw) {
+    for (int64_t q = 0; q < kN; ++q) {
+      scalar_t* row = gw + (o + q) * in_f;
+      for_each_chunk<Vec::size()>(in_f, [&](int64_t i, int64_t k) {
+        Vec v = Vec(dz[q][0]) * Vec::loadu(x + i, k);
+        for (int64_t r = 1; r < kRows; ++r) v = at::vec::fmadd(Vec(dz[q][r]), Vec::loadu(x + r * in_f + i, k), v);
+        v.store(row + i, k);
+      });
+    }
+  }
+  if (dx_part) {
+    for_each_chunk<Vec::size()>(in_f, [&](int64_t i, int64_t k) {
+      for (int64_t r = 0; r < kRows; ++r) {  // W's chunks are in L1 after the first row
+        scalar_t* p = dx_part + r * in_f + i;
+        Vec acc = Vec::loadu(p, k);
+        for (int64_t q = 0; q < kN; ++q) acc = at::vec::fmadd(Vec(dz[q][r]), Vec::loadu(w + (o + q) * in_f + i, k), acc);
+        acc.store(p, k);
+      }
+    });
+  }
+}
+
+// dx is a sum over all o: each thread adds into a partial dx of its own, and the partials
+// are added at the end in a fixed order. W is read once and dW written once.
+// Null gx, gw or gb: that gradient was not asked for.
+template <typename scalar_t>
+void few_rows_backward(const scalar_t* g, const scalar_t* y, const scalar_t* x, const scalar_t* w, scalar_t* gx,
+                       scalar_t* gw, scalar_t* gb, int64_t rows, int64_t in_f, int64_t out_f) {
+  const int64_t threads = at::get_num_threads(), part_size = rows * in_f;
+  std::vector<scalar_t> gx_parts(gx ? threads * part_size : 0, scalar_t(0));
+  with_rows(rows, [&](auto kRows) {
+    at::parallel_for(0, out_f, features_grain(in_f), [&](int64_t o0, int64_t o1) {
+      scalar_t* part = gx ? gx_parts.data() + at::get_thread_num() * part_size : nullptr;
+      for_each_group(o0, o1, [&](int64_t o, auto kN) {
+        few_rows_backward_group<scalar_t, kRows, kN>(g, y, x, w, gw, gb, part, in_f, out_f, o);
+      });
+    });
+  });
+  if (gx) {
+    for (int64_t j = 0; j < part_size; ++j) {
+      scalar_t sum = gx_parts[j];
+      for (int64_t t = 1; t < threads; ++t) sum += gx_parts[t * part_size + j];
+      gx[j] = sum;
+    }
+  }
+}
 
 at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
                    const std::optional<at::Tensor>& bias) {
@@ -217,6 +339,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
   at::Tensor dz, grad_b;
   if (y.is_cpu()) {
     grad_b = output_mask[2] ? at::empty({out_f}, y.options()) : dense::unused(y);
+    if (few_rows(rows)) {
+      at::Tensor grad_x = output_mask[0] ? at::empty(x.sizes(), x.options()) : dense::unused(x);
+      at::Tensor grad_w = output_mask[1] ? at::empty({out_f, in_f}, x.options()) : dense::unused(x);
+      const at::Tensor x2 = (flat ? x : x.reshape({rows, in_f})).contiguous();
+      const at::Tensor w = weight.contiguous();
+      AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "dense_cpp_backward_few_rows", [&] {
+        auto ptr = [](const at::Tensor& t, bool wanted) { return wanted ? t.data_ptr<scalar_t>() : nullptr; };
+        few_rows_backward(g.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x2.data_ptr<scalar_t>(),
+                          w.data_ptr<scalar_t>(), ptr(grad_x, output_mask[0]), ptr(grad_w, output_mask[1]),
+                          ptr(grad_b, output_mask[2]), rows, in_f, out_f);
+      });
+      return {grad_x, grad_w, grad_b};
+    }
     const int64_t block = block_rows(out_f, y.element_size());
     if (use_blocks(rows, in_f, block) && (output_mask[0] || output_mask[1])) {
       at::Tensor grad_x2 = output_mask[0] ? at::empty({rows, in_f}, x.options()) : dense::unused(x);

@@ -207,6 +207,21 @@ def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
     assert bad.returncode == 2 and "does not exist (create it first)" in bad.stderr
 
 
+def assert_cpp_matches_the_reference(x, w, b, g, wanted):
+    """Output and the wanted gradients of mode cpp against sigmoid(F.linear(...))."""
+    results = []
+    for fn in (modes.dense("cpp"), lambda x, w, b: torch.sigmoid(torch.nn.functional.linear(x, w, b))):
+        ts = [t.clone().requires_grad_(need) if t is not None else None for t, need in zip((x, w, b), wanted)]
+        y = fn(*ts)
+        y.backward(g)
+        results.append([y.detach()] + [t.grad if t is not None else None for t in ts])
+    tol = {"rtol": 1e-4, "atol": 1e-4} if x.dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    for a, e in zip(*results):
+        assert (a is None) == (e is None)
+        if a is not None:
+            torch.testing.assert_close(a, e, **tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape_x, bias, wanted", [
     ((3, 700, 20), True, (True, True, True)),   # enough rows for the blocked CPU path (cpp/dense.cpp)
@@ -214,7 +229,7 @@ def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
     ((2100, 20), True, (False, True, True)),     # an input batch: no grad_x
     ((2100, 20), True, (True, False, False)),
 ])
-def test_blocked_cpu_path_matches_the_reference(ops, dtype, shape_x, bias, wanted):
+def test_blocked_cpu_path_matches_the_reference(dtype, shape_x, bias, wanted):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(shape_x, generator=gen, dtype=dtype)
     if x.dim() == 2:
@@ -222,14 +237,25 @@ def test_blocked_cpu_path_matches_the_reference(ops, dtype, shape_x, bias, wante
     w = torch.randn(129, 20, generator=gen, dtype=dtype)
     b = torch.randn(129, generator=gen, dtype=dtype) if bias else None
     g = torch.randn(*shape_x[:-1], 129, generator=gen, dtype=dtype)
-    results = []
-    for fn in (modes.dense("cpp"), lambda x, w, b: torch.sigmoid(torch.nn.functional.linear(x, w, b))):
-        ts = [t.clone().requires_grad_(need) if t is not None else None for t, need in zip((x, w, b), wanted)]
-        y = fn(*ts)
-        y.backward(g)
-        results.append([y.detach()] + [t.grad if t is not None else None for t in ts])
-    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
-    for a, e in zip(*results):
-        assert (a is None) == (e is None)
-        if a is not None:
-            torch.testing.assert_close(a, e, **tol)
+    assert_cpp_matches_the_reference(x, w, b, g, wanted)
+
+
+# The few-rows backward (cpp/dense.cpp, B <= 4): every row count, chunk tails (in_f not a
+# multiple of the vector width), group tails (out_f not a multiple of 4), ranges split over
+# threads (in_f = 37, out_f = 1000: about 440 features a thread), column-major x and W, and
+# B = 5, the first row count past it.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("in_f, out_f", [(5, 3), (37, 1000), (512, 7)])
+@pytest.mark.parametrize("bias, wanted", [(True, (True, True, True)), (False, (True, True, False)),
+                                          (True, (False, True, True)), (True, (True, False, False)),
+                                          (True, (False, False, True))])
+def test_few_rows_cpu_path_matches_the_reference(dtype, rows, in_f, out_f, bias, wanted):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(in_f, rows, generator=gen, dtype=dtype).t()  # column-major
+    w = torch.randn(in_f, out_f, generator=gen, dtype=dtype).t()
+    b = torch.randn(out_f, generator=gen, dtype=dtype) if bias else None
+    g = torch.randn(rows, out_f, generator=gen, dtype=dtype)
+    assert_cpp_matches_the_reference(x, w, b, g, wanted)
+    # The same rows as a 3-d x, (1, rows, in_f): the op folds the leading dimensions.
+    assert_cpp_matches_the_reference(x.contiguous().unsqueeze(0), w.contiguous(), b, g.unsqueeze(0), wanted)
