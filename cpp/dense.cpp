@@ -117,9 +117,8 @@ inline void with_rows(int64_t rows, const Body& body) {
 
 // The backward for the kN rows of W from o, with dz[r] = g[r, o] y (1 − y):
 //   db[o] = Σ_r dz[r],   dW[o, :] = Σ_r dz[r] x[r, :],   dx_part[r, :] += dz[r] W[o, :]
-// dW is written a row at a time, one forward stream of stores (rows interleaved chunk by chunk
-// were slower). dx_part takes the kN rows of W at once: each chunk of it is loaded and stored
-// once per kN rows instead of once per row.
+// dW is written a row at a time, one forward stream of stores. dx_part takes the kN rows of W
+// at once: each chunk of it is loaded and stored once per kN rows instead of once per row.
 // Null gw, gb or dx_part: that gradient was not asked for.
 template <typename scalar_t, int64_t kRows, int64_t kN>
 inline void few_rows_backward_group(const scalar_t* __restrict g, const scalar_t* __restrict y,
