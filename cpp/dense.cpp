@@ -18,8 +18,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
-#include <iterator>
-#include <numeric>
 #include <type_traits>
 
 namespace {
@@ -72,12 +70,18 @@ inline bool use_blocks(int64_t rows, int64_t in_f, int64_t block) { return in_f 
 // element, each GEMM call has its fixed cost (dispatch, waking the threads, choosing a kernel),
 // and the elementwise pass and dz in memory come on top. Here one pass over the rows of W does
 // the whole backward; each thread takes a range of output features. (The forward is one GEMM
-// call either way and stays ATen's.) Measured in cpp/README.md.
+// call either way and stays ATen's.) Measured in the top README's sweep (B=1).
 // ---------------------------------------------------------------------------------------------
 constexpr int64_t kFewRows = 4;
 constexpr int64_t kGroup = 4;  // rows of W handled together
 
-inline bool few_rows(int64_t rows) { return rows >= 1 && rows <= kFewRows; }
+// Also needed: enough output features to share out. The threads split the rows of W, and each
+// running thread fills and sums a partial dx of rows × in_f; with few output features one
+// thread would do all the work, and the partials would cost as much as the work itself.
+// ATen's calls split the other way (over in_f) and keep those shapes.
+inline bool few_rows(int64_t rows, int64_t out_f) {
+  return rows >= 1 && rows <= kFewRows && out_f >= 16 * rows * at::get_num_threads();
+}
 
 // Output features per thread: at least about 16K elements of W each, or waking the second
 // thread costs more than it saves.
@@ -119,7 +123,7 @@ inline void with_rows(int64_t rows, const Body& body) {
 //   db[o] = Σ_r dz[r],   dW[o, :] = Σ_r dz[r] x[r, :],   dx_part[r, :] += dz[r] W[o, :]
 // dW is written a row at a time, one forward stream of stores. dx_part takes the kN rows of W
 // at once: each chunk of it is loaded and stored once per kN rows instead of once per row.
-// Null gw, gb or dx_part: that gradient was not asked for.
+// Null gw, gb or dx_part: that gradient was not asked for (or is empty).
 template <typename scalar_t, int64_t kRows, int64_t kN>
 inline void few_rows_backward_group(const scalar_t* __restrict g, const scalar_t* __restrict y,
                                     const scalar_t* __restrict x, const scalar_t* __restrict w,
@@ -148,7 +152,7 @@ inline void few_rows_backward_group(const scalar_t* __restrict g, const scalar_t
   }
   if (dx_part) {
     for_each_chunk<Vec::size()>(in_f, [&](int64_t i, int64_t k) {
-      for (int64_t r = 0; r < kRows; ++r) {  // W's chunks are in L1 after the first row
+      for (int64_t r = 0; r < kRows; ++r) {  // W's chunks are in L1 after the first row of x
         scalar_t* p = dx_part + r * in_f + i;
         Vec acc = Vec::loadu(p, k);
         for (int64_t q = 0; q < kN; ++q) acc = at::vec::fmadd(Vec(dz[q][r]), Vec::loadu(w + (o + q) * in_f + i, k), acc);
@@ -160,7 +164,7 @@ inline void few_rows_backward_group(const scalar_t* __restrict g, const scalar_t
 
 // dx is a sum over all o: each thread adds into a partial dx of its own, and the partials
 // are added at the end in a fixed order. W is read once and dW written once.
-// Null gx, gw or gb: that gradient was not asked for.
+// Null gx, gw or gb: that gradient was not asked for (or is empty).
 template <typename scalar_t>
 void few_rows_backward(const scalar_t* g, const scalar_t* y, const scalar_t* x, const scalar_t* w, scalar_t* gx,
                        scalar_t* gw, scalar_t* gb, int64_t rows, int64_t in_f, int64_t out_f) {
@@ -338,7 +342,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
   at::Tensor dz, grad_b;
   if (y.is_cpu()) {
     grad_b = output_mask[2] ? at::empty({out_f}, y.options()) : dense::unused(y);
-    if (few_rows(rows)) {
+    if (few_rows(rows, out_f)) {
       at::Tensor grad_x = output_mask[0] ? at::empty(x.sizes(), x.options()) : dense::unused(x);
       at::Tensor grad_w = output_mask[1] ? at::empty({out_f, in_f}, x.options()) : dense::unused(x);
       const at::Tensor x2 = (flat ? x : x.reshape({rows, in_f})).contiguous();

@@ -240,17 +240,30 @@ def test_blocked_cpu_path_matches_the_reference(dtype, shape_x, bias, wanted):
     assert_cpp_matches_the_reference(x, w, b, g, wanted)
 
 
+@pytest.fixture(params=[1, 3], ids=lambda n: f"{n}threads")
+def threads(request):
+    """The few-rows path depends on the thread count (it needs 16 · rows · threads output
+    features, and splits them over the threads): pin it, and restore it after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 # The few-rows backward (cpp/dense.cpp, B <= 4): every row count, chunk tails (in_f not a
 # multiple of the vector width), group tails (out_f not a multiple of 4), ranges split over
-# threads (in_f = 37, out_f = 1000: about 440 features a thread), column-major x and W, and
-# B = 5, the first row count past it.
+# threads (at 3 threads: in_f = 37 and 512 give three ranges), every gradient mask,
+# column-major x and W, and B = 5, the first row count past it. Every shape has enough output
+# features for the path at 1 and 3 threads (at least 16 · 4 · 3 = 192).
+MASKS = [(True, m) for m in [(a, b, c) for a in (False, True) for b in (False, True) for c in (False, True)]
+         if any(m)] + [(False, (True, True, False)), (False, (False, True, False))]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
-@pytest.mark.parametrize("in_f, out_f", [(5, 3), (37, 1000), (512, 7)])
-@pytest.mark.parametrize("bias, wanted", [(True, (True, True, True)), (False, (True, True, False)),
-                                          (True, (False, True, True)), (True, (True, False, False)),
-                                          (True, (False, False, True))])
-def test_few_rows_cpu_path_matches_the_reference(dtype, rows, in_f, out_f, bias, wanted):
+@pytest.mark.parametrize("in_f, out_f", [(5, 200), (37, 1000), (512, 203)])
+@pytest.mark.parametrize("bias, wanted", MASKS)
+def test_few_rows_cpu_path_matches_the_reference(threads, dtype, rows, in_f, out_f, bias, wanted):
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(in_f, rows, generator=gen, dtype=dtype).t()  # column-major
     w = torch.randn(in_f, out_f, generator=gen, dtype=dtype).t()
@@ -259,3 +272,26 @@ def test_few_rows_cpu_path_matches_the_reference(dtype, rows, in_f, out_f, bias,
     assert_cpp_matches_the_reference(x, w, b, g, wanted)
     # The same rows as a 3-d x, (1, rows, in_f): the op folds the leading dimensions.
     assert_cpp_matches_the_reference(x.contiguous().unsqueeze(0), w.contiguous(), b, g.unsqueeze(0), wanted)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("where", ["x", "weight", "bias", "grad_out"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_few_rows_cpu_path_gives_the_references_nan_pattern(threads, dtype, rows, where, value):
+    """NaN and ±inf through the few-rows backward, with full vector chunks and groups of four
+    rows of W (tests/test_edge_cases.py does every mode at a small shape)."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(rows, 37, generator=gen, dtype=dtype), torch.randn(200, 37, generator=gen, dtype=dtype)
+    b, g = torch.randn(200, generator=gen, dtype=dtype), torch.randn(rows, 200, generator=gen, dtype=dtype)
+    {"x": lambda: x.__setitem__((rows - 1, 20), value), "weight": lambda: w.__setitem__((6, 20), value),
+     "bias": lambda: b.__setitem__(6, value), "grad_out": lambda: g.__setitem__((0, 6), value)}[where]()
+    results = []
+    for fn in (modes.dense("cpp"), lambda x, w, b: torch.sigmoid(torch.nn.functional.linear(x, w, b))):
+        ts = [t.clone().requires_grad_() for t in (x, w, b)]
+        y = fn(*ts)
+        y.backward(g)
+        results.append([y.detach()] + [t.grad for t in ts])
+    tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
+    for a, e in zip(*results):
+        torch.testing.assert_close(a, e, equal_nan=True, **tol)
