@@ -46,10 +46,13 @@ import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is 
 
 # isort: split
 import argparse
+import ctypes
 import datetime
 import math
+import multiprocessing
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -130,18 +133,16 @@ def replicated_ratio(mine: Sequence[Sequence[float]], ref: Sequence[Sequence[flo
 
     Rounds of one replicate share whatever state its process and tensors are in, and at small
     sizes that state moves the ratio by more than one replicate's interval (docs/results/
-    cpu_sweep.json: cpp at B=1, I=O=1024 gave 1.16, 1.18, 1.14, 0.98 and 0.97 in five fresh
-    processes). So the interval must come from the replicates, not only the rounds: a
-    two-level bootstrap resamples the
-    replicates, then the rounds within each, and takes the median of the pooled ratios;
-    the interval is the central 95% of ``resamples`` such medians. The ratio itself is the
-    median of all rounds' ratios. One replicate: paired_ratio's distribution-free interval.
+    cpu_sweep.json: compile over the reference at B=1, I=O=512 gave 2.58, 2.98, 2.42, 2.53 and
+    2.45 in five fresh processes). So the interval must come from the replicates, not only the
+    rounds: a two-level bootstrap resamples the replicates, then the rounds within each, and
+    takes the median of the pooled ratios; the interval is the central 95% of ``resamples``
+    such medians. The ratio itself is the median of all rounds' ratios. One replicate:
+    paired_ratio's distribution-free interval.
     """
     per_rep = [[m / q for m, q in zip(ms, qs)] for ms, qs in zip(mine, ref)]
     if len(per_rep) == 1:
         return {**paired_ratio(mine[0], ref[0]), "replicate_ratios": [statistics.median(per_rep[0])]}
-    import random
-
     rng = random.Random(seed)
     medians = []
     for _ in range(resamples):
@@ -184,7 +185,7 @@ def pin_threads(threads: int | None) -> list[int] | None:
 # costs nothing or a page fault per 4 KiB page. By default it hands large blocks back to the
 # OS: always above 32 MiB, and below that depending on thresholds that move as the program
 # runs, so the cost depends on what the process allocated before. At B=1, I=O=4096 the
-# reference's fwd+bwd took 18.3 ms with glibc's defaults and 6.1 ms without the faults
+# reference's fwd+bwd took 18.8 ms with glibc's defaults and 6.1 ms without the faults
 # (docs/results/cpu_sweep_glibc.json, written with --malloc default, against cpu_sweep.json).
 # "retain" keeps freed memory in the process, as PyTorch's CUDA caching allocator, jemalloc
 # and tcmalloc do: every variant then pays for its work, not for the allocator's history.
@@ -202,8 +203,6 @@ def set_malloc(policy: str) -> str:
 
 
 def _mallopt_retain() -> str:
-    import ctypes
-
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
@@ -519,8 +518,6 @@ def run_sweep(variants: Sequence[str], points: Sequence[tuple[int, int, int]], d
         if progress:
             progress(f"replicate {rep + 1} of {replicates}" + (" (a fresh process)" if processes else ""))
         if processes:
-            import multiprocessing
-
             malloc = "default" if MALLOC == "default" else "retain"
             args = (list(variants), list(points), device, str(dtype).removeprefix("torch."), rounds, least,
                     ci_target, budget, seed + rep, torch.get_num_threads(), malloc)
