@@ -26,6 +26,10 @@ struct CppStage {
   static constexpr const char* name = "cpp";  // the ops are dense_cpp::forward/backward
 };
 
+// The least rows a thread takes in an at::parallel_for over rows of `cols` elements: about 16K
+// elements each, or waking the second thread costs more than it saves.
+inline int64_t grain_rows(int64_t cols) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)); }
+
 // y = sigmoid(z + b), in place over z, in one pass. ATen's way is two (addmm's bias
 // epilogue, then sigmoid), and addmm even pre-fills its output with the broadcast bias.
 // at::vec::Vectorized is ATen's own SIMD wrapper. exp_u20 is its inline polynomial exp
@@ -33,8 +37,7 @@ struct CppStage {
 template <typename scalar_t>
 void bias_sigmoid_(scalar_t* z, const scalar_t* b, int64_t rows, int64_t cols) {
   using Vec = at::vec::Vectorized<scalar_t>;
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, grain_rows(cols), [&](int64_t r0, int64_t r1) {
     const Vec one(scalar_t(1));
     for (int64_t r = r0; r < r1; ++r) {
       scalar_t* zr = z + r * cols;
@@ -82,10 +85,6 @@ constexpr int64_t kGroup = 4;  // rows of W handled together
 inline bool few_rows(int64_t rows, int64_t out_f) {
   return rows >= 1 && rows <= kFewRows && out_f >= 16 * rows * at::get_num_threads();
 }
-
-// Output features per thread: at least about 16K elements of W each, or waking the second
-// thread costs more than it saves.
-inline int64_t features_grain(int64_t in_f) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(in_f, 1)); }
 
 // Calls body(i, k) for the chunks of one Vec each that cover 0 to n: the full-width ones in a
 // loop of their own, then the tail (k < V; loadu(p, k) fills the other lanes with zeros).
@@ -171,7 +170,7 @@ void few_rows_backward(const scalar_t* g, const scalar_t* y, const scalar_t* x, 
   const int64_t threads = at::get_num_threads(), part_size = rows * in_f;
   std::vector<scalar_t> gx_parts(gx ? threads * part_size : 0, scalar_t(0));
   with_rows(rows, [&](auto kRows) {
-    at::parallel_for(0, out_f, features_grain(in_f), [&](int64_t o0, int64_t o1) {
+    at::parallel_for(0, out_f, grain_rows(in_f), [&](int64_t o0, int64_t o1) {
       scalar_t* part = gx ? gx_parts.data() + at::get_thread_num() * part_size : nullptr;
       for_each_group(o0, o1, [&](int64_t o, auto kN) {
         few_rows_backward_group<scalar_t, kRows, kN>(g, y, x, w, gw, gb, part, in_f, out_f, o);
@@ -277,8 +276,7 @@ void sigmoid_grad_and_bias_sum(const scalar_t* g, const scalar_t* y, scalar_t* d
                                int64_t rows, int64_t cols) {
   const int64_t threads = at::get_num_threads();
   std::vector<double> totals(kBias ? threads * cols : 0, 0.0);
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows, grain_rows(cols), [&](int64_t r0, int64_t r1) {
     std::vector<scalar_t> part(kBias ? cols : 0);
     sigmoid_grad_rows<scalar_t, kBias>(g + r0 * cols, y + r0 * cols, dz + r0 * cols,
                                        totals.data() + (kBias ? at::get_thread_num() * cols : 0), part.data(),
