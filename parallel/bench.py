@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import cli
 from benchmark import Stats, describe_device, measure, median_ci
 from parallel import data as data_mod
-from parallel.collectives import all_reduce, choose
+from parallel.collectives import ALGORITHMS, all_reduce, choose
 from parallel.costmodel import warm_up
 from parallel.reducer import GradReducer, world
 from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
@@ -70,7 +70,7 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
     for nbytes in SIZES:
         t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # zeros: the sums stay finite
         fns = {name: (lambda t=t, a=name: all_reduce(t, algorithm=a, check=False))
-               for name in ("auto", "ring", "doubling", "halving_doubling")}
+               for name in ALGORITHMS}
         fns["dist.all_reduce"] = lambda t=t: dist.all_reduce(t)
         if nbytes >= 4 << 20:  # the ring's piece size (4 MiB) against a smaller and a larger one
             for piece in (1, 16):
@@ -234,6 +234,7 @@ def overhead(config: Config, json_path: str | None) -> None:
         "ring_all_reduce, check=False (before)": (lambda: ring_all_reduce(t, check=False), 2 * (n - 1)),
         "all_reduce doubling (after)": (lambda: all_reduce(t, algorithm="doubling", check=False),
                                         (n.bit_length() - 1) + 2 * (n != 1 << (n.bit_length() - 1))),
+        "all_reduce one-shot (after)": (lambda: all_reduce(t, algorithm="one_shot", check=False), n - 1),
         "all_reduce auto (after)": (lambda: all_reduce(t, check=False), None),
         "dist.all_reduce": (lambda: dist.all_reduce(t), None),
     }

@@ -20,6 +20,21 @@ NaN's payload survives (x86 keeps the first operand's), so both partners compute
 halving-doubling one rank finishes each element and the others only copy it. ``avg``
 divides the same bits by the same n everywhere.
 
+Both need a partner per step. With every pair of ranks connected (gloo opens a socket per
+pair; NVSwitch connects every GPU of a node to every other), a rank can also talk to all the
+others at once, and two "direct" algorithms take one or two steps whatever n is:
+
+  one-shot             every rank sends its whole tensor to each of the others and adds the n
+                       tensors itself, in rank order: one step, but (n − 1)·N bytes sent.
+  two-shot             a direct reduce-scatter (rank r receives block r from each of the others
+                       and adds the n of them in rank order), then a direct all-gather (rank r
+                       sends its finished block to each of the others): two steps, and the
+                       ring's 2(n − 1)/n·N bytes.
+
+Bit-identical results on every rank: in two-shot one rank finishes each block and the others
+copy it. In one-shot every rank computes ((t₀ + t₁) + t₂) + … with the same operands in the
+same order, so the same bits come out everywhere, NaN payloads included.
+
 Fixed cost: a call looks up a cached plan (ranks, partners, global ranks) for its group and
 reuses a receive buffer per thread, instead of asking torch.distributed and allocating on
 every call (docs/results/allreduce_overhead_w2.json measures the difference).
@@ -35,9 +50,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from parallel import costmodel
-from parallel.ring import OPS, RingError, _agree, _exchange, _wait, ring_all_reduce
+from parallel.ring import OPS, SENT_BYTES, RingError, _agree, _exchange, _wait, ring_all_reduce
 
-ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling")
+ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot")
 
 __all__ = ["ALGORITHMS", "RingError", "all_reduce", "choose"]
 
@@ -164,6 +179,63 @@ def _halving_doubling(flat: Tensor, plan: _Plan, op: str, group) -> None:
         d <<= 1
 
 
+def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], group) -> list:
+    """Post receives from and sends to several peers (global ranks) at once; returns the requests.
+
+    As in ring._exchange: NCCL needs one batch_isend_irecv; on gloo the receives go first, so
+    the data finds its buffers waiting. Empty tensors are skipped on both sides alike (block
+    sizes follow from numel, which the ranks agreed on)."""
+    recvs = [(peer, t) for peer, t in recvs if t.numel()]
+    sends = [(peer, t) for peer, t in sends if t.numel()]
+    for _, t in sends:
+        SENT_BYTES["data"] += t.numel() * t.element_size()
+    if (sends or recvs) and (sends or recvs)[0][1].is_cuda:
+        return dist.batch_isend_irecv([dist.P2POp(dist.irecv, t, peer, group) for peer, t in recvs] +
+                                      [dist.P2POp(dist.isend, t, peer, group) for peer, t in sends])
+    return [dist.irecv(t, peer, group) for peer, t in recvs] + [dist.isend(t, peer, group) for peer, t in sends]
+
+
+def _sum_in_rank_order(terms: list[Tensor], out: Tensor, rank: int) -> None:
+    """out ← ((terms[0] + terms[1]) + terms[2]) + …, written so that every rank runs the same
+    expression on the same operands. terms[rank] is ``out`` itself; the others are receive
+    buffers, which may be overwritten."""
+    if rank == 0:  # out holds terms[0]: accumulate in place
+        for t in terms[1:]:
+            out.add_(t)
+        return
+    acc = terms[0]
+    for t in terms[1:-1]:
+        acc.add_(t)
+    torch.add(acc, terms[-1], out=out)
+
+
+def _one_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
+    r, n, numel = plan.rank, plan.size, flat.numel()
+    buf = _buffer((n - 1) * numel, flat).view(n - 1, numel)
+    others = [(r + i) % n for i in range(1, n)]  # peers in a rotated order: not all to rank 0 first
+    slot = {j: buf[i] for i, j in enumerate(others)}
+    _wait(_post([(plan.glob[j], slot[j]) for j in others], [(plan.glob[j], flat) for j in others], group))
+    _sum_in_rank_order([flat if j == r else slot[j] for j in range(n)], flat, r)
+    if op == "avg":
+        flat.div_(n)
+
+
+def _two_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
+    r, n = plan.rank, plan.size
+    blocks = torch.tensor_split(flat, n)  # sizes differ by at most one element
+    mine = blocks[r]
+    others = [(r + i) % n for i in range(1, n)]
+    buf = _buffer((n - 1) * mine.numel(), flat).view(n - 1, mine.numel())
+    slot = {j: buf[i] for i, j in enumerate(others)}
+    # reduce-scatter: block j goes to rank j; every other rank's block r comes here
+    _wait(_post([(plan.glob[j], slot[j]) for j in others], [(plan.glob[j], blocks[j]) for j in others], group))
+    _sum_in_rank_order([mine if j == r else slot[j] for j in range(n)], mine, r)
+    if op == "avg":
+        mine.div_(n)
+    # all-gather: the finished block to every other rank; theirs straight into place
+    _wait(_post([(plan.glob[j], blocks[j]) for j in others], [(plan.glob[j], mine) for j in others], group))
+
+
 def _validate(tensor: Tensor, op: str, algorithm: str) -> None:
     """The caller's mistakes, found before any process group is asked anything."""
     if not isinstance(tensor, Tensor):
@@ -204,14 +276,19 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
     if plan.size == 1 or tensor.numel() == 0:
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
-    if not _fold_in(flat, plan, group):
-        if algorithm == "doubling":
-            _doubling(flat, plan, group)
-            if op == "avg":
-                flat.div_(plan.size)
-        else:
-            _halving_doubling(flat, plan, op, group)
-    _fold_out(flat, plan, group)
+    if algorithm == "one_shot":
+        _one_shot(flat, plan, op, group)
+    elif algorithm == "two_shot":
+        _two_shot(flat, plan, op, group)
+    else:  # the exchanges need a power of two: extra ranks fold in first and get the result last
+        if not _fold_in(flat, plan, group):
+            if algorithm == "doubling":
+                _doubling(flat, plan, group)
+                if op == "avg":
+                    flat.div_(plan.size)
+            else:
+                _halving_doubling(flat, plan, op, group)
+        _fold_out(flat, plan, group)
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
     return tensor

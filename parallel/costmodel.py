@@ -5,14 +5,24 @@ gloo over loopback mostly software: Python, the gloo pair, the kernel's TCP stac
 cost of a byte (the copies, 1/bandwidth). Adding m bytes costs m·γ. The time of every
 algorithm in parallel/collectives.py follows from counting its messages, bytes and additions:
 
-  ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·min(N/n, piece)·γ   (pieced: adds overlap)
+  ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)/n·N·γ
   recursive doubling         log₂p·(α + N·β + N·γ)                         (+ fold-in)
   halving-doubling           2·log₂p·α + 2(p−1)/p·N·β + (p−1)/p·N·γ       (+ fold-in)
+  one-shot (direct)          α + (n−1)·N·β + (n−1)·N·γ
+  two-shot (direct)          2·α + 2(n−1)/n·N·β + (n−1)/n·N·γ
   fold-in (n not 2^k)        2·(α + N·β) + N·γ: the n − p extra ranks hand their tensor to a
                              partner first and get the result back last (p = 2^⌊log₂n⌋)
   ring reduce-scatter        (n−1)·α + (n−1)/n·N·β + (n−1)/n·N·γ
   ring all-gather            (n−1)·α + (n−1)/n·N·β
   binomial-tree broadcast    ⌈log₂n⌉·(α + N·β)
+
+Two assumptions are worth saying. The direct algorithms post n − 1 messages at once and are
+charged one α per step, as if the messages' fixed costs overlapped; with 3 and 4 ranks on this
+machine's 2 cores they did not (parallel/collectives.md, "Model against measurement"), and
+`choose` offers them only up to DIRECT_MAX_RANKS ranks. And nothing is hidden behind anything:
+on this machine the same two cores copy the bytes and add them, so the ring's pieces do not
+hide its additions (its 64 MiB times in docs/results/allreduce_gloo_w*.json sit at or above
+the line that charges every addition).
 
 Examples:
   python -m parallel.costmodel fit --json /tmp/alphabeta.json          # measure and fit, W = 2, 3, 4
@@ -38,8 +48,10 @@ import cli
 ROOT = Path(__file__).resolve().parent.parent
 FIT_PATH = ROOT / "docs" / "results" / "alphabeta_gloo.json"
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-ALL_REDUCE = ("ring", "doubling", "halving_doubling")
-PIECE_BYTES = 4 << 20  # parallel.ring.DEFAULT_SEGMENT_BYTES: the ring's pipelined pieces
+# Ties go to the earlier: at n = 2 one-shot is doubling and two-shot is the ring, step for step.
+ALL_REDUCE = ("one_shot", "two_shot", "doubling", "halving_doubling", "ring")
+DIRECT = ("one_shot", "two_shot")
+DIRECT_MAX_RANKS = 8  # a choice, not a measurement: see the module's docstring
 
 
 @dataclass(frozen=True)
@@ -66,12 +78,9 @@ def _fold(n: int, nbytes: float, link: Link) -> float:
 
 
 def ring(n: int, nbytes: float, link: Link) -> float:
-    """Our ring pipelines pieces of PIECE_BYTES: adding one piece overlaps the transfer of the
-    next, so only the first piece's additions in each of the n − 1 steps stay on the critical path."""
     if n == 1:
         return 0.0
-    exposed_add = (n - 1) * min(nbytes / n, PIECE_BYTES) * link.gamma
-    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + exposed_add
+    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + (n - 1) / n * nbytes * link.gamma
 
 
 def doubling(n: int, nbytes: float, link: Link) -> float:
@@ -87,6 +96,16 @@ def halving_doubling(n: int, nbytes: float, link: Link) -> float:
             + _fold(n, nbytes, link))
 
 
+def one_shot(n: int, nbytes: float, link: Link) -> float:
+    return link.alpha + (n - 1) * nbytes * (link.beta + link.gamma) if n > 1 else 0.0
+
+
+def two_shot(n: int, nbytes: float, link: Link) -> float:
+    if n == 1:
+        return 0.0
+    return 2 * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + (n - 1) / n * nbytes * link.gamma
+
+
 def reduce_scatter(n: int, nbytes: float, link: Link) -> float:
     return (n - 1) * link.alpha + (n - 1) / n * nbytes * (link.beta + link.gamma) if n > 1 else 0.0
 
@@ -99,12 +118,23 @@ def tree_broadcast(n: int, nbytes: float, link: Link) -> float:
     return math.ceil(math.log2(n)) * (link.alpha + nbytes * link.beta) if n > 1 else 0.0
 
 
-PREDICT = {"ring": ring, "doubling": doubling, "halving_doubling": halving_doubling}
+PREDICT = {"ring": ring, "doubling": doubling, "halving_doubling": halving_doubling, "one_shot": one_shot,
+           "two_shot": two_shot}
+
+
+def candidates(n: int) -> tuple[str, ...]:
+    """The algorithms offered at n ranks: the direct ones only up to DIRECT_MAX_RANKS."""
+    return ALL_REDUCE if n <= DIRECT_MAX_RANKS else tuple(a for a in ALL_REDUCE if a not in DIRECT)
 
 
 def choose(n: int, nbytes: int, link: Link) -> str:
     """The all-reduce algorithm the model predicts fastest (ties go to the earlier in ALL_REDUCE)."""
-    return min(ALL_REDUCE, key=lambda a: PREDICT[a](n, nbytes, link))
+    return min(candidates(n), key=lambda a: PREDICT[a](n, nbytes, link))
+
+
+def best(n: int, nbytes: float, link: Link) -> float:
+    """The predicted time of the algorithm ``choose`` picks."""
+    return PREDICT[choose(n, nbytes, link)](n, nbytes, link)
 
 
 # ---------------------------------------------------------------------------
@@ -283,8 +313,7 @@ def project(kind: str, n: int, params: int, compute_s: float, optimizer_s: float
     grad = 4 * params  # float32 gradients
     link = fabric(kind, n)
     out = {}
-    best = min(PREDICT[a](n, grad, link) for a in ALL_REDUCE)
-    out["dp"] = (compute_s, best, 8 * params)
+    out["dp"] = (compute_s, best(n, grad, link), 8 * params)
     # ZeRO-1: reduce-scatter + all-gather (the ring's bytes), Adam on 1/n of the parameters
     zero_comm = reduce_scatter(n, grad, link) + all_gather(n, grad, link)
     out["dp+zero"] = (compute_s - optimizer_s + optimizer_s / n, zero_comm, 8 * params / n)
@@ -294,10 +323,10 @@ def project(kind: str, n: int, params: int, compute_s: float, optimizer_s: float
     t = min(tp, n)
     tp_link = fabric(kind, t)
     activations = 4 * batch_per_rank * t * max(hidden)
-    tp_comm = 2 * math.ceil(len(hidden) / 2) * min(PREDICT[a](t, activations, tp_link) for a in ALL_REDUCE)
+    tp_comm = 2 * math.ceil(len(hidden) / 2) * best(t, activations, tp_link)
     replicas = n // t
     dp_link = fabric(kind, n) if replicas > 1 else tp_link
-    dp_comm = min(PREDICT[a](replicas, grad / t, dp_link) for a in ALL_REDUCE) if replicas > 1 else 0.0
+    dp_comm = best(replicas, grad / t, dp_link) if replicas > 1 else 0.0
     out["dp×tp"] = (compute_s, tp_comm + dp_comm, 8 * params / t)
     return {name: {"compute_s": c, "comm_s": m, "step_s": c + m, "comm_share": m / (c + m),
                    "efficiency": compute_s / (c + m), "optimizer_state_bytes": mem, "tp": t if name == "dp×tp" else 1}
@@ -393,7 +422,7 @@ def plot_model(records: list[dict], path: str) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(records), figsize=(4.2 * len(records), 3.6), sharey=True, squeeze=False)
     colours = {"ring": "tab:blue", "doubling": "tab:orange", "halving_doubling": "tab:green",
-               "dist.all_reduce": "black"}
+               "one_shot": "tab:red", "two_shot": "tab:purple", "dist.all_reduce": "black"}
     for ax, record in zip(axes[0], records):
         n = record["world_size"]
         link = link_for(n)
@@ -424,8 +453,9 @@ def model_table(record: dict) -> str:
     by = {(r["bytes"], r["variant"]): r for r in record["results"]}
     for m in sorted({r["bytes"] for r in record["results"]}):
         size = f"{m >> 20} MiB" if m >= 1 << 20 else f"{m >> 10} KiB"
-        rows.append(f"| {size} | " + " | ".join(f"{PREDICT[a](n, m, link) * 1e6:.0f} / {by[(m, a)]['time_us']:.0f}"
-                                                for a in ALL_REDUCE) + " |")
+        rows.append(f"| {size} | " + " | ".join(
+            f"{PREDICT[a](n, m, link) * 1e6:.0f} / " + (f"{by[(m, a)]['time_us']:.0f}" if (m, a) in by else "—")
+            for a in ALL_REDUCE) + " |")
     rows.append(f"\n{n} ranks; model: the fit in docs/results/alphabeta_gloo.json for {link.name}; measured: "
                 f"`{record['command']}` ({record['date']})")
     return "\n".join(rows)

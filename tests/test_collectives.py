@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 
 NUMELS = [0, 1, 3, 7, 1000, 12345]
 DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16)
+NOT_RING = tuple(a for a in ALGORITHMS if a not in ("auto", "ring"))  # the ring has its own tests
 
 
 def collective_cases(big: int) -> list:
@@ -35,7 +36,7 @@ def collective_cases(big: int) -> list:
                     all_reduce(t, op, algorithm, check=(numel != big))
                     out.append((algorithm, numel, str(dtype), op, t, expected))
     # a non-contiguous tensor is reduced through a contiguous copy and written back in place
-    for algorithm in ("doubling", "halving_doubling"):
+    for algorithm in NOT_RING:
         base = torch.arange(12.0).reshape(3, 4) * (rank + 1)
         all_reduce(base.t(), algorithm=algorithm)
         out.append((algorithm, "t()", "float32", "sum", base, torch.arange(12.0).reshape(3, 4) * n * (n + 1) / 2))
@@ -64,7 +65,7 @@ def nan_payloads() -> list[bytes]:
     """Each rank's NaN carries its own payload: which payload survives a + b depends on the
     order of the operands, so this shows whether every rank computed the same expression."""
     rank, out = dist.get_rank(), []
-    for algorithm in ("doubling", "halving_doubling"):
+    for algorithm in NOT_RING:
         t = torch.tensor([0.5, -0.0, 1.0, 3.0], dtype=torch.float32)
         t.view(torch.int32)[0] = 0x7FC00000 + rank + 1   # a quiet NaN, payload rank + 1
         if rank % 2:
@@ -76,7 +77,7 @@ def nan_payloads() -> list[bytes]:
 
 def mismatched_calls() -> list[str]:
     rank, out = dist.get_rank(), []
-    for algorithm in ("doubling", "halving_doubling"):  # after a RingError the ranks are still in step
+    for algorithm in NOT_RING:  # after a RingError the ranks are still in step
         try:
             all_reduce(torch.zeros(10 + rank), algorithm=algorithm)
             out.append("no error")
@@ -92,7 +93,7 @@ def edge_cases() -> tuple[list[bytes], list[str]]:
 @pytest.mark.parametrize("world_size", [3, 4])
 def test_nan_payloads_identical_on_every_rank_and_disagreeing_ranks_all_get_a_clear_error(world_size):
     results = launch(edge_cases, world_size, deadline_s=60)
-    for i, algorithm in enumerate(("doubling", "halving_doubling")):
+    for i, algorithm in enumerate(NOT_RING):
         assert all(r[0][i] == results[0][0][i] for r in results), algorithm
         values = torch.frombuffer(bytearray(results[0][0][i]), dtype=torch.float32)
         assert math.isnan(values[0]) and values[1].item() == 0.0 and math.copysign(1, values[1].item()) == -1
@@ -120,19 +121,34 @@ def test_model_formulas():
     link = costmodel.Link(alpha=1.0, beta=0.01, gamma=0.0)
     n, nbytes = 4, 800
     assert costmodel.ring(n, nbytes, link) == pytest.approx(2 * 3 * 1.0 + 2 * 3 / 4 * 800 * 0.01)
+    assert costmodel.one_shot(n, nbytes, link) == pytest.approx(1.0 + 3 * 8)
+    assert costmodel.two_shot(n, nbytes, link) == pytest.approx(2 * 1.0 + 2 * 3 / 4 * 8)
+    adding = costmodel.Link(alpha=0.0, beta=0.0, gamma=0.01)  # who adds how much
+    assert costmodel.ring(n, nbytes, adding) == pytest.approx(costmodel.two_shot(n, nbytes, adding)) == \
+        pytest.approx(3 / 4 * 8)
+    assert costmodel.one_shot(n, nbytes, adding) == pytest.approx(3 * 8)
     assert costmodel.doubling(n, nbytes, link) == pytest.approx(2 * (1.0 + 8))
     assert costmodel.halving_doubling(n, nbytes, link) == pytest.approx(4 * 1.0 + 2 * 3 / 4 * 8)
     # 5 ranks: the power of two below is 4, and the extra rank costs a hand-in and a hand-back
     assert costmodel.doubling(5, nbytes, link) == pytest.approx(2 * 9 + 2 * 9)
     assert costmodel.ring(1, nbytes, link) == costmodel.doubling(1, nbytes, link) == 0
+    assert costmodel.one_shot(1, nbytes, link) == costmodel.two_shot(1, nbytes, link) == 0
 
 
 def test_choice_follows_the_model():
-    latency_bound = costmodel.Link(alpha=100e-6, beta=1e-9)
-    assert costmodel.choose(4, 4096, latency_bound) == "doubling"
+    latency_bound = costmodel.Link(alpha=100e-6, beta=1e-9, gamma=0.25e-9)
+    # one step while (n − 1)·N·β is small next to α, then two steps and the ring's bytes
+    assert costmodel.choose(4, 4096, latency_bound) == "one_shot"
+    assert costmodel.choose(4, 64 << 20, latency_bound) == "two_shot"
+    # at 2 ranks one-shot is doubling and two-shot the ring, and ties go to the direct ones
+    assert costmodel.choose(2, 4096, latency_bound) == "one_shot"
+    assert costmodel.choose(2, 64 << 20, latency_bound) == "two_shot"
+    # past DIRECT_MAX_RANKS the direct ones are not offered: the log-step and ring algorithms are
+    many = costmodel.DIRECT_MAX_RANKS * 2
+    assert costmodel.choose(many, 4096, latency_bound) == "doubling"
+    assert costmodel.choose(many, 64 << 20, latency_bound) == "halving_doubling"
     # with a fold-in, halving-doubling moves 2N more bytes than the ring: large tensors go round the ring
-    assert costmodel.choose(3, 64 << 20, latency_bound) == "ring"
-    assert costmodel.choose(4, 64 << 20, latency_bound) == "halving_doubling"
+    assert costmodel.choose(costmodel.DIRECT_MAX_RANKS + 1, 64 << 20, latency_bound) == "ring"
     for n in (2, 3, 4, 5):
         for nbytes in costmodel.SIZES:
             assert choose(nbytes // 4, 4, n) == costmodel.choose(n, nbytes, costmodel.link_for(n))
