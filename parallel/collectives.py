@@ -1,4 +1,5 @@
-"""All-reduce by recursive doubling or halving-doubling, and an entry point that picks by size.
+"""All-reduce by recursive doubling, halving-doubling, one-shot or two-shot, and an entry point
+that picks by size.
 
 The ring (parallel/ring.py) sends the fewest bytes but takes 2(n − 1) steps: for small
 tensors each step's fixed cost α dominates. These take log₂ of that:
@@ -50,7 +51,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from parallel import costmodel
-from parallel.ring import OPS, SENT_BYTES, RingError, _agree, _exchange, _wait, ring_all_reduce
+from parallel.ring import OPS, RingError, _agree, _exchange, _post, _wait, ring_all_reduce
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot")
 
@@ -177,22 +178,6 @@ def _halving_doubling(flat: Tensor, plan: _Plan, op: str, group) -> None:
                         plan.glob[partner], plan.glob[partner], group))
         lo, hi = min(lo, other[0]), max(hi, other[1])
         d <<= 1
-
-
-def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], group) -> list:
-    """Post receives from and sends to several peers (global ranks) at once; returns the requests.
-
-    As in ring._exchange: NCCL needs one batch_isend_irecv; on gloo the receives go first, so
-    the data finds its buffers waiting. Empty tensors are skipped on both sides alike (block
-    sizes follow from numel, which the ranks agreed on)."""
-    recvs = [(peer, t) for peer, t in recvs if t.numel()]
-    sends = [(peer, t) for peer, t in sends if t.numel()]
-    for _, t in sends:
-        SENT_BYTES["data"] += t.numel() * t.element_size()
-    if (sends or recvs) and (sends or recvs)[0][1].is_cuda:
-        return dist.batch_isend_irecv([dist.P2POp(dist.irecv, t, peer, group) for peer, t in recvs] +
-                                      [dist.P2POp(dist.isend, t, peer, group) for peer, t in sends])
-    return [dist.irecv(t, peer, group) for peer, t in recvs] + [dist.isend(t, peer, group) for peer, t in sends]
 
 
 def _sum_in_rank_order(terms: list[Tensor], out: Tensor, rank: int) -> None:

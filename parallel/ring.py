@@ -13,10 +13,11 @@ most one row). Two collectives move chunks round the ring, n − 1 steps each:
 The all-reduce is the one followed by the other, 2(n − 1) steps in which each rank sends
 2(n − 1)/n of the data, whatever n is: the ring is bandwidth-optimal. Every step posts a send
 to the right and a receive from the left before waiting on either, which is deadlock-free
-(see ``_exchange`` for how on NCCL and on gloo).
+(see ``_post`` for how on NCCL and on gloo).
 
 Each chunk travels in pieces of about 4 MiB, in a wavefront: piece k + 1 runs one step behind
-piece k, so adding one piece overlaps the transfer of the next, and in the all-reduce the
+piece k, so adding one piece can overlap the transfer of the next (on the 2-core CPU machine it
+hides nothing: the same cores copy and add, parallel/collectives.md), and in the all-reduce the
 all-gather of the first pieces overlaps the reduce-scatter of the last. The three public
 collectives run the same two step functions (``_reduce_scatter_step``, ``_all_gather_step``)
 through the same wavefront scheduler (``_wavefront``); the all-reduce only chains them.
@@ -61,29 +62,32 @@ def _peers(group: dist.ProcessGroup | None) -> tuple[int, int, int, int]:
 SENT_BYTES = {"data": 0, "metadata": 0}
 
 
+def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], group: dist.ProcessGroup | None,
+          purpose: str = "data") -> list:
+    """Post receives from and sends to any peers (global ranks) at once. Returns the requests.
+
+    NCCL needs the whole set as one batch_isend_irecv (separate calls can deadlock). On gloo an
+    isend or irecv never blocks, so the receives are posted first, straight to the process
+    group: the data finds its buffers waiting, and no batching code runs. The overhead
+    benchmark times both ways (docs/results/allreduce_overhead_w2.json). Empty tensors are
+    skipped, on both sides alike when both derive the sizes from the same agreed numel.
+    """
+    recvs = [(peer, t) for peer, t in recvs if t.numel()]
+    sends = [(peer, t) for peer, t in sends if t.numel()]
+    for _, t in sends:
+        SENT_BYTES[purpose] += t.numel() * t.element_size()
+    if not (sends or recvs):
+        return []
+    if (sends or recvs)[0][1].is_cuda:
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer, group) for peer, t in sends] +
+                                      [dist.P2POp(dist.irecv, t, peer, group) for peer, t in recvs])
+    return [dist.irecv(t, peer, group) for peer, t in recvs] + [dist.isend(t, peer, group) for peer, t in sends]
+
+
 def _exchange(send: Tensor | None, recv: Tensor | None, right: int, left: int,
               group: dist.ProcessGroup | None, purpose: str = "data") -> list:
-    """Post one ring step: send to the right, receive from the left. Returns the requests.
-
-    NCCL needs the pair as one batch_isend_irecv (separate calls can deadlock). On gloo an
-    isend or irecv never blocks, so the receive is posted first, straight to the process
-    group: the data finds its buffer waiting, and no batching code runs. The overhead
-    benchmark times both ways (docs/results/allreduce_overhead_w2.json).
-    """
-    sending = send is not None and send.numel() > 0
-    receiving = recv is not None and recv.numel() > 0
-    if sending:
-        SENT_BYTES[purpose] += send.numel() * send.element_size()
-    if not (sending or receiving):
-        return []
-    if (send if sending else recv).is_cuda:
-        ops = ([dist.P2POp(dist.isend, send, right, group)] if sending else []) + \
-              ([dist.P2POp(dist.irecv, recv, left, group)] if receiving else [])
-        return dist.batch_isend_irecv(ops)
-    requests = [dist.irecv(recv, left, group)] if receiving else []
-    if sending:
-        requests.append(dist.isend(send, right, group))
-    return requests
+    """Post one ring step: send to the right, receive from the left (either may be None)."""
+    return _post([] if recv is None else [(left, recv)], [] if send is None else [(right, send)], group, purpose)
 
 
 def _wait(requests: list) -> None:
