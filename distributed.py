@@ -41,7 +41,7 @@ import torch
 
 import modes
 from parallel.data import DataError
-from parallel.launch import LaunchError, launch, run_in_process_group
+from parallel.launch import LaunchError, io_nice, launch, run_in_process_group
 from parallel.trainer import CheckpointError, Config, check_resume, load_data, plot, report, train
 
 
@@ -179,6 +179,10 @@ def check_before_launch(args: argparse.Namespace, config: Config, world_size: in
     if args.bench and (args.plot or args.checkpoint or args.resume):
         raise cli.UserError("--plot, --checkpoint and --resume belong to training, not to --bench")
     cli.check_output(args.json, "--json")
+    try:
+        io_nice()  # read in every rank; a bad value is found here, before any starts
+    except ValueError as e:
+        raise cli.UserError(str(e)) from None
     if args.plot:
         cli.check_output(args.plot, "--plot")
         cli.need_matplotlib()

@@ -27,6 +27,7 @@ from benchmark import Stats, describe_device, measure, median_ci
 from parallel import data as data_mod
 from parallel.collectives import ALGORITHMS, all_reduce, choose
 from parallel.costmodel import warm_up
+from parallel.launch import io_nice
 from parallel.reducer import GradReducer, world
 from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
 from parallel.tp_report import bytes_table
@@ -46,6 +47,7 @@ def _slowest_rank(samples: list[float]) -> list[float]:
 def _header(config: Config, kind: str) -> dict:
     return {"benchmark": kind, "device": describe_device(config.device), "torch": torch.__version__,
             "backend": dist.get_backend(), "world_size": world()[1], "threads_per_rank": torch.get_num_threads(),
+            **({"gloo_io_nice": io_nice()} if dist.get_backend() == "gloo" else {}),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python distributed.py " + " ".join(sys.argv[1:])}
 

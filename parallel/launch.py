@@ -8,6 +8,12 @@ what each rank returned. If a rank fails, the others get the process-group timeo
 by themselves (a dead peer is usually noticed within a second), then are killed; the error
 names every rank that failed and why. Under torchrun, ``run_in_process_group`` does the same
 for the one rank this process is.
+
+Each rank also lowers the priority of gloo's I/O threads (``lower_io_priority``): on a machine
+with fewer cores than busy threads, an I/O thread woken by a message could preempt the rank's
+main thread while that thread held the connection's lock, then spin on the lock until the
+scheduler's next tick (4 ms here). parallel/collectives.md, "Where the milliseconds went",
+shows the trace and the before and after.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -33,6 +40,55 @@ class LaunchError(RuntimeError):
     """One or more ranks failed; the message names each and its error."""
 
 
+IO_NICE_VAR = "DENSE_GLOO_IO_NICE"
+IO_NICE_DEFAULT = 19
+IO_THREAD_NAME = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
+
+
+def io_nice() -> int:
+    """The niceness for gloo's I/O threads: $DENSE_GLOO_IO_NICE (0 leaves them alone), else 19."""
+    text = os.environ.get(IO_NICE_VAR, str(IO_NICE_DEFAULT))
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 19:
+        raise ValueError(f"{IO_NICE_VAR} must be an integer from 0 (leave gloo's I/O threads alone) "
+                         f"to 19, got {text!r}")
+    return value
+
+
+def lower_io_priority(nice: int | None = None) -> int:
+    """Give this process's gloo I/O threads niceness ``nice`` (default: ``io_nice()``); returns
+    how many threads it changed.
+
+    Why (parallel/collectives.md, "Where the milliseconds went"): a rank's main thread posts
+    its sends and receives under the lock of the gloo connection (the pair), and gloo's I/O
+    thread only tries that lock: when it finds data ready and the lock taken, it goes back to
+    epoll_wait, which returns at once, and so spins. Traced here, the I/O threads called
+    epoll_wait about 20,000 times a second while messages flowed, and in the slow calls both
+    cores ran an I/O thread for up to 4 ms (the scheduler's tick) while the main threads
+    waited. At niceness 19 a woken I/O thread no longer takes the core from a main thread.
+    Lowering one's own threads' priority needs no privilege; raising it back does, so a
+    process that wants to compare must start with the variable at 0.
+    Every new gloo process group starts its own I/O thread: call this again after creating one.
+    """
+    nice = io_nice() if nice is None else nice
+    if nice == 0 or not sys.platform.startswith("linux"):
+        return 0
+    changed = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() != IO_THREAD_NAME:
+                continue
+            if os.getpriority(os.PRIO_PROCESS, int(tid)) != nice:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+                changed += 1
+        except (OSError, ValueError):  # the thread ended meanwhile; nothing to lower
+            continue
+    return changed
+
+
 def run_in_process_group(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: float,
                          init_method: str = "env://", rank: int | None = None,
                          world_size: int | None = None) -> Any:
@@ -43,6 +99,8 @@ def run_in_process_group(fn: Callable[..., Any], args: tuple, backend: str, time
     kwargs = {} if rank is None else {"rank": rank, "world_size": world_size}
     dist.init_process_group(backend, init_method=init_method, timeout=timedelta(seconds=timeout_s), **kwargs)
     try:
+        if backend == "gloo":
+            lower_io_priority()
         result = fn(*args)
         # A rank that leaves while a peer still waits on its last message breaks that peer.
         dist.barrier()

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 import modes
+from parallel.launch import lower_io_priority
 from parallel.ring import _agree, _exchange, _peers, _wait, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 
@@ -616,4 +617,6 @@ def make_layout(tp: int) -> Layout:
     for t in range(tp):
         g = dist.new_group([d * tp + t for d in range(dp)])
         dp_group = g if t == rank % tp else dp_group
+    if dist.get_backend() == "gloo":
+        lower_io_priority()  # each new gloo group has an I/O thread of its own
     return Layout(tp, dp, rank % tp, rank // tp, tp_group, dp_group)

@@ -569,11 +569,12 @@ def test_cli_positive_rejects_nonsense():
      "--json", "{missing}/p.json"),
     ("-m", "parallel.costmodel", "predict", "--validate", "{missing}/zero.json"),
     ("-m", "parallel.costmodel", "plot", "{missing}/allreduce.json", "--out", "{tmp}/m.png"),
+    ("-m", "parallel.ionice", "--json", "{missing}/ionice.json"),
     ("parallel/tp_report.py", "bytes", "--json", "{missing}/bytes.json"),
     ("parallel/tp_report.py", "shards", "--out", "{missing}/s.png"),
     ("cuda/static_report.py", "--json", "{tmp}"),
     ("ptx/sass_report.py", "--json", "{missing}/s.json"),
-], ids=["fit-json", "predict-json", "predict-validate", "plot-record", "bytes-json", "shards-out",
+], ids=["fit-json", "predict-json", "predict-validate", "plot-record", "ionice-json", "bytes-json", "shards-out",
         "static-json-dir", "sass-json"])
 def test_report_scripts_refuse_bad_paths_before_any_work(tmp_path, args):
     from conftest import run_script

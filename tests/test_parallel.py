@@ -317,6 +317,67 @@ def test_a_failed_peer_stops_the_run_with_a_clear_error(fault):
 
 
 # ---------------------------------------------------------------------------
+# gloo's I/O threads at the lowest priority (parallel/launch.py, lower_io_priority)
+# ---------------------------------------------------------------------------
+
+def thread_priorities() -> list[tuple[str, int]]:
+    """Inside a rank, after making tensor-parallel groups (each gloo group starts an I/O
+    thread of its own): every thread's name and niceness."""
+    from parallel.tp import make_layout
+
+    make_layout(dist.get_world_size())
+    return [(Path(f"/proc/self/task/{tid}/comm").read_text().strip(), os.getpriority(os.PRIO_PROCESS, int(tid)))
+            for tid in os.listdir("/proc/self/task")]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
+@pytest.mark.parametrize("setting", [None, "0", "7"])
+def test_gloo_io_threads_and_only_they_get_the_set_priority(monkeypatch, setting):
+    from parallel.launch import IO_NICE_VAR, IO_THREAD_NAME
+
+    if setting is None:
+        monkeypatch.delenv(IO_NICE_VAR, raising=False)
+    else:
+        monkeypatch.setenv(IO_NICE_VAR, setting)  # the spawned ranks inherit it
+    want = 19 if setting is None else int(setting)
+    for threads in launch(thread_priorities, 2, deadline_s=60):
+        io = [nice for name, nice in threads if name == IO_THREAD_NAME]
+        assert len(io) >= 2, threads  # the world's group and the tensor-parallel group
+        assert io == [want] * len(io), threads
+        assert all(nice == 0 for name, nice in threads if name != IO_THREAD_NAME), threads
+
+
+@pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5"])
+def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
+    from parallel.launch import IO_NICE_VAR, io_nice
+
+    monkeypatch.setenv(IO_NICE_VAR, bad)
+    with pytest.raises(ValueError, match=f"{IO_NICE_VAR} must be an integer from 0"):
+        io_nice()
+    result = run_script("distributed.py", "--world-size", "2", "--epochs", "1", timeout=120,
+                        env={IO_NICE_VAR: bad})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert IO_NICE_VAR in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_ionice_compares_both_settings_and_records_them(tmp_path):
+    out = tmp_path / "ionice.json"
+    result = run_script("-m", "parallel.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
+                        "--json", str(out), timeout=180)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert [la["nice"] for la in record["launches"]] == [0, 19]
+    assert [la["io_thread_nices"] for la in record["launches"]] == [[0], [19]]  # the setting took effect
+    assert {s["variant"] for s in record["summary"]} == {
+        "all_reduce auto, 4 KiB", "dist.all_reduce, 4 KiB", "all_reduce auto, 1 MiB", "dist.all_reduce, 1 MiB"}
+    for s in record["summary"]:
+        assert s["mean_us_nice0"] > 0 and s["mean_us_nice19"] > 0
+        assert s["mean_ratio_range"][0] <= s["mean_ratio_19_to_0"] <= s["mean_ratio_range"][1]
+    assert "| all_reduce auto, 4 KiB |" in result.stdout
+
+
+# ---------------------------------------------------------------------------
 # distributed.py as a user runs it
 # ---------------------------------------------------------------------------
 

@@ -1,0 +1,169 @@
+"""Gloo's I/O threads at normal and at lowest priority, side by side: the before and after of
+parallel/launch.py's ``lower_io_priority``.
+
+Launches the ranks again and again, alternately with $DENSE_GLOO_IO_NICE = 0 (gloo's threads
+left alone) and 19 (the default), and in each launch times single calls of our all-reduce
+(``auto``) and of dist.all_reduce at 4 KiB and 1 MiB, interleaved round by round. Priority
+can only be lowered without privilege, never raised back, so the two settings need separate
+processes; alternating them pairs each launch at 0 with the next at 19, and the spread over
+the pairs says how much of a difference is the machine's mood. Each launch also reports the
+CPU time gloo's I/O threads used while it timed, as a share of the wall time: while they
+spin it is large.
+
+Examples:
+  python -m parallel.ionice --world-size 2 --pairs 2 --rounds 200      # about half a minute
+  python -m parallel.ionice --world-size 4 --json /tmp/ionice_w4.json
+(docs/results/ionice_gloo_w*.json record the commands that wrote them.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import cli
+
+SIZES = (4 << 10, 1 << 20)
+SETTINGS = (0, 19)  # $DENSE_GLOO_IO_NICE of the two launches of a pair, in this order
+SLOW_US = 1000.0    # a call slower than this is one of the stalls
+
+
+def _io_cpu_s() -> float:
+    """CPU seconds used so far by this process's gloo I/O threads (from /proc)."""
+    from parallel.launch import IO_THREAD_NAME
+
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == IO_THREAD_NAME:
+                total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total * 1e-9
+
+
+def _job(sizes: tuple[int, ...], rounds: int) -> dict:
+    """On every rank: per-call times (µs) of each variant, and the I/O threads' CPU share."""
+    import torch
+    import torch.distributed as dist
+
+    from benchmark import measure
+    from parallel.collectives import all_reduce
+    from parallel.costmodel import warm_up
+    from parallel.launch import IO_THREAD_NAME
+    from parallel.ring import _peers
+
+    warm_up(*_peers(None)[2:])
+    fns = {}
+    for nbytes in sizes:
+        t = torch.zeros(nbytes // 4)
+        fns[f"all_reduce auto, {_size(nbytes)}"] = lambda t=t: all_reduce(t, check=False)
+        fns[f"dist.all_reduce, {_size(nbytes)}"] = lambda t=t: dist.all_reduce(t)
+    cpu, start = _io_cpu_s(), time.perf_counter()
+    # number=1: every sample is one call, so the stalls show as single slow calls
+    stats = measure(fns, rounds=rounds, warmup=3, number=1)
+    share = (_io_cpu_s() - cpu) / (time.perf_counter() - start)
+    nices = [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")
+             if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == IO_THREAD_NAME]
+    return {"samples": {k: s.samples for k, s in stats.items()}, "io_cpu_share": share, "io_nices": nices}
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def run(world_size: int, pairs: int, rounds: int) -> dict:
+    from parallel.launch import IO_NICE_VAR, launch
+
+    launches = []
+    saved = os.environ.get(IO_NICE_VAR)
+    try:
+        for pair in range(pairs):
+            for nice in SETTINGS:
+                os.environ[IO_NICE_VAR] = str(nice)  # spawned ranks inherit it
+                print(f"pair {pair + 1}/{pairs}: {IO_NICE_VAR}={nice} ...", file=sys.stderr, flush=True)
+                ranks = launch(_job, world_size, (SIZES, rounds), threads_per_rank=1, timeout_s=120,
+                               deadline_s=900)
+                variants = {}
+                for name in ranks[0]["samples"]:
+                    calls = [max(c) for c in zip(*(r["samples"][name] for r in ranks))]  # the slowest rank
+                    variants[name] = {"median_us": statistics.median(calls), "mean_us": statistics.mean(calls),
+                                      "slow_share": sum(c > SLOW_US for c in calls) / len(calls),
+                                      "calls": len(calls)}
+                launches.append({"pair": pair, "nice": nice, "variants": variants,
+                                 "io_cpu_share": [r["io_cpu_share"] for r in ranks],
+                                 "io_thread_nices": sorted({v for r in ranks for v in r["io_nices"]})})
+    finally:
+        if saved is None:
+            os.environ.pop(IO_NICE_VAR, None)
+        else:
+            os.environ[IO_NICE_VAR] = saved
+    summary = []
+    for name in launches[0]["variants"]:
+        before = [la["variants"][name] for la in launches if la["nice"] == SETTINGS[0]]
+        after = [la["variants"][name] for la in launches if la["nice"] == SETTINGS[1]]
+        ratios = [a["mean_us"] / b["mean_us"] for a, b in zip(after, before)]  # paired: one launch each
+        summary.append({"variant": name,
+                        "mean_us_nice0": statistics.median(b["mean_us"] for b in before),
+                        "mean_us_nice19": statistics.median(a["mean_us"] for a in after),
+                        "median_us_nice0": statistics.median(b["median_us"] for b in before),
+                        "median_us_nice19": statistics.median(a["median_us"] for a in after),
+                        "slow_share_nice0": statistics.median(b["slow_share"] for b in before),
+                        "slow_share_nice19": statistics.median(a["slow_share"] for a in after),
+                        "mean_ratio_19_to_0": statistics.median(ratios),
+                        "mean_ratio_range": [min(ratios), max(ratios)]})
+    import torch
+
+    from benchmark import describe_device
+
+    return {"benchmark": "ionice", "device": describe_device("cpu"), "torch": torch.__version__, "backend": "gloo",
+            "world_size": world_size, "threads_per_rank": 1,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": "python -m parallel.ionice " + " ".join(sys.argv[1:]),
+            "method": f"{pairs} pairs of launches ({IO_NICE_VAR}=0, then =19); in each, {rounds} rounds of one call "
+                      f"of every variant (order rotating), the slowest rank's time per call; a stall is a call "
+                      f"over {SLOW_US:.0f} µs; ratio: per pair, mean µs per call at 19 over at 0",
+            "summary": summary, "launches": launches}
+
+
+def table(record: dict) -> str:
+    rows = ["| variant | µs per call, mean: nice 0 → 19 | ratio (range over pairs) | median µs | "
+            "calls over 1 ms |", "|---|---:|---:|---:|---:|"]
+    for s in record["summary"]:
+        lo, hi = s["mean_ratio_range"]
+        rows.append(f"| {s['variant']} | {s['mean_us_nice0']:.0f} → {s['mean_us_nice19']:.0f} "
+                    f"| {s['mean_ratio_19_to_0']:.2f} ({lo:.2f}–{hi:.2f}) "
+                    f"| {s['median_us_nice0']:.0f} → {s['median_us_nice19']:.0f} "
+                    f"| {100 * s['slow_share_nice0']:.1f}% → {100 * s['slow_share_nice19']:.1f}% |")
+    shares = {n: [x for la in record["launches"] if la["nice"] == n for x in la["io_cpu_share"]] for n in SETTINGS}
+    rows.append("\nCPU time of gloo's I/O threads while timing, share of wall time per rank (median): "
+                + ", ".join(f"nice {n}: {100 * statistics.median(v):.0f}%" for n, v in shares.items())
+                + f". {record['world_size']} ranks on gloo, 1 thread each, {record['device']}, "
+                f"torch {record['torch']}, {record['date']}: `{record['command']}`")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Examples:"):],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-size", type=cli.positive(int), default=2, help="ranks per launch (at least 2)")
+    parser.add_argument("--pairs", type=cli.positive(int), default=3, help="pairs of launches (nice 0, then 19)")
+    parser.add_argument("--rounds", type=cli.positive(int), default=600, help="calls of each variant per launch")
+    parser.add_argument("--json", metavar="PATH", help="write the record here")
+    args = parser.parse_args(argv)
+    if args.world_size < 2:
+        parser.error("--world-size must be at least 2 (a collective needs a peer)")
+    if not sys.platform.startswith("linux"):
+        raise cli.UserError("thread priorities and /proc are read the Linux way; this needs Linux")
+    json_path = cli.check_output(args.json, "--json")  # before minutes of measuring, not after
+    record = run(args.world_size, args.pairs, args.rounds)
+    return cli.publish(table(record), [(json_path, cli.json_writer(record))], "ionice")
+
+
+if __name__ == "__main__":
+    cli.run(main)
