@@ -224,8 +224,10 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
     Each round runs every callable once in an order that rotates from round to round, so
     no variant always runs first (cold) or right after a heavy one. On the CPU a sample
     averages enough calls to last ``min_sample_s``, or exactly ``number`` calls: ranks that
-    time a collective together must all make the same calls. Warm-up runs each callable
-    ``warmup`` times, fewer for one that takes over a second. With ``enough``, rounds go on
+    time a collective together must all make the same calls, so they give ``number`` and
+    no ``enough``, ``budget_s`` or ``min_rounds`` (each rank would judge those by its own
+    clock). Warm-up runs each callable ``warmup`` times, fewer for one that takes over a
+    second, unless ``number`` is given. With ``enough``, rounds go on
     after ``rounds`` until ``enough(samples)`` is true, ``max_rounds`` are done or
     ``budget_s`` seconds have passed since the timing started. With ``min_rounds`` too, slow
     callables get fewer than ``rounds`` rounds (as many as the budget holds, judged from the
@@ -239,7 +241,10 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
             t0 = time.perf_counter()
             fns[name]()
             last_call[name] = time.perf_counter() - t0
-            if time.perf_counter() - spent > 1.0:
+            # Cut a slow callable's warm-up short, but never when the calls are collectives
+            # (``number`` given): each rank would judge its own clock, and ranks that warm up
+            # a different number of times send mismatched messages (gloo aborts the process).
+            if number is None and time.perf_counter() - spent > 1.0:
                 break
     if min_rounds is not None and budget_s is not None and last_call:
         round_s = sum(last_call.values())

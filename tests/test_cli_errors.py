@@ -409,6 +409,18 @@ def test_every_committed_result_names_a_documented_command():
 # Honest statistics
 # ---------------------------------------------------------------------------
 
+def test_collective_warm_up_makes_exactly_the_calls_asked_for():
+    # With number given, every rank must make the same calls whatever its clock says: a rank
+    # that cut its warm-up short (the calls took over a second) would desynchronise the
+    # others' messages. 0.6 s per call: the old rule stopped after the second of three.
+    counts = {}
+    for name, seconds in (("fast", 0.0), ("slow", 0.6)):
+        calls = counts[name] = []
+        benchmark.measure({name: lambda c=calls, s=seconds: (c.append(1), time.sleep(s))}, rounds=1, warmup=3,
+                          number=1)
+    assert len(counts["slow"]) == len(counts["fast"]) >= 3 + 1
+
+
 def test_median_interval_matches_the_binomial_tables():
     values = list(range(1, 11))
     assert benchmark.median_ci(values) == (2, 9)          # n = 10: ranks 2 and 9 (97.9%)
