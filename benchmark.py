@@ -218,11 +218,15 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
             warmup: int = 3, min_sample_s: float = 0.01, number: int | None = None,
             enough: Callable[[dict[str, list[float]]], bool] | None = None,
             max_rounds: int | None = None, budget_s: float | None = None,
-            min_rounds: int | None = None) -> dict[str, Stats]:
+            min_rounds: int | None = None, order: str = "rotate") -> dict[str, Stats]:
     """Time every callable ``rounds`` times, interleaved; returns per-call Stats in µs.
 
-    Each round runs every callable once in an order that rotates from round to round, so
-    no variant always runs first (cold) or right after a heavy one. On the CPU a sample
+    Each round runs every callable once, in an order that rotates from round to round, so
+    that no variant always runs first (cold). Rotation keeps the cyclic order, though: each
+    variant always follows the same neighbour. ``order="shuffle"`` draws a new order each
+    round instead, from a generator seeded alike in every process (ranks that time
+    collectives together make the same calls): the distributed benchmarks use it, because
+    the call right after gloo's all_reduce ran slower (parallel/collectives.md). On the CPU a sample
     averages enough calls to last ``min_sample_s``, or exactly ``number`` calls: ranks that
     time a collective together must all make the same calls, so they give ``number`` and
     no ``enough``, ``budget_s`` or ``min_rounds`` (each rank would judge those by its own
@@ -234,6 +238,15 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
     warm-up), but never fewer than ``min_rounds``.
     """
     names = list(fns)
+    if order not in ("rotate", "shuffle"):
+        raise ValueError(f"order must be 'rotate' or 'shuffle', got {order!r}")
+    shuffler = random.Random(0)
+
+    def round_order(r: int) -> list[str]:
+        if order == "shuffle":
+            return shuffler.sample(names, len(names))
+        return names[r % len(names):] + names[: r % len(names)]
+
     last_call: dict[str, float] = {}  # the last warm-up call's time: how many calls make a sample
     for name in names:
         spent = time.perf_counter()
@@ -269,7 +282,7 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
         torch.cuda.synchronize(device)
         r = 0
         while go_on(r):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in round_order(r):
                 flush.zero_()
                 start.record()
                 fns[name]()
@@ -294,7 +307,7 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
         started = time.perf_counter()
         r = 0
         while go_on(r):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in round_order(r):
                 samples[name].append(timers[name].timeit(calls[name]).median * 1e6)
             r += 1
     return {name: Stats(s) for name, s in samples.items()}

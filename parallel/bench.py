@@ -5,7 +5,9 @@ allreduce: our all_reduce (auto, and each algorithm it chooses from) against dis
 step:      one training step (forward, backward, gradient averaging, optimiser step) of our
            loop with and without overlap, against torch's DistributedDataParallel.
 
-Both use benchmark.measure, interleaving the variants round by round. A sample is the
+Both use benchmark.measure, interleaving the variants round by round, in a new order each
+round (order="shuffle"): rotating the order made the variant that always followed
+dist.all_reduce pay for it (parallel/collectives.md). A sample is the
 slowest rank's time for it (a collective is done when its last rank is). Bandwidths follow
 nccl-tests: algbw = bytes / time, busbw = algbw · 2(n − 1)/n for an all-reduce.
 """
@@ -82,7 +84,8 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
         # Now and then a message here takes milliseconds instead of a fraction of one (the IQRs at
         # small sizes exceed the medians), so the ratio is heavy-tailed: enough rounds for a 95%
         # interval of its median.
-        stats = measure(fns, device=device, rounds=40 if nbytes < (16 << 20) else 12, warmup=2, number=number)
+        stats = measure(fns, device=device, rounds=40 if nbytes < (16 << 20) else 12, warmup=2, number=number,
+                        order="shuffle")
         slowest = {variant: _slowest_rank(s.samples) for variant, s in stats.items()}
         for variant, samples in slowest.items():
             time_us = statistics.median(samples)
@@ -131,7 +134,7 @@ def step(config: Config, json_path: Path | None) -> dict:
         return run, reducer
 
     variants = {name: make(name) for name in ("ddp", "all_reduce, overlap", "all_reduce, no overlap")}
-    stats = measure({k: v[0] for k, v in variants.items()}, rounds=30, warmup=3, number=5)
+    stats = measure({k: v[0] for k, v in variants.items()}, rounds=30, warmup=3, number=5, order="shuffle")
     for _, reducer in variants.values():
         if reducer:
             reducer.close()
@@ -180,7 +183,7 @@ def zero(config: Config, json_path: str | None) -> None:
     for p in adam_model.parameters():
         p.grad = torch.full_like(p, 1e-3)
     fns["adam step alone"] = adam.step  # the part of "compute only" that ZeRO divides by n
-    stats = measure(fns, rounds=20, warmup=3, number=3)
+    stats = measure(fns, rounds=20, warmup=3, number=3, order="shuffle")
     slowest = {name: _slowest_rank(s.samples) for name, s in stats.items()}
     state = {name: (v[1].state_bytes() if name == "zero" else
                     sum(t.numel() * t.element_size() for st in v[1].state.values() for t in st.values()))
@@ -240,7 +243,7 @@ def overhead(config: Config, json_path: str | None) -> None:
         "all_reduce auto (after)": (lambda: all_reduce(t, check=False), None),
         "dist.all_reduce": (lambda: dist.all_reduce(t), None),
     }
-    stats = measure({k: v[0] for k, v in calls.items()}, rounds=30, warmup=3, number=50)
+    stats = measure({k: v[0] for k, v in calls.items()}, rounds=30, warmup=3, number=50, order="shuffle")
     slowest = {k: statistics.median(_slowest_rank(s.samples)) for k, s in stats.items()}
     one = slowest[ONE_MESSAGE]
     local = measure({  # the per-call work that needs no message, each piece alone
@@ -428,7 +431,7 @@ def tp(config: Config, json_path: str | None) -> None:
             raise RuntimeError(f"--bench tp: variant {name} computes another result than unoverlapped")
 
     fns = {name: stepper(models[name]) for name in TP_VARIANTS}
-    stats = measure(fns, rounds=20, warmup=2, number=3)
+    stats = measure(fns, rounds=20, warmup=2, number=3, order="shuffle")
     slowest = {name: _slowest_rank(s.samples) for name, s in stats.items()}
 
     # Where a step's time goes: our variants record every GEMM/elementwise call and every wait on

@@ -208,7 +208,7 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     # All sizes interleaved round by round, so a burst of load from elsewhere hits every size
     # alike instead of spoiling one. The same number of calls on every rank: each is a message.
     stats = measure({nbytes: (lambda s=s, r=r: _wait(_exchange(s, r, right, left, None)))
-                     for nbytes, (s, r) in bufs.items()}, rounds=rounds, warmup=2, number=4)
+                     for nbytes, (s, r) in bufs.items()}, rounds=rounds, warmup=2, number=4, order="shuffle")
     for nbytes, (send, recv) in bufs.items():
         out["steps"][nbytes] = stats[nbytes].samples
         out["add"][nbytes] = measure({"add": lambda s=send, r=recv: s.add_(r)}, rounds=5, warmup=1)["add"].median

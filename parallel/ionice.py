@@ -66,7 +66,7 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
         fns[f"dist.all_reduce, {_size(nbytes)}"] = lambda t=t: dist.all_reduce(t)
     cpu, start = _io_cpu_s(), time.perf_counter()
     # number=1: every sample is one call, so the stalls show as single slow calls
-    stats = measure(fns, rounds=rounds, warmup=3, number=1)
+    stats = measure(fns, rounds=rounds, warmup=3, number=1, order="shuffle")
     share = (_io_cpu_s() - cpu) / (time.perf_counter() - start)
     nices = [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")
              if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == IO_THREAD_NAME]
@@ -126,8 +126,8 @@ def run(world_size: int, pairs: int, rounds: int) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.ionice " + " ".join(sys.argv[1:]),
             "method": f"{pairs} pairs of launches ({IO_NICE_VAR}=0, then =19); in each, {rounds} rounds of one call "
-                      f"of every variant (order rotating), the slowest rank's time per call; a stall is a call "
-                      f"over {SLOW_US:.0f} µs; ratio: per pair, mean µs per call at 19 over at 0",
+                      f"of every variant (in a new order each round), the slowest rank's time per call; "
+                      f"a stall is a call over {SLOW_US:.0f} µs; ratio: per pair, mean µs per call at 19 over at 0",
             "summary": summary, "launches": launches}
 
 

@@ -421,6 +421,21 @@ def test_collective_warm_up_makes_exactly_the_calls_asked_for():
     assert len(counts["slow"]) == len(counts["fast"]) >= 3 + 1
 
 
+def test_shuffled_rounds_vary_each_variants_neighbour_and_agree_across_processes():
+    def run() -> list[str]:
+        seen = []
+        benchmark.measure({k: (lambda k=k: seen.append(k)) for k in "abcd"}, rounds=12, warmup=0, number=1,
+                          order="shuffle")
+        return [k for i, k in enumerate(seen) if i == 0 or seen[i - 1] != k]  # one entry per call group
+
+    first = run()
+    assert first == run()  # the same order in every process: ranks make the same calls
+    before_a = {first[i - 1] for i in range(1, len(first)) if first[i] == "a"}
+    assert len(before_a) > 1  # rotation would always put "d" before "a"
+    with pytest.raises(ValueError, match="order"):
+        benchmark.measure({"a": lambda: None}, rounds=1, order="random")
+
+
 def test_median_interval_matches_the_binomial_tables():
     values = list(range(1, 11))
     assert benchmark.median_ci(values) == (2, 9)          # n = 10: ranks 2 and 9 (97.9%)
