@@ -65,12 +65,11 @@ def lower_io_priority(nice: int | None = None) -> int:
     Why (parallel/collectives.md, "Where the milliseconds went"): a rank's main thread posts
     its sends and receives under the lock of the gloo connection (the pair), and gloo's I/O
     thread only tries that lock: when it finds data ready and the lock taken, it goes back to
-    epoll_wait, which returns at once, and so spins. Traced here, the I/O threads called
-    epoll_wait about 20,000 times a second while messages flowed, and in the slow calls both
-    cores ran an I/O thread for up to 4 ms (the scheduler's tick) while the main threads
-    waited. At niceness 19 a woken I/O thread no longer takes the core from a main thread.
-    Lowering one's own threads' priority needs no privilege; raising it back does, so a
-    process that wants to compare must start with the variable at 0.
+    epoll_wait, which returns at once, and so spins. Traced here, in the slow calls both cores
+    ran an I/O thread for up to 4 ms (the scheduler's tick) while the main threads waited.
+    At niceness 19 a woken I/O thread no longer takes the core from a main thread. Lowering
+    one's own threads' priority needs no privilege; raising it back does, so a process that
+    wants to compare must start with the variable at 0.
     Every new gloo process group starts its own I/O thread: call this again after creating one.
     """
     nice = io_nice() if nice is None else nice

@@ -34,9 +34,10 @@ from torch import Tensor
 
 OPS = ("sum", "avg")
 # The second table of `distributed.py --bench allreduce` compares piece sizes. On the 2-core
-# CPU machine with gloo, 4 MiB pieces beat 1 MiB pieces at 16 and 64 MiB with 2 ranks (0.98
-# against 0.70, 0.96 against 0.78 of gloo's busbw, 95% intervals apart); elsewhere, and against
-# 16 MiB pieces, the intervals overlap (docs/results/allreduce_gloo_w*.json).
+# CPU machine with gloo, 4 MiB pieces beat 1 MiB and 16 MiB pieces at 64 MiB with 3 ranks
+# (0.94 of gloo's busbw against 0.86 and 0.82, 95% intervals apart) and 16 MiB pieces there
+# with 4 ranks (0.95 against 0.87); the other comparisons overlap
+# (docs/results/allreduce_gloo_w*.json).
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
