@@ -5,24 +5,27 @@ gloo over loopback mostly software: Python, the gloo pair, the kernel's TCP stac
 cost of a byte (the copies, 1/bandwidth). Adding m bytes costs m·γ. The time of every
 algorithm in parallel/collectives.py follows from counting its messages, bytes and additions:
 
-  ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)/n·N·γ
+  ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·min(N/n, piece)·γ
   recursive doubling         log₂p·(α + N·β + N·γ)                         (+ fold-in)
   halving-doubling           2·log₂p·α + 2(p−1)/p·N·β + (p−1)/p·N·γ       (+ fold-in)
   one-shot (direct)          α + (n−1)·N·β + (n−1)·N·γ
   two-shot (direct)          2·α + 2(n−1)/n·N·β + (n−1)/n·N·γ
   fold-in (n not 2^k)        2·(α + N·β) + N·γ: the n − p extra ranks hand their tensor to a
                              partner first and get the result back last (p = 2^⌊log₂n⌋)
-  ring reduce-scatter        (n−1)·α + (n−1)/n·N·β + (n−1)/n·N·γ
+  ring reduce-scatter        (n−1)·α + (n−1)/n·N·β + (n−1)·min(N/n, piece)·γ
   ring all-gather            (n−1)·α + (n−1)/n·N·β
   binomial-tree broadcast    ⌈log₂n⌉·(α + N·β)
 
 Two assumptions are worth saying. The direct algorithms post n − 1 messages at once and are
 charged one α per step, as if the messages' fixed costs overlapped; with 3 and 4 ranks on this
 machine's 2 cores they did not (parallel/collectives.md, "Model against measurement"), and
-`choose` offers them only up to DIRECT_MAX_RANKS ranks. And nothing is hidden behind anything:
-on this machine the same two cores copy the bytes and add them, so the ring's pieces do not
-hide its additions (its 64 MiB times in docs/results/allreduce_gloo_w*.json sit at or above
-the line that charges every addition).
+`choose` offers them only up to DIRECT_MAX_RANKS ranks. And the ring's chunks travel in
+pieces (PIECE_BYTES), so adding one piece overlaps the transfer of the next: of each of its
+n − 1 reduce steps only one piece's addition is charged. The direct algorithms add whole
+blocks after they have all arrived and are charged every addition. (With gloo's I/O threads
+at normal priority the ring's 64 MiB times sat at or above the line that charges every
+addition, and this model charged them all; with the threads at niceness 19 they sit below it
+at 2 and 3 ranks: parallel/collectives.md, "Model against measurement".)
 
 Examples:
   python -m parallel.costmodel fit --json /tmp/alphabeta.json          # measure and fit, W = 2, 3, 4
@@ -48,7 +51,8 @@ import cli
 ROOT = Path(__file__).resolve().parent.parent
 FIT_PATH = ROOT / "docs" / "results" / "alphabeta_gloo.json"
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-# Ties go to the earlier: at n = 2 one-shot is doubling and two-shot is the ring, step for step.
+# Ties go to the earlier: at n = 2 one-shot is doubling step for step, and two-shot sends the
+# ring's messages (in blocks, where the ring sends pieces).
 ALL_REDUCE = ("one_shot", "two_shot", "doubling", "halving_doubling", "ring")
 DIRECT = ("one_shot", "two_shot")
 DIRECT_MAX_RANKS = 8  # a choice, not a measurement: see the module's docstring
@@ -68,6 +72,15 @@ class Link:
 # Predicted times, in seconds, of N bytes over n ranks
 # ---------------------------------------------------------------------------
 
+PIECE_BYTES = 4 << 20  # parallel.ring.DEFAULT_SEGMENT_BYTES (a test checks that they agree)
+
+
+def _ring_adds(n: int, nbytes: float, link: Link) -> float:
+    """The additions on the ring's critical path: one piece's in each of its n − 1 reduce steps
+    (the other pieces' additions overlap the transfers of the pieces after them)."""
+    return (n - 1) * min(nbytes / n, PIECE_BYTES) * link.gamma
+
+
 def _pow2_below(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
@@ -80,7 +93,7 @@ def _fold(n: int, nbytes: float, link: Link) -> float:
 def ring(n: int, nbytes: float, link: Link) -> float:
     if n == 1:
         return 0.0
-    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + (n - 1) / n * nbytes * link.gamma
+    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + _ring_adds(n, nbytes, link)
 
 
 def doubling(n: int, nbytes: float, link: Link) -> float:
@@ -107,7 +120,9 @@ def two_shot(n: int, nbytes: float, link: Link) -> float:
 
 
 def reduce_scatter(n: int, nbytes: float, link: Link) -> float:
-    return (n - 1) * link.alpha + (n - 1) / n * nbytes * (link.beta + link.gamma) if n > 1 else 0.0
+    if n == 1:
+        return 0.0
+    return (n - 1) * link.alpha + (n - 1) / n * nbytes * link.beta + _ring_adds(n, nbytes, link)
 
 
 def all_gather(n: int, nbytes: float, link: Link) -> float:

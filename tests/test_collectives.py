@@ -125,8 +125,13 @@ def test_model_formulas():
     assert costmodel.two_shot(n, nbytes, link) == pytest.approx(2 * 1.0 + 2 * 3 / 4 * 8)
     adding = costmodel.Link(alpha=0.0, beta=0.0, gamma=0.01)  # who adds how much
     assert costmodel.ring(n, nbytes, adding) == pytest.approx(costmodel.two_shot(n, nbytes, adding)) == \
-        pytest.approx(3 / 4 * 8)
+        pytest.approx(3 / 4 * 8)  # chunks smaller than a piece: the ring adds all of them in the open
     assert costmodel.one_shot(n, nbytes, adding) == pytest.approx(3 * 8)
+    # chunks of four pieces: only the first piece's addition of each reduce step is charged
+    big = 16 * costmodel.PIECE_BYTES
+    assert costmodel.ring(n, big, adding) == pytest.approx(3 * costmodel.PIECE_BYTES * 0.01)
+    assert costmodel.two_shot(n, big, adding) == pytest.approx(3 / 4 * big * 0.01)
+    assert costmodel.reduce_scatter(n, big, adding) == pytest.approx(costmodel.ring(n, big, adding))
     assert costmodel.doubling(n, nbytes, link) == pytest.approx(2 * (1.0 + 8))
     assert costmodel.halving_doubling(n, nbytes, link) == pytest.approx(4 * 1.0 + 2 * 3 / 4 * 8)
     # 5 ranks: the power of two below is 4, and the extra rank costs a hand-in and a hand-back
@@ -135,14 +140,22 @@ def test_model_formulas():
     assert costmodel.one_shot(1, nbytes, link) == costmodel.two_shot(1, nbytes, link) == 0
 
 
+def test_the_model_knows_the_rings_piece_size():
+    from parallel.ring import DEFAULT_SEGMENT_BYTES
+
+    assert costmodel.PIECE_BYTES == DEFAULT_SEGMENT_BYTES
+
+
 def test_choice_follows_the_model():
     latency_bound = costmodel.Link(alpha=100e-6, beta=1e-9, gamma=0.25e-9)
     # one step while (n − 1)·N·β is small next to α, then two steps and the ring's bytes
     assert costmodel.choose(4, 4096, latency_bound) == "one_shot"
-    assert costmodel.choose(4, 64 << 20, latency_bound) == "two_shot"
-    # at 2 ranks one-shot is doubling and two-shot the ring, and ties go to the direct ones
+    assert costmodel.choose(4, 4 << 20, latency_bound) == "two_shot"
+    # where the ring's chunks span several pieces, the additions it hides outweigh its extra α
+    assert costmodel.choose(4, 64 << 20, latency_bound) == "ring"
+    # at 2 ranks one-shot is doubling, and ties go to the direct one
     assert costmodel.choose(2, 4096, latency_bound) == "one_shot"
-    assert costmodel.choose(2, 64 << 20, latency_bound) == "two_shot"
+    assert costmodel.choose(2, 64 << 20, latency_bound) == "ring"
     # past DIRECT_MAX_RANKS the direct ones are not offered: the log-step and ring algorithms are
     many = costmodel.DIRECT_MAX_RANKS * 2
     assert costmodel.choose(many, 4096, latency_bound) == "doubling"
