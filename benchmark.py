@@ -226,8 +226,8 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
     variant always follows the same neighbour. ``order="shuffle"`` draws a new order each
     round instead, from a generator seeded alike in every process (ranks that time
     collectives together make the same calls): the distributed benchmarks use it, because
-    the call right after gloo's all_reduce ran slower (parallel/collectives.md). On the CPU a sample
-    averages enough calls to last ``min_sample_s``, or exactly ``number`` calls: ranks that
+    the call right after gloo's all_reduce ran slower (parallel/collectives.md). On the CPU a
+    sample averages enough calls to last ``min_sample_s``, or exactly ``number`` calls: ranks that
     time a collective together must all make the same calls, so they give ``number`` and
     no ``enough``, ``budget_s`` or ``min_rounds`` (each rank would judge those by its own
     clock). Warm-up runs each callable ``warmup`` times, fewer for one that takes over a

@@ -28,7 +28,7 @@ import cli
 from benchmark import Stats, describe_device, measure, median_ci
 from parallel import data as data_mod
 from parallel.collectives import ALGORITHMS, all_reduce, choose
-from parallel.costmodel import warm_up
+from parallel.costmodel import size_label, warm_up
 from parallel.launch import io_nice
 from parallel.reducer import GradReducer, world
 from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
@@ -284,10 +284,6 @@ def _ratio_text(r: dict) -> str:
     return f"{r['busbw_ratio_to_dist']:.2f} ({r['ratio_spread']:.2f})"
 
 
-def _size(nbytes: int) -> str:
-    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
-
-
 def allreduce_table(record: dict) -> str:
     intervals = any(r.get("ratio_ci") for r in record["results"])
     how = "95% CI" if intervals else "IQR"
@@ -297,19 +293,19 @@ def allreduce_table(record: dict) -> str:
     by = {(r["bytes"], r["variant"]): r for r in record["results"]}
     for nbytes in sorted({r["bytes"] for r in record["results"]}):
         auto, ref, ring = by[(nbytes, "auto")], by[(nbytes, "dist.all_reduce")], by[(nbytes, "ring")]
-        rows.append(f"| {_size(nbytes)} | {auto['algorithm'].replace('_', '-')} "
+        rows.append(f"| {size_label(nbytes)} | {auto['algorithm'].replace('_', '-')} "
                     f"| {auto['time_us']:.0f} ({auto['spread_us']:.0f}) "
                     f"| {ref['time_us']:.0f} ({ref['spread_us']:.0f}) "
                     f"| {auto['busbw_gbs']:.3f} | {ref['busbw_gbs']:.3f} "
                     f"| {_ratio_text(auto)} | {ring['busbw_ratio_to_dist']:.2f} |")
 
     autos = [r for r in record["results"] if r["variant"] == "auto"]
-    met = ", ".join(_size(r["bytes"]) for r in autos if r["busbw_ratio_to_dist"] >= 0.90) or "no size"
+    met = ", ".join(size_label(r["bytes"]) for r in autos if r["busbw_ratio_to_dist"] >= 0.90) or "no size"
     missed = [r for r in autos if r["busbw_ratio_to_dist"] < 0.90]
     line = (f"\nGoal, auto's busbw at least 0.90 of all_reduce's (median paired ratio): met at {met}; "
-            f"missed at {', '.join(_size(r['bytes']) for r in missed) or 'no size'}")
+            f"missed at {', '.join(size_label(r['bytes']) for r in missed) or 'no size'}")
     if intervals:
-        below = [_size(r["bytes"]) for r in missed if r.get("ratio_ci") and r["ratio_ci"][1] < 0.90]
+        below = [size_label(r["bytes"]) for r in missed if r.get("ratio_ci") and r["ratio_ci"][1] < 0.90]
         line += f"; significantly below 0.90 (interval under it) at {', '.join(below) or 'no size'}"
     rows.append(line + ".")
     pieces = sorted({r["bytes"] for r in record["results"] if r["variant"] == "ring, 1 MiB pieces"})
@@ -318,7 +314,7 @@ def allreduce_table(record: dict) -> str:
                     "| ring, 16 MiB pieces / all_reduce |\n|---:|---:|---:|---:|")
         for nbytes in pieces:
             cells = [by[(nbytes, v)] for v in ("ring, 1 MiB pieces", "ring", "ring, 16 MiB pieces")]
-            rows.append(f"| {_size(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
+            rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
     rows.append(f"\n{record['world_size']} ranks on {record['backend']}, {record['threads_per_rank']} thread(s) each, "
                 f"{record['device']}, torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)

@@ -72,6 +72,11 @@ class Link:
 # Predicted times, in seconds, of N bytes over n ranks
 # ---------------------------------------------------------------------------
 
+def size_label(nbytes: int) -> str:
+    """4 KiB, 64 MiB: how the tables and records name a message size."""
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
 PIECE_BYTES = 4 << 20  # parallel.ring.DEFAULT_SEGMENT_BYTES (a test checks that they agree)
 
 
@@ -467,8 +472,7 @@ def model_table(record: dict) -> str:
             "|---:|" + "---:|" * len(ALL_REDUCE)]
     by = {(r["bytes"], r["variant"]): r for r in record["results"]}
     for m in sorted({r["bytes"] for r in record["results"]}):
-        size = f"{m >> 20} MiB" if m >= 1 << 20 else f"{m >> 10} KiB"
-        rows.append(f"| {size} | " + " | ".join(
+        rows.append(f"| {size_label(m)} | " + " | ".join(
             f"{PREDICT[a](n, m, link) * 1e6:.0f} / " + (f"{by[(m, a)]['time_us']:.0f}" if (m, a) in by else "—")
             for a in ALL_REDUCE) + " |")
     rows.append(f"\n{n} ranks; model: the fit in docs/results/alphabeta_gloo.json for {link.name}; measured: "

@@ -35,14 +35,13 @@ SLOW_US = 1000.0    # a call slower than this is one of the stalls
 
 def _io_cpu_s() -> float:
     """CPU seconds used so far by this process's gloo I/O threads (from /proc)."""
-    from parallel.launch import IO_THREAD_NAME
+    from parallel.launch import io_threads
 
     total = 0
-    for tid in os.listdir("/proc/self/task"):
+    for tid in io_threads():
         try:
-            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == IO_THREAD_NAME:
-                total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+            total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+        except OSError:  # the thread ended meanwhile
             continue
     return total * 1e-9
 
@@ -54,27 +53,22 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
 
     from benchmark import measure
     from parallel.collectives import all_reduce
-    from parallel.costmodel import warm_up
-    from parallel.launch import IO_THREAD_NAME
+    from parallel.costmodel import size_label, warm_up
+    from parallel.launch import io_threads
     from parallel.ring import _peers
 
     warm_up(*_peers(None)[2:])
     fns = {}
     for nbytes in sizes:
         t = torch.zeros(nbytes // 4)
-        fns[f"all_reduce auto, {_size(nbytes)}"] = lambda t=t: all_reduce(t, check=False)
-        fns[f"dist.all_reduce, {_size(nbytes)}"] = lambda t=t: dist.all_reduce(t)
+        fns[f"all_reduce auto, {size_label(nbytes)}"] = lambda t=t: all_reduce(t, check=False)
+        fns[f"dist.all_reduce, {size_label(nbytes)}"] = lambda t=t: dist.all_reduce(t)
     cpu, start = _io_cpu_s(), time.perf_counter()
     # number=1: every sample is one call, so the stalls show as single slow calls
     stats = measure(fns, rounds=rounds, warmup=3, number=1, order="shuffle")
     share = (_io_cpu_s() - cpu) / (time.perf_counter() - start)
-    nices = [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")
-             if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == IO_THREAD_NAME]
+    nices = [os.getpriority(os.PRIO_PROCESS, tid) for tid in io_threads()]
     return {"samples": {k: s.samples for k, s in stats.items()}, "io_cpu_share": share, "io_nices": nices}
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
 def run(world_size: int, pairs: int, rounds: int) -> dict:

@@ -11,9 +11,9 @@ for the one rank this process is.
 
 Each rank also lowers the priority of gloo's I/O threads (``lower_io_priority``): on a machine
 with fewer cores than busy threads, an I/O thread woken by a message could preempt the rank's
-main thread while that thread held the connection's lock, then spin on the lock until the
-scheduler's next tick (4 ms here). parallel/collectives.md, "Where the milliseconds went",
-shows the trace and the before and after.
+main thread while that thread held the connection's lock, then spin on the lock until a
+scheduler tick (every 4 ms here) let the holder run. parallel/collectives.md, "Where the
+milliseconds went", shows the trace and the before and after.
 """
 
 from __future__ import annotations
@@ -66,26 +66,38 @@ def lower_io_priority(nice: int | None = None) -> int:
     its sends and receives under the lock of the gloo connection (the pair), and gloo's I/O
     thread only tries that lock: when it finds data ready and the lock taken, it goes back to
     epoll_wait, which returns at once, and so spins. Traced here, in the slow calls both cores
-    ran an I/O thread for up to 4 ms (the scheduler's tick) while the main threads waited.
+    ran an I/O thread for milliseconds (until a scheduler tick) while the main threads waited.
     At niceness 19 a woken I/O thread no longer takes the core from a main thread. Lowering
     one's own threads' priority needs no privilege; raising it back does, so a process that
     wants to compare must start with the variable at 0.
     Every new gloo process group starts its own I/O thread: call this again after creating one.
     """
     nice = io_nice() if nice is None else nice
-    if nice == 0 or not sys.platform.startswith("linux"):
+    if nice == 0:
         return 0
     changed = 0
-    for tid in os.listdir("/proc/self/task"):
+    for tid in io_threads():
         try:
-            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() != IO_THREAD_NAME:
-                continue
-            if os.getpriority(os.PRIO_PROCESS, int(tid)) != nice:
-                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            if os.getpriority(os.PRIO_PROCESS, tid) != nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
                 changed += 1
-        except (OSError, ValueError):  # the thread ended meanwhile; nothing to lower
+        except OSError:  # the thread ended meanwhile; nothing to lower
             continue
     return changed
+
+
+def io_threads() -> list[int]:
+    """The thread ids of this process's gloo I/O threads (none off Linux: no /proc to read)."""
+    if not sys.platform.startswith("linux"):
+        return []
+    tids = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == IO_THREAD_NAME:
+                tids.append(int(tid))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return tids
 
 
 def run_in_process_group(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: float,

@@ -360,6 +360,12 @@ def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
     assert IO_NICE_VAR in result.stderr.strip().splitlines()[-1]
 
 
+def test_ionice_needs_a_peer():
+    result = run_script("-m", "parallel.ionice", "--world-size", "1", timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "--world-size must be at least 2" in result.stderr
+
+
 @pytest.mark.slow
 def test_ionice_compares_both_settings_and_records_them(tmp_path):
     out = tmp_path / "ionice.json"
