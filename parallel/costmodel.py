@@ -5,14 +5,14 @@ gloo over loopback mostly software: Python, the gloo pair, the kernel's TCP stac
 cost of a byte (the copies, 1/bandwidth). Adding m bytes costs m·γ. The time of every
 algorithm in parallel/collectives.py follows from counting its messages, bytes and additions:
 
-  ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·min(N/n, piece)·γ
+  ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·piece·γ
   recursive doubling         log₂p·(α + N·β + N·γ)                         (+ fold-in)
   halving-doubling           2·log₂p·α + 2(p−1)/p·N·β + (p−1)/p·N·γ       (+ fold-in)
   one-shot (direct)          α + (n−1)·N·β + (n−1)·N·γ
   two-shot (direct)          2·α + 2(n−1)/n·N·β + (n−1)/n·N·γ
   fold-in (n not 2^k)        2·(α + N·β) + N·γ: the n − p extra ranks hand their tensor to a
                              partner first and get the result back last (p = 2^⌊log₂n⌋)
-  ring reduce-scatter        (n−1)·α + (n−1)/n·N·β + (n−1)·min(N/n, piece)·γ
+  ring reduce-scatter        (n−1)·α + (n−1)/n·N·β + (n−1)·piece·γ
   ring all-gather            (n−1)·α + (n−1)/n·N·β
   binomial-tree broadcast    ⌈log₂n⌉·(α + N·β)
 
@@ -20,8 +20,9 @@ Two assumptions are worth saying. The direct algorithms post n − 1 messages at
 charged one α per step, as if the messages' fixed costs overlapped; with 3 and 4 ranks on this
 machine's 2 cores they did not (parallel/collectives.md, "Model against measurement"), and
 `choose` offers them only up to DIRECT_MAX_RANKS ranks. And the ring's chunks travel in
-pieces (PIECE_BYTES), so adding one piece overlaps the transfer of the next: of each of its
-n − 1 reduce steps only one piece's addition is charged. The direct algorithms add whole
+pieces of at most PIECE_BYTES (a chunk of N/n bytes in ⌈N/n / PIECE_BYTES⌉ equal pieces:
+``ring_piece``), so adding one piece overlaps the transfer of the next: of each of its n − 1
+reduce steps only one piece's addition is charged. The direct algorithms add whole
 blocks after they have all arrived and are charged every addition. (With gloo's I/O threads
 at normal priority the ring's 64 MiB times sat at or above the line that charges every
 addition, and this model charged them all; with the threads at niceness 19 they sit below it
@@ -80,10 +81,18 @@ def size_label(nbytes: int) -> str:
 PIECE_BYTES = 4 << 20  # parallel.ring.DEFAULT_SEGMENT_BYTES (a test checks that they agree)
 
 
+def ring_piece(n: int, nbytes: float) -> float:
+    """The bytes of one of the ring's pieces: it cuts each chunk (N/n) into as many equal pieces
+    as it takes to keep them at most PIECE_BYTES (parallel.ring._pieces), so a chunk of 1.5
+    pieces' worth travels as two of 0.75."""
+    chunk = nbytes / n
+    return chunk / max(1, math.ceil(chunk / PIECE_BYTES))
+
+
 def _ring_adds(n: int, nbytes: float, link: Link) -> float:
     """The additions on the ring's critical path: one piece's in each of its n − 1 reduce steps
     (the other pieces' additions overlap the transfers of the pieces after them)."""
-    return (n - 1) * min(nbytes / n, PIECE_BYTES) * link.gamma
+    return (n - 1) * ring_piece(n, nbytes) * link.gamma
 
 
 def _pow2_below(n: int) -> int:

@@ -141,9 +141,16 @@ def test_model_formulas():
 
 
 def test_the_model_knows_the_rings_piece_size():
-    from parallel.ring import DEFAULT_SEGMENT_BYTES
+    from parallel.ring import DEFAULT_SEGMENT_BYTES, _pieces
 
     assert costmodel.PIECE_BYTES == DEFAULT_SEGMENT_BYTES
+    # the piece the model charges is the piece the ring cuts, whole pieces and split ones alike
+    for n, nbytes in [(2, 4 << 20), (3, 16 << 20), (4, 16 << 20), (3, 64 << 20), (4, 24 << 20)]:
+        chunks = list(torch.tensor_split(torch.empty(nbytes // 4), n))
+        pieces, _ = _pieces(chunks, DEFAULT_SEGMENT_BYTES)
+        assert 4 * pieces[0][0].numel() == pytest.approx(costmodel.ring_piece(n, nbytes), abs=4)
+    # 16 MiB over 3 ranks: chunks of 5⅓ MiB go as two pieces of 2⅔ MiB, not as 4 MiB + 1⅓ MiB
+    assert costmodel.ring_piece(3, 16 << 20) == pytest.approx((16 << 20) / 6)
 
 
 def test_choice_follows_the_model():
