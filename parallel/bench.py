@@ -66,6 +66,18 @@ def _write(record: dict, path: Path | None, table: str) -> list[str]:
     return errors
 
 
+def _rounds(nbytes: int) -> int:
+    """Rounds of the allreduce benchmark at one size. Now and then a message here takes
+    milliseconds instead of a fraction of one, so the paired ratio is heavy-tailed. Up to
+    64 KiB a sample averages 16 to 50 calls; from 256 KiB it averages 4 calls or fewer, and
+    40 rounds (12 from 16 MiB) left the ratio's 95% intervals 0.2 to 0.6 wide (the 2-rank run
+    at commit 63a1e37): at 256 KiB, auto and the one-shot it calls landed on either side of
+    the 0.90 goal, 0.88 and 1.04. So more rounds there, fewer at the slowest sizes."""
+    if nbytes < 256 << 10:
+        return 40
+    return 100 if nbytes < 16 << 20 else 40 if nbytes < 64 << 20 else 20
+
+
 def allreduce(config: Config, json_path: Path | None) -> dict:
     rank, n = world()
     device = config.device if dist.get_backend() == "nccl" else "cpu"
@@ -81,11 +93,7 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
                 fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
                                                                                              segment_bytes=b)
         number = max(1, min(50, (1 << 20) // nbytes))  # same on every rank: they must make the same calls
-        # Now and then a message here takes milliseconds instead of a fraction of one (the IQRs at
-        # small sizes exceed the medians), so the ratio is heavy-tailed: enough rounds for a 95%
-        # interval of its median.
-        stats = measure(fns, device=device, rounds=40 if nbytes < (16 << 20) else 12, warmup=2, number=number,
-                        order="shuffle")
+        stats = measure(fns, device=device, rounds=_rounds(nbytes), warmup=2, number=number, order="shuffle")
         slowest = {variant: _slowest_rank(s.samples) for variant, s in stats.items()}
         for variant, samples in slowest.items():
             time_us = statistics.median(samples)
