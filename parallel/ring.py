@@ -16,8 +16,8 @@ to the right and a receive from the left before waiting on either, which is dead
 (see ``_post`` for how on NCCL and on gloo).
 
 Each chunk travels in pieces of about 4 MiB, in a wavefront: piece k + 1 runs one step behind
-piece k, so adding one piece can overlap the transfer of the next (on the 2-core CPU machine
-that shows at 64 MiB with 2 and 3 ranks, parallel/collectives.md), and in the all-reduce the
+piece k, so adding one piece can overlap the transfer of the next (whether it does on the
+2-core CPU machine, runs have answered both ways: parallel/collectives.md), and in the all-reduce the
 all-gather of the first pieces overlaps the reduce-scatter of the last. The three public
 collectives run the same two step functions (``_reduce_scatter_step``, ``_all_gather_step``)
 through the same wavefront scheduler (``_wavefront``); the all-reduce only chains them.
@@ -34,9 +34,11 @@ from torch import Tensor
 
 OPS = ("sum", "avg")
 # The second table of `distributed.py --bench allreduce` compares piece sizes. On the 2-core
-# CPU machine with gloo, no piece size has proved better than another: in one run (commit
+# CPU machine with gloo, no piece size has proved better everywhere: in one run (commit
 # 17f0136) 4 MiB pieces beat 16 MiB (and, with 3 ranks, 1 MiB) pieces at 64 MiB, 95%
-# intervals apart; in the next (docs/results/allreduce_gloo_w*.json) every interval overlaps.
+# intervals apart; in the next (63a1e37) every interval overlapped; in the latest
+# (docs/results/allreduce_gloo_w*.json) 1 MiB beat 16 MiB pieces at 16 and 64 MiB with 2 ranks
+# and lost to them at 4 MiB with 3, and 4 MiB's interval overlapped the best one's everywhere.
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
