@@ -8,18 +8,19 @@ algorithm in parallel/collectives.py follows from counting its messages, bytes a
   ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·piece·γ
   recursive doubling         log₂p·(α + N·β + N·γ)                         (+ fold-in)
   halving-doubling           2·log₂p·α + 2(p−1)/p·N·β + (p−1)/p·N·γ       (+ fold-in)
-  one-shot (direct)          α + (n−1)·N·β + (n−1)·N·γ
-  two-shot (direct)          2·α + 2(n−1)/n·N·β + (n−1)/n·N·γ
+  one-shot (direct)          α_d + (n−1)·N·β_d + (n−1)·N·γ
+  two-shot (direct)          2·α_d + 2(n−1)/n·N·β_d + (n−1)/n·N·γ
   fold-in (n not 2^k)        2·(α + N·β) + N·γ: the n − p extra ranks hand their tensor to a
                              partner first and get the result back last (p = 2^⌊log₂n⌋)
   ring reduce-scatter        (n−1)·α + (n−1)/n·N·β + (n−1)·piece·γ
   ring all-gather            (n−1)·α + (n−1)/n·N·β
   binomial-tree broadcast    ⌈log₂n⌉·(α + N·β)
 
-Two assumptions are worth saying. The direct algorithms post n − 1 messages at once and are
-charged one α per step, as if the messages' fixed costs overlapped; with 3 and 4 ranks on this
-machine's 2 cores they did not (parallel/collectives.md, "Model against measurement"), and
-`choose` offers them only up to DIRECT_MAX_RANKS ranks. And the ring's chunks travel in
+Two assumptions are worth saying. The direct algorithms post n − 1 messages at once, and
+a step of theirs costs what it was measured to cost: `fit` times direct steps (the same bytes
+cut in n − 1 messages, one to each other rank) next to the ring steps and fits them a line of
+their own, α_d + β_d·(bytes sent). With 2 ranks a direct step is a ring step. Past the world
+sizes measured, `choose` offers them only up to DIRECT_MAX_RANKS ranks. And the ring's chunks travel in
 pieces of at most PIECE_BYTES (a chunk of N/n bytes in ⌈N/n / PIECE_BYTES⌉ equal pieces:
 ``ring_piece``), so adding one piece overlaps the transfer of the next: of each of its n − 1
 reduce steps only one piece's addition is charged. The direct algorithms add whole
@@ -61,12 +62,21 @@ DIRECT_MAX_RANKS = 8  # a choice, not a measurement: see the module's docstring
 
 @dataclass(frozen=True)
 class Link:
-    """α seconds per message, β seconds per byte, γ seconds per byte added."""
+    """α seconds per message, β seconds per byte, γ seconds per byte added. A direct step (a
+    message to each of the n − 1 others at once) costs α_d + β_d·(bytes sent); without a
+    fit of its own it costs what n − 1 messages would if their fixed costs overlapped, α + β·bytes."""
 
     alpha: float
     beta: float
     gamma: float = 0.0
     name: str = ""
+    alpha_direct: float | None = None
+    beta_direct: float | None = None
+
+    def direct(self) -> tuple[float, float]:
+        """(α_d, β_d) of a direct step."""
+        return (self.alpha if self.alpha_direct is None else self.alpha_direct,
+                self.beta if self.beta_direct is None else self.beta_direct)
 
 
 # ---------------------------------------------------------------------------
@@ -124,13 +134,15 @@ def halving_doubling(n: int, nbytes: float, link: Link) -> float:
 
 
 def one_shot(n: int, nbytes: float, link: Link) -> float:
-    return link.alpha + (n - 1) * nbytes * (link.beta + link.gamma) if n > 1 else 0.0
+    alpha, beta = link.direct()
+    return alpha + (n - 1) * nbytes * (beta + link.gamma) if n > 1 else 0.0
 
 
 def two_shot(n: int, nbytes: float, link: Link) -> float:
     if n == 1:
         return 0.0
-    return 2 * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + (n - 1) / n * nbytes * link.gamma
+    alpha, beta = link.direct()
+    return 2 * alpha + 2 * (n - 1) / n * nbytes * beta + (n - 1) / n * nbytes * link.gamma
 
 
 def reduce_scatter(n: int, nbytes: float, link: Link) -> float:
@@ -182,7 +194,8 @@ def fitted_links(path: Path = FIT_PATH) -> dict[int, Link]:
     if _links is None:
         try:
             record = json.loads(Path(path).read_text())
-            _links = {int(w): Link(f["alpha_s"], f["beta_s_per_byte"], f["gamma_s_per_byte"], f"gloo, {w} ranks")
+            _links = {int(w): Link(f["alpha_s"], f["beta_s_per_byte"], f["gamma_s_per_byte"], f"gloo, {w} ranks",
+                                   f.get("alpha_direct_s"), f.get("beta_direct_s_per_byte"))
                       for w, f in record["fits"].items()}
         except (OSError, KeyError, ValueError):
             _links = {}
@@ -222,24 +235,41 @@ def warm_up(right: int, left: int, group=None, seconds: float = 0.5) -> None:
 
 
 def _p2p_job(sizes: list[int], rounds: int) -> dict:
-    """On every rank: time one ring step (ring._exchange: send right, receive left) per size,
-    and the addition of a received piece. Returns this rank's samples, µs per call."""
+    """On every rank: time one ring step (ring._exchange: send right, receive left) per size;
+    with 3 ranks or more, one direct step too (the same bytes, cut in n − 1 equal messages, one
+    to each other rank, posted at once as one-shot and two-shot post theirs: ring._post, peers
+    in a rotated order); and the addition of a received piece. Returns this rank's samples, µs
+    per call."""
     import torch
     import torch.distributed as dist
 
     from benchmark import measure
-    from parallel.ring import _exchange, _peers, _wait
+    from parallel.ring import _exchange, _peers, _post, _wait
 
-    _, _, right, left = _peers(None)
-    out: dict = {"steps": {}, "add": {}}
+    rank, n, right, left = _peers(None)
+    out: dict = {"steps": {}, "direct": {}, "add": {}}
     warm_up(right, left)
+    others = [(rank + i) % n for i in range(1, n)]
     bufs = {nbytes: (torch.zeros(nbytes // 4), torch.empty(nbytes // 4)) for nbytes in sizes}
-    # All sizes interleaved round by round, so a burst of load from elsewhere hits every size
-    # alike instead of spoiling one. The same number of calls on every rank: each is a message.
-    stats = measure({nbytes: (lambda s=s, r=r: _wait(_exchange(s, r, right, left, None)))
-                     for nbytes, (s, r) in bufs.items()}, rounds=rounds, warmup=2, number=4, order="shuffle")
+    fns = {}
     for nbytes, (send, recv) in bufs.items():
-        out["steps"][nbytes] = stats[nbytes].samples
+        fns[("steps", nbytes)] = lambda s=send, r=recv: _wait(_exchange(s, r, right, left, None))
+        if n > 2:
+            block = nbytes // 4 // (n - 1)
+            inbox = recv[: block * (n - 1)].view(n - 1, block)
+            fns[("direct", nbytes)] = lambda s=send[:block], r=inbox: _wait(
+                _post([(j, r[i]) for i, j in enumerate(others)], [(j, s) for j in others], None))
+    # All sizes and both kinds of step interleaved round by round, so a burst of load from
+    # elsewhere hits them alike instead of spoiling one. The same number of calls on every
+    # rank: each is a message.
+    stats = measure(fns, rounds=rounds, warmup=2, number=4, order="shuffle")
+    for (kind, nbytes), st in stats.items():
+        out[kind][nbytes] = st.samples
+    # The additions last: by now the receives have written every page of the buffers. Before,
+    # an untouched page reads as the kernel's shared zero page, from cache, and the add looks
+    # several times faster than it is (measured here: γ at 3 ranks 0.053 ns/byte that way, and
+    # 0.140 in the next fit, taken after the receives).
+    for nbytes, (send, recv) in bufs.items():
         out["add"][nbytes] = measure({"add": lambda s=send, r=recv: s.add_(r)}, rounds=5, warmup=1)["add"].median
     dist.barrier()
     return out
@@ -257,6 +287,17 @@ def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
     return float(alpha), float(beta)
 
 
+def _fit_steps(ranks: list[dict], kind: str) -> tuple[float, float, list[dict]]:
+    """α, β and the points with their residuals, from every rank's samples of one kind of step."""
+    points = []
+    for nbytes in SIZES:  # per-call times: each sample timed 4 steps
+        slowest = [max(s) for s in zip(*(r[kind][nbytes] for r in ranks))]  # a step ends with its last rank
+        points.append((nbytes, statistics.median(slowest) * 1e-6))
+    a, b = fit_line(points)
+    return a, b, [{"bytes": m, "measured_us": t * 1e6, "fitted_us": (a + b * m) * 1e6,
+                   "residual_pct": 100 * ((a + b * m) / t - 1)} for m, t in points]
+
+
 def fit(world_sizes: list[int], rounds: int) -> dict:
     import torch
 
@@ -266,43 +307,52 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
     fits = {}
     for w in world_sizes:
         ranks = launch(_p2p_job, w, (SIZES, rounds), threads_per_rank=1, timeout_s=120, deadline_s=900)
-        points = []
-        for nbytes in SIZES:  # per-call times: each sample timed 4 steps
-            slowest = [max(s) for s in zip(*(r["steps"][nbytes] for r in ranks))]  # a step ends with its last rank
-            points.append((nbytes, statistics.median(slowest) * 1e-6))
-        alpha, beta = fit_line(points)
+        alpha, beta, points = _fit_steps(ranks, "steps")
         adds = [(nbytes, max(r["add"][nbytes] for r in ranks) * 1e-6) for nbytes in SIZES]
         gamma = fit_line([a for a in adds if a[0] >= 1 << 20])[1]  # memory-bound sizes: in cache it is faster
         fits[str(w)] = {
             "alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma,
-            "bandwidth_gbs": 1e-9 / beta, "add_gbs": 1e-9 / gamma,
-            "points": [{"bytes": m, "measured_us": t * 1e6, "fitted_us": (alpha + beta * m) * 1e6,
-                        "residual_pct": 100 * ((alpha + beta * m) / t - 1)} for m, t in points],
+            "bandwidth_gbs": 1e-9 / beta, "add_gbs": 1e-9 / gamma, "points": points,
             "add_points": [{"bytes": m, "measured_us": t * 1e6} for m, t in adds],
         }
+        text = ""
+        if w > 2:  # with 2 ranks a direct step is a ring step: one message each way
+            alpha_d, beta_d, direct_points = _fit_steps(ranks, "direct")
+            fits[str(w)].update({"alpha_direct_s": alpha_d, "beta_direct_s_per_byte": beta_d,
+                                 "direct_points": direct_points})
+            text = f"; direct steps: α_d = {alpha_d * 1e6:.1f} µs, β_d = {beta_d * 1e9:.3f} ns/byte"
         print(f"{w} ranks: α = {alpha * 1e6:.1f} µs, β = {beta * 1e9:.3f} ns/byte ({1e-9 / beta:.2f} GB/s), "
-              f"γ = {gamma * 1e9:.3f} ns/byte", flush=True)
+              f"γ = {gamma * 1e9:.3f} ns/byte{text}", flush=True)
     return {"benchmark": "alphabeta", "device": describe_device("cpu"), "torch": torch.__version__,
             "backend": "gloo", "threads_per_rank": 1,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
             "method": "per size: median over rounds (all sizes interleaved in each round) of the slowest rank's "
                       "time of one ring._exchange step (send right, receive left: on gloo irecv, then isend); "
-                      "t = α + β·m fitted by least squares weighted by 1/t; "
+                      "t = α + β·m fitted by least squares weighted by 1/t; from 3 ranks, direct steps "
+                      "(m bytes in n − 1 equal messages, one to each other rank, at once; interleaved with the "
+                      "ring steps) fitted the same way, t = α_d + β_d·m; "
                       "γ: slope of the time of add_ over the sizes from 1 MiB (out of cache); "
                       "0.5 s of small exchanges first (a fresh gloo pair is slow for its first messages)",
             "fits": fits}
 
 
 def fit_table(record: dict) -> str:
-    rows = ["| ranks | α µs | β ns/byte (GB/s) | γ ns/byte | worst residual | residuals 4 KiB … 64 MiB |",
-            "|---:|---:|---:|---:|---:|---|"]
+    rows = ["| ranks | α µs | β ns/byte (GB/s) | γ ns/byte | worst residual | residuals 4 KiB … 64 MiB "
+            "| direct step: α_d µs | β_d ns/byte | worst residual |",
+            "|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for w, f in record["fits"].items():
         res = [p["residual_pct"] for p in f["points"]]
+        if "alpha_direct_s" in f:
+            direct = (f"| {f['alpha_direct_s'] * 1e6:.0f} | {f['beta_direct_s_per_byte'] * 1e9:.3f} "
+                      f"| {max((p['residual_pct'] for p in f['direct_points']), key=abs):+.0f}% |")
+        else:  # with 2 ranks a direct step is a ring step; older records did not fit it
+            direct = "| = α | = β | — |" if w == "2" else "| — | — | — |"
         rows.append(f"| {w} | {f['alpha_s'] * 1e6:.0f} | {f['beta_s_per_byte'] * 1e9:.3f} ({f['bandwidth_gbs']:.2f}) "
                     f"| {f['gamma_s_per_byte'] * 1e9:.3f} | {max(res, key=abs):+.0f}% | "
-                    + " ".join(f"{r:+.0f}%" for r in res) + " |")
-    rows.append(f"\nOne step = one ring._exchange between neighbours, slowest rank, median; on gloo, "
+                    + " ".join(f"{r:+.0f}%" for r in res) + " " + direct)
+    rows.append(f"\nOne step = one ring._exchange between neighbours; a direct step sends the same bytes to the "
+                f"n − 1 others at once (with 2 ranks it is a ring step); slowest rank, median; on gloo, "
                 f"{record['threads_per_rank']} thread per rank, {record['device']}, torch {record['torch']}, "
                 f"{record['date']}: `{record['command']}`")
     return "\n".join(rows)

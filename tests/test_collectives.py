@@ -5,6 +5,7 @@ Functions that run inside the ranks are top-level, so the spawned processes can 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -138,6 +139,48 @@ def test_model_formulas():
     assert costmodel.doubling(5, nbytes, link) == pytest.approx(2 * 9 + 2 * 9)
     assert costmodel.ring(1, nbytes, link) == costmodel.doubling(1, nbytes, link) == 0
     assert costmodel.one_shot(1, nbytes, link) == costmodel.two_shot(1, nbytes, link) == 0
+
+
+def test_direct_steps_have_their_own_line():
+    both = costmodel.Link(alpha=1.0, beta=0.01, gamma=0.0, alpha_direct=3.0, beta_direct=0.02)
+    n, nbytes = 4, 800
+    # one-shot: one direct step of (n − 1)·N bytes; two-shot: two of (n − 1)/n·N
+    assert costmodel.one_shot(n, nbytes, both) == pytest.approx(3.0 + 3 * 800 * 0.02)
+    assert costmodel.two_shot(n, nbytes, both) == pytest.approx(2 * 3.0 + 2 * 3 / 4 * 800 * 0.02)
+    # the ring, doubling and halving-doubling talk to one peer per step: α and β
+    assert costmodel.ring(n, nbytes, both) == pytest.approx(2 * 3 * 1.0 + 2 * 3 / 4 * 800 * 0.01)
+    assert costmodel.doubling(n, nbytes, both) == pytest.approx(2 * (1.0 + 8))
+    # without a direct fit a direct step costs α + β·bytes
+    assert costmodel.Link(alpha=1.0, beta=0.01).direct() == (1.0, 0.01)
+    # a costlier direct step hands 16 MiB at 4 ranks from two-shot to a one-peer algorithm
+    # (here halving-doubling: the ring's bytes in 2·log₂4 = 4 steps instead of 6)
+    cheap = costmodel.Link(alpha=100e-6, beta=1e-9, gamma=0.25e-9)
+    dear = costmodel.Link(alpha=100e-6, beta=1e-9, gamma=0.25e-9, alpha_direct=300e-6, beta_direct=1.2e-9)
+    assert costmodel.choose(4, 16 << 20, cheap) == "two_shot"
+    assert costmodel.choose(4, 16 << 20, dear) == "halving_doubling"
+
+
+def test_fit_record_with_direct_steps_is_read_and_shown(tmp_path):
+    points = [{"bytes": m, "measured_us": 1.0, "fitted_us": 1.0, "residual_pct": 0.0} for m in costmodel.SIZES]
+    fits = {"2": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9, "gamma_s_per_byte": 1e-10, "bandwidth_gbs": 1.0,
+                  "add_gbs": 10.0, "points": points},
+            "3": {"alpha_s": 2e-4, "beta_s_per_byte": 1e-9, "gamma_s_per_byte": 1e-10, "bandwidth_gbs": 1.0,
+                  "add_gbs": 10.0, "points": points, "alpha_direct_s": 5e-4, "beta_direct_s_per_byte": 2e-9,
+                  "direct_points": [dict(p, residual_pct=-7.0) for p in points]}}
+    record = {"fits": fits, "threads_per_rank": 1, "device": "cpu", "torch": "x", "date": "d", "command": "c"}
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(record))
+    saved = costmodel._links
+    costmodel._links = None
+    try:
+        links = costmodel.fitted_links(path)
+    finally:
+        costmodel._links = saved
+    assert links[2].direct() == (1e-4, 1e-9)
+    assert links[3].direct() == (5e-4, 2e-9)
+    table = costmodel.fit_table(record)
+    assert "| 2 | 100 |" in table and "| = α | = β | — |" in table
+    assert "| 500 | 2.000 | -7% |" in table
 
 
 def test_the_model_knows_the_rings_piece_size():
