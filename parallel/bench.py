@@ -66,13 +66,22 @@ def _write(record: dict, path: Path | None, table: str) -> list[str]:
     return errors
 
 
+def _calls_per_sample(nbytes: int) -> int:
+    """Calls a sample of the allreduce benchmark averages: about 1 MiB's worth, at most 50
+    (4 KiB to 256 KiB), and at least 4 up to 4 MiB and 2 above. With one call per sample from
+    1 MiB, each round's ratio was one call over one other, and in a 2-rank run at 16 MiB `auto`
+    and the ring, the same call, came out at 0.86 and 1.00 of gloo's (the benchmark at commit
+    16c1853; that run was not committed)."""
+    return max(4 if nbytes <= 4 << 20 else 2, min(50, (1 << 20) // nbytes))
+
+
 def _rounds(nbytes: int) -> int:
     """Rounds of the allreduce benchmark at one size. Now and then a message here takes
-    milliseconds instead of a fraction of one, so the paired ratio is heavy-tailed. Up to
-    64 KiB a sample averages 16 to 50 calls; from 256 KiB it averages 4 calls or fewer, and
-    40 rounds (12 from 16 MiB) left the ratio's 95% intervals 0.2 to 0.6 wide (the 2-rank run
-    at commit 63a1e37): at 256 KiB, auto and the one-shot it calls landed on either side of
-    the 0.90 goal, 0.88 and 1.04. So more rounds there, fewer at the slowest sizes."""
+    milliseconds instead of a fraction of one, so the paired ratio is heavy-tailed. With 40
+    rounds at every size below 16 MiB and 12 above (and one call per sample from 1 MiB), the
+    ratio's 95% intervals from 256 KiB were 0.2 to 0.6 wide (the 2-rank run at commit 63a1e37):
+    at 256 KiB, auto and the one-shot it calls landed on either side of the 0.90 goal, 0.88 and
+    1.04. So more rounds there, fewer at the slowest sizes."""
     if nbytes < 256 << 10:
         return 40
     return 100 if nbytes < 16 << 20 else 40 if nbytes < 64 << 20 else 20
@@ -92,7 +101,7 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
             for piece in (1, 16):
                 fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
                                                                                              segment_bytes=b)
-        number = max(1, min(50, (1 << 20) // nbytes))  # same on every rank: they must make the same calls
+        number = _calls_per_sample(nbytes)  # same on every rank: they must make the same calls
         stats = measure(fns, device=device, rounds=_rounds(nbytes), warmup=2, number=number, order="shuffle")
         slowest = {variant: _slowest_rank(s.samples) for variant, s in stats.items()}
         for variant, samples in slowest.items():
