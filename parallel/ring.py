@@ -36,9 +36,9 @@ OPS = ("sum", "avg")
 # The second table of `distributed.py --bench allreduce` compares piece sizes. On the 2-core
 # CPU machine with gloo, no piece size has proved better everywhere: in one run (commit
 # 17f0136) 4 MiB pieces beat 16 MiB (and, with 3 ranks, 1 MiB) pieces at 64 MiB, 95%
-# intervals apart; in the next (63a1e37) every interval overlapped; in the latest
-# (docs/results/allreduce_gloo_w*.json) 1 MiB beat 16 MiB pieces at 16 and 64 MiB with 2 ranks
-# and lost to them at 4 MiB with 3, and 4 MiB's interval overlapped the best one's everywhere.
+# intervals apart; in the next (63a1e37) every interval overlapped; in the next (82acef5)
+# 1 MiB beat 16 MiB pieces at 16 and 64 MiB with 2 ranks; in the latest
+# (docs/results/allreduce_gloo_w*.json) 4 MiB had the best median in 8 of 9 rows.
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
