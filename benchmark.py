@@ -218,7 +218,8 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
             warmup: int = 3, min_sample_s: float = 0.01, number: int | None = None,
             enough: Callable[[dict[str, list[float]]], bool] | None = None,
             max_rounds: int | None = None, budget_s: float | None = None,
-            min_rounds: int | None = None, order: str = "rotate") -> dict[str, Stats]:
+            min_rounds: int | None = None, order: str = "rotate",
+            sync: Callable[[], object] | None = None) -> dict[str, Stats]:
     """Time every callable ``rounds`` times, interleaved; returns per-call Stats in µs.
 
     Each round runs every callable once, in an order that rotates from round to round, so
@@ -235,7 +236,9 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
     after ``rounds`` until ``enough(samples)`` is true, ``max_rounds`` are done or
     ``budget_s`` seconds have passed since the timing started. With ``min_rounds`` too, slow
     callables get fewer than ``rounds`` rounds (as many as the budget holds, judged from the
-    warm-up), but never fewer than ``min_rounds``.
+    warm-up), but never fewer than ``min_rounds``. ``sync``, if given, runs before every sample,
+    untimed: the distributed benchmarks pass ``dist.barrier`` so that every rank starts a sample
+    together, as nccl-tests does (a barrier, then the timed calls).
     """
     names = list(fns)
     if order not in ("rotate", "shuffle"):
@@ -284,6 +287,8 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
         while go_on(r):
             for name in round_order(r):
                 flush.zero_()
+                if sync is not None:
+                    sync()
                 start.record()
                 fns[name]()
                 end.record()
@@ -304,11 +309,23 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
                 calls[name] = max(1, int(min_sample_s / max(once, 1e-9)))
             else:
                 calls[name] = number
+
+        def sample(name: str) -> float:
+            if sync is None:
+                return timers[name].timeit(calls[name]).median * 1e6
+            # Timer.timeit runs two untimed calls before the timed ones, by which time the ranks
+            # have drifted apart again: time the calls here, straight after the barrier.
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls[name]):
+                fns[name]()
+            return (time.perf_counter() - t0) / calls[name] * 1e6
+
         started = time.perf_counter()
         r = 0
         while go_on(r):
             for name in round_order(r):
-                samples[name].append(timers[name].timeit(calls[name]).median * 1e6)
+                samples[name].append(sample(name))
             r += 1
     return {name: Stats(s) for name, s in samples.items()}
 

@@ -2,13 +2,18 @@
 
 allreduce: our all_reduce (auto, and each algorithm it chooses from) against dist.all_reduce on
            the same backend, 4 KiB to 64 MiB.
+burst:     the ring and two-shot against dist.all_reduce, 1, 2 or 8 calls in a row after a
+           barrier: from a common start (the cost model's assumption) and back to back.
 step:      one training step (forward, backward, gradient averaging, optimiser step) of our
            loop with and without overlap, against torch's DistributedDataParallel.
 
-Both use benchmark.measure, interleaving the variants round by round, in a new order each
+They use benchmark.measure, interleaving the variants round by round, in a new order each
 round (order="shuffle"): rotating the order made the variant that always followed
 dist.all_reduce pay for it (parallel/collectives.md). A sample is the
-slowest rank's time for it (a collective is done when its last rank is). Bandwidths follow
+slowest rank's time for it (a collective is done when its last rank is). allreduce and burst
+start every sample with a barrier, as nccl-tests does: without one, a rank's clock started
+when it finished the previous sample, and the slowest rank's time also counted how far the
+ranks had drifted apart by then (parallel/collectives.md). Bandwidths follow
 nccl-tests: algbw = bytes / time, busbw = algbw · 2(n − 1)/n for an all-reduce.
 """
 
@@ -28,7 +33,7 @@ import cli
 from benchmark import Stats, describe_device, measure, median_ci
 from parallel import data as data_mod
 from parallel.collectives import ALGORITHMS, all_reduce, choose
-from parallel.costmodel import size_label, warm_up
+from parallel.costmodel import PREDICT, link_for, size_label, warm_up
 from parallel.launch import io_nice
 from parallel.reducer import GradReducer, world
 from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
@@ -102,7 +107,8 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
                 fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
                                                                                              segment_bytes=b)
         number = _calls_per_sample(nbytes)  # same on every rank: they must make the same calls
-        stats = measure(fns, device=device, rounds=_rounds(nbytes), warmup=2, number=number, order="shuffle")
+        stats = measure(fns, device=device, rounds=_rounds(nbytes), warmup=2, number=number, order="shuffle",
+                        sync=dist.barrier)
         slowest = {variant: _slowest_rank(s.samples) for variant, s in stats.items()}
         for variant, samples in slowest.items():
             time_us = statistics.median(samples)
@@ -116,6 +122,60 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
                             **({"algorithm": choose(nbytes // 4, 4, n)} if variant == "auto" else {})})
     record = {**_header(config, "allreduce"), "results": results}
     return {"output_errors": _write(record, json_path, allreduce_table(record))}
+
+
+BURSTS = (1, 2, 8)
+BURST_SIZES = [4 << 20, 16 << 20, 64 << 20]
+BURST_VARIANTS = ("ring", "two_shot", "dist.all_reduce")
+
+
+def burst(config: Config, json_path: Path | None) -> dict:
+    """The ring and two-shot against dist.all_reduce, k = 1, 2 or 8 calls in a row after a
+    barrier: the first call starts with all ranks together, as the cost model assumes; the
+    later ones start as each rank finishes the one before."""
+    rank, n = world()
+    warm_up(*_peers(None)[2:])
+    results = []
+    for nbytes in BURST_SIZES:
+        t = torch.zeros(nbytes // 4)  # zeros: the sums stay finite
+        calls = {"ring": lambda t=t: all_reduce(t, algorithm="ring", check=False),
+                 "two_shot": lambda t=t: all_reduce(t, algorithm="two_shot", check=False),
+                 "dist.all_reduce": lambda t=t: dist.all_reduce(t)}
+        fns = {(name, k): (lambda fn=fn, k=k: [fn() for _ in range(k)]) for name, fn in calls.items() for k in BURSTS}
+        rounds = 30 if nbytes < 64 << 20 else 12
+        stats = measure(fns, rounds=rounds, warmup=1, number=1, order="shuffle", sync=dist.barrier)
+        for k in BURSTS:
+            per_call = {v: [t / k for t in _slowest_rank(stats[(v, k)].samples)] for v in BURST_VARIANTS}
+            for v, samples in per_call.items():
+                ratios = [ref / mine for ref, mine in zip(per_call["dist.all_reduce"], samples)]
+                results.append({"bytes": nbytes, "calls_in_a_row": k, "variant": v,
+                                "time_us": statistics.median(samples), "spread_us": Stats(samples).spread,
+                                "busbw_ratio_to_dist": statistics.median(ratios),
+                                "ratio_ci": list(median_ci(ratios) or ()) or None,
+                                **({"predicted_us": PREDICT[v](n, nbytes, link_for(n)) * 1e6} if v in PREDICT else {})})
+    record = {**_header(config, "burst"), "results": results}
+    return {"output_errors": _write(record, json_path, burst_table(record))}
+
+
+def burst_table(record: dict) -> str:
+    rows = ["| size | calls in a row | ring µs per call | two-shot µs per call | all_reduce µs per call "
+            "| ring / all_reduce busbw (paired, 95% CI) | two-shot / all_reduce |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["bytes"], r.get("calls_in_a_row"), r["variant"]): r for r in record["results"]}
+    model = []
+    for nbytes in sorted({r["bytes"] for r in record["results"]}):
+        for k in sorted({r["calls_in_a_row"] for r in record["results"] if "calls_in_a_row" in r}):
+            ring, two, ref = (by[(nbytes, k, v)] for v in BURST_VARIANTS)
+            rows.append(f"| {size_label(nbytes)} | {k} | {ring['time_us']:.0f} | {two['time_us']:.0f} "
+                        f"| {ref['time_us']:.0f} | {_ratio_text(ring)} | {_ratio_text(two)} |")
+        ring, two = by[(nbytes, BURSTS[0], "ring")], by[(nbytes, BURSTS[0], "two_shot")]
+        model.append(f"{size_label(nbytes)}: ring {ring['predicted_us']:.0f}, two-shot {two['predicted_us']:.0f}")
+    rows.append(f"\nThe cost model's time of one call: {'; '.join(model)} µs. Per call: the slowest rank's time "
+                f"of k calls from a barrier, over k; "
+                f"median over rounds. {record['world_size']} ranks on {record['backend']}, "
+                f"{record['threads_per_rank']} thread(s) each, {record['device']}, torch {record['torch']}, "
+                f"{record['date']}: `{record['command']}`")
+    return "\n".join(rows)
 
 
 def step(config: Config, json_path: Path | None) -> dict:
@@ -558,6 +618,6 @@ def tp_table(record: dict) -> str:
     return "\n".join(rows)
 
 
-JOBS = {"allreduce": allreduce, "step": step, "overhead": overhead, "zero": zero, "tp": tp}
-RENDERERS = {"allreduce": allreduce_table, "step": step_table, "overhead": overhead_table, "zero": zero_table,
-             "tp": tp_table, "tpbytes": bytes_table}
+JOBS = {"allreduce": allreduce, "burst": burst, "step": step, "overhead": overhead, "zero": zero, "tp": tp}
+RENDERERS = {"allreduce": allreduce_table, "burst": burst_table, "step": step_table, "overhead": overhead_table,
+             "zero": zero_table, "tp": tp_table, "tpbytes": bytes_table}

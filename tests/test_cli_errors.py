@@ -421,6 +421,19 @@ def test_collective_warm_up_makes_exactly_the_calls_asked_for():
     assert len(counts["slow"]) == len(counts["fast"]) >= 3 + 1
 
 
+def test_sync_runs_right_before_each_samples_timed_calls():
+    # The distributed benchmarks pass dist.barrier: the ranks must start the timed calls
+    # together, so nothing (Timer.timeit's two untimed calls, say) may run between the two.
+    seen = []
+    stats = benchmark.measure({"a": lambda: seen.append("a"), "b": lambda: seen.append("b")}, rounds=3,
+                              warmup=1, number=2, order="shuffle", sync=lambda: seen.append("sync"))
+    timed = seen[2:]  # after one warm-up call of each
+    assert len(timed) == 3 * 2 * 3  # rounds × variants × (sync + 2 calls)
+    groups = [timed[i: i + 3] for i in range(0, len(timed), 3)]
+    assert all(g[0] == "sync" and g[1] == g[2] != "sync" for g in groups)
+    assert all(len(s.samples) == 3 for s in stats.values())
+
+
 def test_shuffled_rounds_vary_each_variants_neighbour_and_agree_across_processes():
     def run() -> list[str]:
         seen = []

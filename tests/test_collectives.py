@@ -310,3 +310,18 @@ def test_allreduce_table_judges_the_goal_with_intervals():
         r.pop("ratio_ci")
     old = allreduce_table(record)
     assert "(paired, IQR)" in old and "significantly" not in old
+
+
+def test_burst_table_shows_every_size_and_burst_with_the_models_time():
+    from parallel.bench import BURST_VARIANTS, BURSTS, burst_table
+
+    results = [{"bytes": nbytes, "calls_in_a_row": k, "variant": v, "time_us": 1000.0 * k + i, "spread_us": 1.0,
+                "busbw_ratio_to_dist": 0.9 + i / 100, "ratio_ci": [0.8, 1.0],
+                **({"predicted_us": 777.0 + i} if v != "dist.all_reduce" else {})}
+               for nbytes in (4 << 20, 16 << 20) for k in BURSTS for i, v in enumerate(BURST_VARIANTS)]
+    record = {"results": results, "world_size": 4, "backend": "gloo", "threads_per_rank": 1, "device": "cpu",
+              "torch": "x", "date": "d", "command": "c"}
+    text = burst_table(record)
+    assert "| 16 MiB | 8 | 8000 | 8001 | 8002 | 0.90 (0.80–1.00) | 0.91 (0.80–1.00) |" in text
+    assert "4 MiB: ring 777, two-shot 778; 16 MiB: ring 777, two-shot 778 µs" in text
+    assert len([line for line in text.splitlines() if line.startswith("| 4 MiB |")]) == len(BURSTS)
