@@ -38,7 +38,7 @@ OPS = ("sum", "avg")
 # 17f0136) 4 MiB pieces beat 16 MiB (and, with 3 ranks, 1 MiB) pieces at 64 MiB, 95%
 # intervals apart; in the next (63a1e37) every interval overlapped; in the next (82acef5)
 # 1 MiB beat 16 MiB pieces at 16 and 64 MiB with 2 ranks; in the latest
-# (docs/results/allreduce_gloo_w*.json) 4 MiB had the best median in 8 of 9 rows.
+# (docs/results/allreduce_gloo_w*.json) 4 MiB had the best median, or shared it, in 8 of 9 rows.
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
