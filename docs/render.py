@@ -7,7 +7,7 @@ A chapter marks where a table goes:
     <!-- end table -->
 
 Kinds: table (benchmark.py), roofline (benchmark.py --roofline), sweep (benchmark.py --sweep),
-run (distributed.py), allreduce and step (distributed.py --bench). docs/README.md lists the
+run (distributed.py), allreduce, burst and step (distributed.py --bench). docs/README.md lists the
 command that writes each file.
 
 Examples:
