@@ -92,6 +92,15 @@ def _rounds(nbytes: int) -> int:
     return 100 if nbytes < 16 << 20 else 40 if nbytes < 64 << 20 else 20
 
 
+def _against_dist(samples: list[float], ref: list[float]) -> dict:
+    """A variant's median time and its ratio to dist.all_reduce's, paired round by round
+    (gloo's time over ours: the busbw ratio), with the ratio's 95% interval."""
+    ratios = [r / mine for r, mine in zip(ref, samples)]
+    return {"time_us": statistics.median(samples), "spread_us": Stats(samples).spread,
+            "busbw_ratio_to_dist": statistics.median(ratios), "ratio_spread": Stats(ratios).spread,
+            "ratio_ci": list(median_ci(ratios) or ()) or None}
+
+
 def allreduce(config: Config, json_path: Path | None) -> dict:
     rank, n = world()
     device = config.device if dist.get_backend() == "nccl" else "cpu"
@@ -111,14 +120,10 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
                         sync=dist.barrier)
         slowest = {variant: _slowest_rank(s.samples) for variant, s in stats.items()}
         for variant, samples in slowest.items():
-            time_us = statistics.median(samples)
-            algbw = nbytes / time_us / 1e3  # GB/s
-            # paired, round by round: dist.all_reduce's time over this variant's
-            ratios = [ref / mine for ref, mine in zip(slowest["dist.all_reduce"], samples)]
-            results.append({"bytes": nbytes, "variant": variant, "time_us": time_us, "spread_us": Stats(samples).spread,
+            row = _against_dist(samples, slowest["dist.all_reduce"])
+            algbw = nbytes / row["time_us"] / 1e3  # GB/s
+            results.append({"bytes": nbytes, "variant": variant, **row,
                             "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (n - 1) / n,
-                            "busbw_ratio_to_dist": statistics.median(ratios), "ratio_spread": Stats(ratios).spread,
-                            "ratio_ci": list(median_ci(ratios) or ()) or None,
                             **({"algorithm": choose(nbytes // 4, 4, n)} if variant == "auto" else {})})
     record = {**_header(config, "allreduce"), "results": results}
     return {"output_errors": _write(record, json_path, allreduce_table(record))}
@@ -133,7 +138,7 @@ def burst(config: Config, json_path: Path | None) -> dict:
     """The ring and two-shot against dist.all_reduce, k = 1, 2 or 8 calls in a row after a
     barrier: the first call starts with all ranks together, as the cost model assumes; the
     later ones start as each rank finishes the one before."""
-    rank, n = world()
+    n = world()[1]
     warm_up(*_peers(None)[2:])
     results = []
     for nbytes in BURST_SIZES:
@@ -141,17 +146,15 @@ def burst(config: Config, json_path: Path | None) -> dict:
         calls = {"ring": lambda t=t: all_reduce(t, algorithm="ring", check=False),
                  "two_shot": lambda t=t: all_reduce(t, algorithm="two_shot", check=False),
                  "dist.all_reduce": lambda t=t: dist.all_reduce(t)}
-        fns = {(name, k): (lambda fn=fn, k=k: [fn() for _ in range(k)]) for name, fn in calls.items() for k in BURSTS}
+        fns = {f"{name} x{k}": (lambda fn=fn, k=k: [fn() for _ in range(k)])
+               for name, fn in calls.items() for k in BURSTS}
         rounds = 30 if nbytes < 64 << 20 else 12
         stats = measure(fns, rounds=rounds, warmup=1, number=1, order="shuffle", sync=dist.barrier)
         for k in BURSTS:
-            per_call = {v: [t / k for t in _slowest_rank(stats[(v, k)].samples)] for v in BURST_VARIANTS}
+            per_call = {v: [s / k for s in _slowest_rank(stats[f"{v} x{k}"].samples)] for v in BURST_VARIANTS}
             for v, samples in per_call.items():
-                ratios = [ref / mine for ref, mine in zip(per_call["dist.all_reduce"], samples)]
                 results.append({"bytes": nbytes, "calls_in_a_row": k, "variant": v,
-                                "time_us": statistics.median(samples), "spread_us": Stats(samples).spread,
-                                "busbw_ratio_to_dist": statistics.median(ratios),
-                                "ratio_ci": list(median_ci(ratios) or ()) or None,
+                                **_against_dist(samples, per_call["dist.all_reduce"]),
                                 **({"predicted_us": PREDICT[v](n, nbytes, link_for(n)) * 1e6} if v in PREDICT else {})})
     record = {**_header(config, "burst"), "results": results}
     return {"output_errors": _write(record, json_path, burst_table(record))}
@@ -161,10 +164,10 @@ def burst_table(record: dict) -> str:
     rows = ["| size | calls in a row | ring µs per call | two-shot µs per call | all_reduce µs per call "
             "| ring / all_reduce busbw (paired, 95% CI) | two-shot / all_reduce |",
             "|---:|---:|---:|---:|---:|---:|---:|"]
-    by = {(r["bytes"], r.get("calls_in_a_row"), r["variant"]): r for r in record["results"]}
+    by = {(r["bytes"], r["calls_in_a_row"], r["variant"]): r for r in record["results"]}
     model = []
     for nbytes in sorted({r["bytes"] for r in record["results"]}):
-        for k in sorted({r["calls_in_a_row"] for r in record["results"] if "calls_in_a_row" in r}):
+        for k in sorted({r["calls_in_a_row"] for r in record["results"]}):
             ring, two, ref = (by[(nbytes, k, v)] for v in BURST_VARIANTS)
             rows.append(f"| {size_label(nbytes)} | {k} | {ring['time_us']:.0f} | {two['time_us']:.0f} "
                         f"| {ref['time_us']:.0f} | {_ratio_text(ring)} | {_ratio_text(two)} |")
