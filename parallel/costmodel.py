@@ -261,8 +261,10 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
                 _post([(j, r[i]) for i, j in enumerate(others)], [(j, s) for j in others], None))
     # All sizes and both kinds of step interleaved round by round, so a burst of load from
     # elsewhere hits them alike instead of spoiling one. The same number of calls on every
-    # rank: each is a message.
-    stats = measure(fns, rounds=rounds, warmup=2, number=4, order="shuffle")
+    # rank: each is a message. A barrier starts every sample, as in the all-reduce benchmark
+    # whose times the model predicts (parallel/bench.py): without it a rank's clock started
+    # when it finished the previous sample, and the slowest rank's time also counted the skew.
+    stats = measure(fns, rounds=rounds, warmup=2, number=4, order="shuffle", sync=dist.barrier)
     for (kind, nbytes), st in stats.items():
         out[kind][nbytes] = st.samples
     # The additions last: by now the receives have written every page of the buffers. Before,
@@ -327,8 +329,8 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "backend": "gloo", "threads_per_rank": 1,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
-            "method": "per size: median over rounds (all sizes interleaved in each round) of the slowest rank's "
-                      "time of one ring._exchange step (send right, receive left: on gloo irecv, then isend); "
+            "method": "per size: median over rounds (all sizes interleaved in each round; a barrier, then 4 timed "
+                      "steps, per sample) of the slowest rank's time of one ring._exchange step (send right, receive left: on gloo irecv, then isend); "
                       "t = α + β·m fitted by least squares weighted by 1/t; from 3 ranks, direct steps "
                       "(m bytes in n − 1 equal messages, one to each other rank, at once; interleaved with the "
                       "ring steps) fitted the same way, t = α_d + β_d·m; "
