@@ -185,21 +185,21 @@ def best(n: int, nbytes: float, link: Link) -> float:
 # Used only if docs/results/alphabeta_gloo.json is missing: the rounded W = 2 fit it held when
 # this was written, so that "auto" still chooses sensibly.
 _FALLBACK = Link(alpha=150e-6, beta=1.0e-9, gamma=0.25e-9, name="gloo (fallback)")
-_links: dict[int, Link] | None = None
+_links: dict[Path, dict[int, Link]] = {}
 
 
 def fitted_links(path: Path = FIT_PATH) -> dict[int, Link]:
-    """World size -> fitted Link, from the committed fit (read once per process)."""
-    global _links
-    if _links is None:
+    """World size -> fitted Link, from the fit in ``path`` (each file read once per process)."""
+    path = Path(path)
+    if path not in _links:
         try:
-            record = json.loads(Path(path).read_text())
-            _links = {int(w): Link(f["alpha_s"], f["beta_s_per_byte"], f["gamma_s_per_byte"], f"gloo, {w} ranks",
-                                   f.get("alpha_direct_s"), f.get("beta_direct_s_per_byte"))
-                      for w, f in record["fits"].items()}
+            record = json.loads(path.read_text())
+            _links[path] = {int(w): Link(f["alpha_s"], f["beta_s_per_byte"], f["gamma_s_per_byte"],
+                                         f"gloo, {w} ranks", f.get("alpha_direct_s"), f.get("beta_direct_s_per_byte"))
+                            for w, f in record["fits"].items()}
         except (OSError, KeyError, ValueError):
-            _links = {}
-    return _links
+            _links[path] = {}
+    return _links[path]
 
 
 def link_for(n: int) -> Link:

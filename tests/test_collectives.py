@@ -170,12 +170,8 @@ def test_fit_record_with_direct_steps_is_read_and_shown(tmp_path):
     record = {"fits": fits, "threads_per_rank": 1, "device": "cpu", "torch": "x", "date": "d", "command": "c"}
     path = tmp_path / "fit.json"
     path.write_text(json.dumps(record))
-    saved = costmodel._links
-    costmodel._links = None
-    try:
-        links = costmodel.fitted_links(path)
-    finally:
-        costmodel._links = saved
+    links = costmodel.fitted_links(path)
+    assert costmodel.fitted_links()[2] != links[2]  # the committed fit, unchanged by reading another
     assert links[2].direct() == (1e-4, 1e-9)
     assert links[3].direct() == (5e-4, 2e-9)
     table = costmodel.fit_table(record)
