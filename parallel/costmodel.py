@@ -330,7 +330,8 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
             "method": "per size: median over rounds (all sizes interleaved in each round; a barrier, then 4 timed "
-                      "steps, per sample) of the slowest rank's time of one ring._exchange step (send right, receive left: on gloo irecv, then isend); "
+                      "steps, per sample) of the slowest rank's time of one ring._exchange step "
+                      "(send right, receive left: on gloo irecv, then isend); "
                       "t = α + β·m fitted by least squares weighted by 1/t; from 3 ranks, direct steps "
                       "(m bytes in n − 1 equal messages, one to each other rank, at once; interleaved with the "
                       "ring steps) fitted the same way, t = α_d + β_d·m; "
