@@ -10,8 +10,8 @@ step:      one training step (forward, backward, gradient averaging, optimiser s
 They use benchmark.measure, interleaving the variants round by round, in a new order each
 round (order="shuffle"): rotating the order made the variant that always followed
 dist.all_reduce pay for it (parallel/collectives.md). A sample is the
-slowest rank's time for it (a collective is done when its last rank is). allreduce and burst
-start every sample with a barrier, as nccl-tests does: without one, a rank's clock started
+slowest rank's time for it (a collective is done when its last rank is). allreduce, burst and
+zero start every sample with a barrier, as nccl-tests does: without one, a rank's clock started
 when it finished the previous sample, and the slowest rank's time also counted how far the
 ranks had drifted apart by then (parallel/collectives.md). Bandwidths follow
 nccl-tests: algbw = bytes / time, busbw = algbw · 2(n − 1)/n for an all-reduce.
@@ -252,10 +252,12 @@ def zero(config: Config, json_path: str | None) -> None:
             (F.cross_entropy(model(x), y, reduction="sum") / (per_rank * n)).backward()
             if reducer:
                 reducer.finish()
+                steps[0] += 1
             opt.step()
             opt.zero_grad(set_to_none=True)
         return run, opt, reducer
 
+    steps = [0]  # dp steps run, warm-up included: reducer.comm_s sums their all-reduces
     variants = {name: make(name) for name in ("compute only", "dp", "zero")}
     fns = {k: v[0] for k, v in variants.items()}
     adam_model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode)
@@ -263,12 +265,19 @@ def zero(config: Config, json_path: str | None) -> None:
     for p in adam_model.parameters():
         p.grad = torch.full_like(p, 1e-3)
     fns["adam step alone"] = adam.step  # the part of "compute only" that ZeRO divides by n
-    stats = measure(fns, rounds=20, warmup=3, number=3, order="shuffle")
+    # A barrier starts every sample, as in the allreduce benchmark: costmodel's predict compares
+    # these steps with the model, which assumes the ranks start a step together.
+    stats = measure(fns, rounds=20, warmup=3, number=3, order="shuffle", sync=dist.barrier)
     slowest = {name: _slowest_rank(s.samples) for name, s in stats.items()}
     state = {name: (v[1].state_bytes() if name == "zero" else
                     sum(t.numel() * t.element_size() for st in v[1].state.values() for t in st.values()))
              for name, v in variants.items()}
     state["adam step alone"] = state["compute only"]
+    # Each rank's mean time inside the gradient all-reduce of a dp step: the collective itself,
+    # plus the wait for ranks that reached it later (costmodel's predict compares it with the model).
+    in_step = torch.zeros(n, dtype=torch.float64)
+    in_step[rank] = variants["dp"][2].comm_s / steps[0] * 1e6
+    in_step = ring_all_reduce_host(in_step).tolist()
     for _, _, reducer in variants.values():
         if reducer:
             reducer.close()
@@ -278,7 +287,8 @@ def zero(config: Config, json_path: str | None) -> None:
         ratios = [m / d for m, d in zip(samples, slowest["dp"])]  # paired, round by round
         results.append({"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
                         "ratio_to_dp": statistics.median(ratios), "ratio_spread": Stats(ratios).spread,
-                        "optimizer_state_bytes": state[name]})
+                        "optimizer_state_bytes": state[name],
+                        **({"allreduce_in_step_us_by_rank": in_step} if name == "dp" else {})})
     record = {**_header(config, "zero"), "mode": config.mode, "hidden": list(config.hidden),
               "batch_per_rank": per_rank, "parameters": params, "bucket_kb": config.bucket_kb, "results": results}
     _write(record, json_path, zero_table(record))
