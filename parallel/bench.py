@@ -20,9 +20,11 @@ nccl-tests: algbw = bytes / time, busbw = algbw · 2(n − 1)/n for an all-reduc
 from __future__ import annotations
 
 import datetime
+import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 import cli
 from benchmark import Stats, describe_device, measure, median_ci
 from parallel import data as data_mod
+from parallel import ring
 from parallel.collectives import ALGORITHMS, all_reduce, choose
 from parallel.costmodel import PREDICT, link_for, size_label, warm_up
 from parallel.launch import io_nice
@@ -92,6 +95,36 @@ def _rounds(nbytes: int) -> int:
     return 100 if nbytes < 16 << 20 else 40 if nbytes < 64 << 20 else 20
 
 
+def _as_before(t: torch.Tensor) -> dict:
+    """The ring and two-shot as they were before two changes, to measure each: a fresh receive
+    buffer on every call (the ring only: two-shot already kept one), and a wait for every send
+    before going on (ring.LATE_SENDS off)."""
+    def before(fn: Callable[[], object], fresh_buffer: bool, wait_every_send: bool) -> Callable[[], None]:
+        def run() -> None:
+            kept = ring._local.__dict__.get("buffers")
+            if fresh_buffer:
+                ring._local.buffers = {}
+            ring.LATE_SENDS = not wait_every_send
+            try:
+                fn()
+            finally:
+                ring.LATE_SENDS = True
+                if fresh_buffer and kept is not None:  # the next variant finds the buffer it left
+                    ring._local.buffers = kept
+        return run
+
+    def ring_call() -> None:
+        ring_all_reduce(t, check=False)
+    return {name: before(ring_call if now == "ring" else lambda: all_reduce(t, algorithm="two_shot", check=False),
+                         *how) for name, (now, *how) in BEFORE.items()}
+
+
+# A variant as it was -> (the present variant, a fresh buffer per call, a wait per send)
+BEFORE = {"ring, a fresh buffer per call (before)": ("ring", True, False),
+          "ring, a fresh buffer and a wait per send (before)": ("ring", True, True),
+          "two_shot, a wait per send (before)": ("two_shot", False, True)}
+
+
 def _against_dist(samples: list[float], ref: list[float]) -> dict:
     """A variant's median time and its ratio to dist.all_reduce's, paired round by round
     (gloo's time over ours: the busbw ratio), with the ratio's 95% interval."""
@@ -115,6 +148,7 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
             for piece in (1, 16):
                 fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
                                                                                              segment_bytes=b)
+            fns.update(_as_before(t))
         number = _calls_per_sample(nbytes)  # same on every rank: they must make the same calls
         stats = measure(fns, device=device, rounds=_rounds(nbytes), warmup=2, number=number, order="shuffle",
                         sync=dist.barrier)
@@ -122,6 +156,10 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
         for variant, samples in slowest.items():
             row = _against_dist(samples, slowest["dist.all_reduce"])
             algbw = nbytes / row["time_us"] / 1e3  # GB/s
+            if variant in BEFORE:  # paired with the present code, round by round
+                before_over_now = [b / m for b, m in zip(samples, slowest[BEFORE[variant][0]])]
+                row["time_over_now"] = statistics.median(before_over_now)
+                row["time_over_now_ci"] = list(median_ci(before_over_now) or ()) or None
             results.append({"bytes": nbytes, "variant": variant, **row,
                             "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (n - 1) / n,
                             **({"algorithm": choose(nbytes // 4, 4, n)} if variant == "auto" else {})})
@@ -405,6 +443,15 @@ def allreduce_table(record: dict) -> str:
         for nbytes in pieces:
             cells = [by[(nbytes, v)] for v in ("ring, 1 MiB pieces", "ring", "ring, 16 MiB pieces")]
             rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
+    befores = [r for r in record["results"] if r["variant"] in BEFORE]
+    if befores:
+        rows.append(f"\n| size | as before | its busbw / all_reduce's ({how}) | present code's "
+                    "| its time / the present code's (paired, 95% CI) |\n|---:|---|---:|---:|---:|")
+        for r in befores:
+            now = by[(r["bytes"], BEFORE[r["variant"]][0])]
+            ci = r.get("time_over_now_ci") or [math.nan, math.nan]
+            rows.append(f"| {size_label(r['bytes'])} | {r['variant'].removesuffix(' (before)')} | {_ratio_text(r)} "
+                        f"| {_ratio_text(now)} | {r['time_over_now']:.2f} ({ci[0]:.2f}–{ci[1]:.2f}) |")
     rows.append(f"\n{record['world_size']} ranks on {record['backend']}, {record['threads_per_rank']} thread(s) each, "
                 f"{record['device']}, torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)

@@ -43,15 +43,14 @@ every call (docs/results/allreduce_overhead_w2.json measures the difference).
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from parallel import costmodel
-from parallel.ring import OPS, RingError, _agree, _exchange, _post, _wait, ring_all_reduce
+from parallel import costmodel, ring
+from parallel.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wait, ring_all_reduce
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot")
 
@@ -68,7 +67,6 @@ class _Plan:
 
 
 _plans: dict[int, tuple[object, _Plan]] = {}
-_local = threading.local()
 
 
 def _plan(group: dist.ProcessGroup | None) -> _Plan:
@@ -82,16 +80,6 @@ def _plan(group: dist.ProcessGroup | None) -> _Plan:
     plan = _Plan(dist.get_rank(group), size, 1 << (size.bit_length() - 1), glob, dist.get_backend(group))
     _plans[id(pg)] = (pg, plan)
     return plan
-
-
-def _buffer(numel: int, like: Tensor) -> Tensor:
-    """A receive buffer of ``numel`` elements, reused across calls (one per thread and dtype)."""
-    cache = _local.__dict__.setdefault("buffers", {})
-    key = (like.dtype, like.device)
-    buf = cache.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = cache[key] = torch.empty(max(numel, 1024), dtype=like.dtype, device=like.device)
-    return buf[:numel]
 
 
 def _add_ordered(mine: Tensor, theirs: Tensor, i_am_lower: bool) -> None:
@@ -213,8 +201,16 @@ def _two_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
     buf = _buffer((n - 1) * mine.numel(), flat).view(n - 1, mine.numel())
     slot = {j: buf[i] for i, j in enumerate(others)}
     # reduce-scatter: block j goes to rank j; every other rank's block r comes here
-    _wait(_post([(plan.glob[j], slot[j]) for j in others], [(plan.glob[j], blocks[j]) for j in others], group))
+    receives, sends = [(plan.glob[j], slot[j]) for j in others], [(plan.glob[j], blocks[j]) for j in others]
+    if flat.is_cuda or not ring.LATE_SENDS:  # one batch on NCCL; every send waited for as before
+        _wait(_post(receives, sends, group))
+        sends = []
+    else:  # on gloo, add while the sends finish (see ring._LateSends)
+        receives = _post(receives, [], group)
+        sends = _post([], sends, group)
+        _wait(receives)
     _sum_in_rank_order([mine if j == r else slot[j] for j in range(n)], mine, r)
+    _wait(sends)  # the all-gather receives into the blocks they read
     if op == "avg":
         mine.div_(n)
     # all-gather: the finished block to every other rank; theirs straight into place

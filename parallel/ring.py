@@ -13,7 +13,9 @@ most one row). Two collectives move chunks round the ring, n − 1 steps each:
 The all-reduce is the one followed by the other, 2(n − 1) steps in which each rank sends
 2(n − 1)/n of the data, whatever n is: the ring is bandwidth-optimal. Every step posts a send
 to the right and a receive from the left before waiting on either, which is deadlock-free
-(see ``_post`` for how on NCCL and on gloo).
+(see ``_post`` for how on NCCL and on gloo). In the all-reduce on gloo a rank then waits for
+its receive alone; a send is waited for just before its piece is written again, or at the end
+(``_LateSends``). Receive and scratch buffers are kept from call to call (``_buffer``).
 
 Each chunk travels in pieces of about 4 MiB, in a wavefront: piece k + 1 runs one step behind
 piece k, so adding one piece can overlap the transfer of the next (whether it does on the
@@ -26,6 +28,7 @@ through the same wavefront scheduler (``_wavefront``); the all-reduce only chain
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -84,6 +87,28 @@ def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], grou
         return dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer, group) for peer, t in sends] +
                                       [dist.P2POp(dist.irecv, t, peer, group) for peer, t in recvs])
     return [dist.irecv(t, peer, group) for peer, t in recvs] + [dist.isend(t, peer, group) for peer, t in sends]
+
+
+_local = threading.local()
+# Whether the all-reduces on gloo wait for a send only when they must (``_LateSends``). Only
+# the allreduce benchmark turns it off, to measure what it is worth.
+LATE_SENDS = True
+
+
+def _buffer(numel: int, like: Tensor) -> Tensor:
+    """Scratch space of ``numel`` elements, reused across calls (one per thread, dtype and device).
+
+    A fresh receive buffer on every call paid its page faults on every call (the allreduce
+    benchmark measures it: parallel/collectives.md, "A buffer per call, and a wait per send").
+    Nothing returned to a caller lives here, and a collective is done with it when it returns,
+    so the next call on the same thread may overwrite it.
+    """
+    cache = _local.__dict__.setdefault("buffers", {})
+    key = (like.dtype, like.device)
+    buf = cache.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = cache[key] = torch.empty(max(numel, 1024), dtype=like.dtype, device=like.device)
+    return buf[:numel]
 
 
 def _exchange(send: Tensor | None, recv: Tensor | None, right: int, left: int,
@@ -190,13 +215,44 @@ def _wavefront(n_pieces: int, n_steps: int, post: Callable[[int, int], Posted]) 
             in_flight.append((slot + 1, 0, *post(slot + 1, 0)))
 
 
+class _LateSends:
+    """Sends waited for only when they must be: before the piece they read is written again,
+    or at the end of the call (the all-reduce on gloo).
+
+    A step's receive is done when the left neighbour's data is in; its send, when the right
+    neighbour has taken the data, which on gloo happens only once that neighbour has posted its
+    receive. Waiting for both before the next step tied each rank to the pace of both its
+    neighbours; waiting for the receive alone lets the next step's receive be posted while the
+    right neighbour catches up (the allreduce benchmark measures it: parallel/collectives.md,
+    "A buffer per call, and a wait per send"). NCCL's step is one batch, waited for as a whole.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[tuple[int, int], list]] = []  # ((chunk, piece), requests)
+
+    def post(self, tensor: Tensor, key: tuple[int, int], right: int, group: dist.ProcessGroup | None) -> None:
+        self.pending.append((key, _exchange(tensor, None, right, right, group)))
+
+    def settle(self, key: tuple[int, int] | None = None) -> None:
+        """Wait for the sends of piece ``key`` (chunk, piece), or for all of them."""
+        keep = []
+        for k, requests in self.pending:
+            if key is None or k == key:
+                _wait(requests)
+            else:
+                keep.append((k, requests))
+        self.pending = keep
+
+
 def _reduce_scatter_step(src: list[list[Tensor]], acc: Callable[[int, int], Tensor], out: list[Tensor],
                          recv_buf: Tensor, k: int, step: int, op: str, rank: int, size: int, right: int,
-                         left: int, group: dist.ProcessGroup | None) -> Posted:
+                         left: int, group: dist.ProcessGroup | None, late: _LateSends | None = None) -> Posted:
     """Piece k, step ``step`` of the reduce-scatter. ``src[c][k]`` is this rank's own
     contribution to piece k of chunk c; ``acc(c, k)`` is where its partial sum is kept between
     steps (the source itself for an in-place all-reduce); ``out[k]`` receives the finished sum
-    of chunk ``rank``. The partial sum sent at step s is the one completed at step s − 1."""
+    of chunk ``rank``. The partial sum sent at step s is the one completed at step s − 1.
+    With ``late``, the send is left to it and only the receive is waited for (the caller must
+    then not write a sent piece before ``late.settle``-ing it)."""
     send_chunk, recv_chunk = (rank - step - 1) % size, (rank - step - 2) % size
     send = src[send_chunk][k] if step == 0 else acc(send_chunk, k)
     last = step == size - 2
@@ -208,14 +264,24 @@ def _reduce_scatter_step(src: list[list[Tensor]], acc: Callable[[int, int], Tens
         torch.add(own, buf, out=dst)  # own + partial: the same bits as partial + own
         if last and op == "avg":
             dst.div_(size)
-    return _exchange(send, buf, right, left, group), done
+    if late is None:
+        return _exchange(send, buf, right, left, group), done
+    receive = _exchange(None, buf, right, left, group)  # the receive first, as _exchange posts them
+    late.post(send, (send_chunk, k), right, group)
+    return receive, done
 
 
 def _all_gather_step(chunks: list[list[Tensor]], k: int, step: int, rank: int, size: int, right: int,
-                     left: int, group: dist.ProcessGroup | None) -> Posted:
-    """Piece k, step ``step`` of the all-gather: pass a finished piece on, receive one in place."""
-    return _exchange(chunks[(rank - step) % size][k], chunks[(rank - step - 1) % size][k],
-                     right, left, group), None
+                     left: int, group: dist.ProcessGroup | None, late: _LateSends | None = None) -> Posted:
+    """Piece k, step ``step`` of the all-gather: pass a finished piece on, receive one in place
+    (with ``late``: once any send still reading that place is done)."""
+    send_chunk, recv_chunk = (rank - step) % size, (rank - step - 1) % size
+    if late is None:
+        return _exchange(chunks[send_chunk][k], chunks[recv_chunk][k], right, left, group), None
+    late.settle((recv_chunk, k))  # the all-reduce sent this piece in its reduce-scatter
+    receive = _exchange(None, chunks[recv_chunk][k], right, left, group)
+    late.post(chunks[send_chunk][k], (send_chunk, k), right, group)
+    return receive, None
 
 
 def _pieces(chunks: list[Tensor], segment_bytes: int) -> tuple[list[list[Tensor]], int]:
@@ -265,8 +331,8 @@ def ring_reduce_scatter(tensor: Tensor, op: str = "sum", group: dist.ProcessGrou
     # one receives a partial sum, the other keeps this rank's sum of it until it is sent.
     n_buffers = min(n_pieces, size - 1)
     longest = src[0][0].numel()
-    recv = [torch.empty(longest, dtype=tensor.dtype, device=tensor.device) for _ in range(n_buffers)]
-    keep = [torch.empty(longest, dtype=tensor.dtype, device=tensor.device) for _ in range(n_buffers)]
+    scratch = _buffer(2 * n_buffers * longest, tensor).view(2 * n_buffers, longest)
+    recv, keep = scratch[:n_buffers], scratch[n_buffers:]
 
     def acc(c: int, k: int) -> Tensor:
         return keep[k % n_buffers][: src[c][k].numel()]
@@ -326,16 +392,23 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     pieces, n_pieces = _pieces(list(torch.tensor_split(flat, size)), segment_bytes)
     n_buffers = min(n_pieces, size - 1)
-    recv = [torch.empty(pieces[0][0].numel(), dtype=flat.dtype, device=flat.device) for _ in range(n_buffers)]
+    longest = pieces[0][0].numel()
+    recv = _buffer(n_buffers * longest, flat).view(n_buffers, longest)
     rs_steps = size - 1
+    # On gloo, sends are waited for late. A reduce-scatter step never writes a piece it has
+    # sent (it adds into the chunk it receives, sent at the next step); the all-gather
+    # receives each piece into the place its reduce-scatter sent from, and settles that first.
+    late = _LateSends() if LATE_SENDS and not flat.is_cuda else None
 
     def post(k: int, step: int) -> Posted:
         if step < rs_steps:  # partial sums stay in the tensor; the finished chunk lands in place
             return _reduce_scatter_step(pieces, lambda c, j: pieces[c][j], pieces[rank], recv[k % n_buffers],
-                                        k, step, op, rank, size, right, left, group)
-        return _all_gather_step(pieces, k, step - rs_steps, rank, size, right, left, group)
+                                        k, step, op, rank, size, right, left, group, late)
+        return _all_gather_step(pieces, k, step - rs_steps, rank, size, right, left, group, late)
 
     _wavefront(n_pieces, 2 * rs_steps, post)
+    if late is not None:
+        late.settle()
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
     return tensor

@@ -302,6 +302,12 @@ def test_allreduce_table_judges_the_goal_with_intervals():
     text = allreduce_table(record)
     assert "| 16 KiB | doubling |" in text and "0.85 (0.70–1.10)" in text and "95% CI" in text
     assert "met at 4 KiB; missed at 16 KiB, 64 KiB; significantly below 0.90 (interval under it) at 64 KiB." in text
+    assert "as before" not in text  # no variant as it was: no such table
+    results += [row(65536, "two_shot", 0.9, [0.85, 0.95]),
+                {**row(65536, "two_shot, a wait per send (before)", 0.8, [0.75, 0.85]),
+                 "time_over_now": 1.12, "time_over_now_ci": [1.05, 1.2]}]
+    assert "| 64 KiB | two_shot, a wait per send | 0.80 (0.75–0.85) | 0.90 (0.85–0.95) | 1.12 (1.05–1.20) |" in \
+        allreduce_table(record)
     for r in results:  # a record from before intervals: IQRs, and no significance claimed
         r.pop("ratio_ci")
     old = allreduce_table(record)

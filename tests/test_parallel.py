@@ -70,6 +70,75 @@ def test_ring_matches_dist_all_reduce_and_is_identical_on_every_rank(world_size)
             assert other[case][3].numpy().tobytes() == got.numpy().tobytes(), (numel, dtype, op)
 
 
+def scratch_reuse() -> dict:
+    """Two rounds of the ring collectives on one thread: the second must reuse the first's
+    scratch buffer (a buffer grown in the first round is replaced, not the point), and nothing
+    a call returned may live in it."""
+    from parallel import ring
+    from parallel.collectives import all_reduce
+    rank, n = dist.get_rank(), dist.get_world_size()
+    key = (torch.float32, torch.device("cpu"))
+    total = n * (n + 1) / 2
+    sums, parts = [], []
+    for round_ in range(2):
+        t = torch.full((n * 5000,), float(rank + 1))
+        ring_all_reduce(t, segment_bytes=4096)
+        part = ring.ring_reduce_scatter(torch.full((n * 3000,), float(rank + 1)), segment_bytes=4096)
+        parts.append((part, part.clone()))
+        all_reduce(torch.full((n * 5000,), 7.0), algorithm="two_shot")  # collectives share the buffer
+        sums.append(bool((t == total).all() and (part == total).all()))
+        if round_ == 0:
+            held = ring._local.buffers[key]
+    return {"reused": ring._local.buffers[key] is held, "sums": all(sums),
+            "results_untouched": all(torch.equal(p, kept) for p, kept in parts)}
+
+
+def before_variants() -> dict:
+    """The allreduce benchmark's variants "as before": right sums, the switches they turn
+    off really off during the call, and everything as it was after it."""
+    from parallel import bench, ring
+    rank, n = dist.get_rank(), dist.get_world_size()
+    key = (torch.float32, torch.device("cpu"))
+    t = torch.full((n * 5000,), float(rank + 1))
+    ring_all_reduce(t)
+    held, made = ring._local.buffers[key], []
+
+    class Counted(ring._LateSends):
+        def __init__(self) -> None:
+            made.append(1)
+            super().__init__()
+    ring._LateSends = Counted
+    fresh, buffer = [], ring._buffer
+
+    def watched(numel: int, like: torch.Tensor) -> torch.Tensor:
+        fresh.append(ring._local.__dict__.get("buffers", {}).get(key) is not held)
+        return buffer(numel, like)
+    ring._buffer = watched
+    out = {}
+    for name, fn in bench._as_before(t).items():
+        t.fill_(rank + 1)
+        made.clear()
+        fresh.clear()
+        fn()
+        out[name] = (bool((t == n * (n + 1) / 2).all()), len(made), any(fresh), ring.LATE_SENDS,
+                     ring._local.buffers[key] is held)
+    return out
+
+
+def test_the_benchmarks_variants_as_before_switch_only_during_their_call():
+    got = launch(before_variants, 2, deadline_s=60)[0]
+    # (right sums, late-send schedules made, a fresh buffer seen, late sends back on, buffer back)
+    assert got == {"ring, a fresh buffer per call (before)": (True, 1, True, True, True),
+                   "ring, a fresh buffer and a wait per send (before)": (True, 0, True, True, True),
+                   "two_shot, a wait per send (before)": (True, 0, False, True, True)}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_ring_reuses_its_scratch_buffer_and_never_returns_it(world_size):
+    for rank, got in enumerate(launch(scratch_reuse, world_size, deadline_s=60)):
+        assert got == {"reused": True, "sums": True, "results_untouched": True}, rank
+
+
 def mismatched_call(kind: str) -> str:
     rank = dist.get_rank()
     t = torch.zeros(10 + rank) if kind == "size" else torch.zeros(10, dtype=[torch.float32, torch.float64][rank % 2])
