@@ -379,7 +379,7 @@ def overhead(config: Config, json_path: str | None) -> None:
             lambda: (dist.get_rank(), dist.get_world_size(), dist.get_backend()),
         "tensor_split into chunks and pieces + max (ring, per call)":
             lambda: [torch.tensor_split(c, 1) for c in torch.tensor_split(t, n)],
-        "torch.empty receive buffer (ring, per call)": lambda: torch.empty(nbytes // 4 // n),
+        "torch.empty receive buffer (ring, per call until it kept one)": lambda: torch.empty(nbytes // 4 // n),
         "add_ of one received piece": lambda: t[: nbytes // 4 // n].add_(recv[: nbytes // 4 // n]),
         "cached plan + buffer lookup + choice (all_reduce, per call)":
             lambda: (collectives._plan(None), collectives._buffer(nbytes // 4, t),

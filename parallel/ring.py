@@ -40,8 +40,9 @@ OPS = ("sum", "avg")
 # CPU machine with gloo, no piece size has proved better everywhere: in one run (commit
 # 17f0136) 4 MiB pieces beat 16 MiB (and, with 3 ranks, 1 MiB) pieces at 64 MiB, 95%
 # intervals apart; in the next (63a1e37) every interval overlapped; in the next (82acef5)
-# 1 MiB beat 16 MiB pieces at 16 and 64 MiB with 2 ranks; in the latest
-# (docs/results/allreduce_gloo_w*.json) 4 MiB had the best median, or shared it, in 8 of 9 rows.
+# 1 MiB beat 16 MiB pieces at 16 and 64 MiB with 2 ranks; in the run at commit 8d8745e 4 MiB
+# had the best median, or shared it, in 8 of 9 rows; in the latest
+# (docs/results/allreduce_gloo_w*.json) in 6 of 9, its interval above both others' in 1.
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
@@ -221,10 +222,11 @@ class _LateSends:
 
     A step's receive is done when the left neighbour's data is in; its send, when the right
     neighbour has taken the data, which on gloo happens only once that neighbour has posted its
-    receive. Waiting for both before the next step tied each rank to the pace of both its
+    receive. Waiting for both before the next step ties each rank to the pace of both its
     neighbours; waiting for the receive alone lets the next step's receive be posted while the
-    right neighbour catches up (the allreduce benchmark measures it: parallel/collectives.md,
-    "A buffer per call, and a wait per send"). NCCL's step is one batch, waited for as a whole.
+    right neighbour catches up. What that is worth, the allreduce benchmark measures (for the
+    ring, so far, less than its noise: parallel/collectives.md, "A buffer per call, and a wait
+    per send"). NCCL's step is one batch, waited for as a whole.
     """
 
     def __init__(self) -> None:
