@@ -95,10 +95,19 @@ def _rounds(nbytes: int) -> int:
     return 100 if nbytes < 16 << 20 else 40 if nbytes < 64 << 20 else 20
 
 
+# A variant as it was -> (the present variant, a fresh buffer per call, a wait per send)
+BEFORE = {"ring, a fresh buffer per call (before)": ("ring", True, False),
+          "ring, a fresh buffer and a wait per send (before)": ("ring", True, True),
+          "two_shot, a wait per send (before)": ("two_shot", False, True)}
+
+
 def _as_before(t: torch.Tensor) -> dict:
     """The ring and two-shot as they were before two changes, to measure each: a fresh receive
     buffer on every call (the ring only: two-shot already kept one), and a wait for every send
     before going on (ring.LATE_SENDS off)."""
+    calls = {"ring": lambda: ring_all_reduce(t, check=False),
+             "two_shot": lambda: all_reduce(t, algorithm="two_shot", check=False)}
+
     def before(fn: Callable[[], object], fresh_buffer: bool, wait_every_send: bool) -> Callable[[], None]:
         def run() -> None:
             kept = ring._local.__dict__.get("buffers")
@@ -112,17 +121,7 @@ def _as_before(t: torch.Tensor) -> dict:
                 if fresh_buffer and kept is not None:  # the next variant finds the buffer it left
                     ring._local.buffers = kept
         return run
-
-    def ring_call() -> None:
-        ring_all_reduce(t, check=False)
-    return {name: before(ring_call if now == "ring" else lambda: all_reduce(t, algorithm="two_shot", check=False),
-                         *how) for name, (now, *how) in BEFORE.items()}
-
-
-# A variant as it was -> (the present variant, a fresh buffer per call, a wait per send)
-BEFORE = {"ring, a fresh buffer per call (before)": ("ring", True, False),
-          "ring, a fresh buffer and a wait per send (before)": ("ring", True, True),
-          "two_shot, a wait per send (before)": ("two_shot", False, True)}
+    return {name: before(calls[now], fresh, wait) for name, (now, fresh, wait) in BEFORE.items()}
 
 
 def _against_dist(samples: list[float], ref: list[float]) -> dict:
