@@ -58,9 +58,14 @@ def io_nice() -> int:
     return value
 
 
-def lower_io_priority(nice: int | None = None) -> int:
+def lower_io_priority(nice: int | None = None, expect: int = 0, wait_s: float = 5.0) -> int:
     """Give this process's gloo I/O threads niceness ``nice`` (default: ``io_nice()``); returns
-    how many threads it changed.
+    how many threads it changed. ``expect``: how many I/O threads this process has at least by
+    now. Gloo's I/O thread names itself from inside, a moment after it starts: on a busy
+    machine, a search right after ``init_process_group`` or ``new_group`` can miss a thread that
+    is not named yet (seen here: 6 of 200 new groups with two other processes spinning), and
+    that thread would keep its priority. So this first waits, up to ``wait_s``, until that many
+    carry the name.
 
     Why (parallel/collectives.md, "Where the milliseconds went"): a rank's main thread posts
     its sends and receives under the lock of the gloo connection (the pair), and gloo's I/O
@@ -73,8 +78,11 @@ def lower_io_priority(nice: int | None = None) -> int:
     Every new gloo process group starts its own I/O thread: call this again after creating one.
     """
     nice = io_nice() if nice is None else nice
-    if nice == 0:
+    if nice == 0 or not sys.platform.startswith("linux"):
         return 0
+    deadline = time.monotonic() + wait_s
+    while len(io_threads()) < expect and time.monotonic() < deadline:
+        time.sleep(0.001)
     changed = 0
     for tid in io_threads():
         try:
@@ -111,7 +119,7 @@ def run_in_process_group(fn: Callable[..., Any], args: tuple, backend: str, time
     dist.init_process_group(backend, init_method=init_method, timeout=timedelta(seconds=timeout_s), **kwargs)
     try:
         if backend == "gloo":
-            lower_io_priority()
+            lower_io_priority(expect=1)  # the world group's
         result = fn(*args)
         # A rank that leaves while a peer still waits on its last message breaks that peer.
         dist.barrier()

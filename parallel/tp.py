@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 import modes
-from parallel.launch import lower_io_priority
+from parallel.launch import io_threads, lower_io_priority
 from parallel.ring import _agree, _exchange, _peers, _wait, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 
@@ -610,6 +610,7 @@ def make_layout(tp: int) -> Layout:
     dp = world // tp
     if tp == 1:
         return Layout(1, dp, 0, rank, None, None)
+    gloo_io = len(io_threads())
     tp_group = dp_group = None
     for d in range(dp):  # dist.new_group is collective: every rank creates every group
         g = dist.new_group([d * tp + t for t in range(tp)])
@@ -618,5 +619,5 @@ def make_layout(tp: int) -> Layout:
         g = dist.new_group([d * tp + t for d in range(dp)])
         dp_group = g if t == rank % tp else dp_group
     if dist.get_backend() == "gloo":
-        lower_io_priority()  # each new gloo group has an I/O thread of its own
+        lower_io_priority(expect=gloo_io + 2)  # each new gloo group (ours: 2) has an I/O thread of its own
     return Layout(tp, dp, rank % tp, rank // tp, tp_group, dp_group)

@@ -416,6 +416,34 @@ def test_gloo_io_threads_and_only_they_get_the_set_priority(monkeypatch, setting
         assert all(nice == 0 for name, nice in threads if name != IO_THREAD_NAME), threads
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
+def test_lowering_waits_for_an_io_thread_that_names_itself_late():
+    """Gloo's I/O thread names itself a moment after it starts; a search made before that must
+    not miss it. A stand-in thread renames itself 0.2 s late and keeps running until checked."""
+    from parallel.launch import IO_THREAD_NAME, io_threads, lower_io_priority
+
+    started, checked, tid = threading.Event(), threading.Event(), []
+
+    def late_io_thread() -> None:
+        tid.append(threading.get_native_id())
+        started.set()
+        time.sleep(0.2)
+        Path(f"/proc/self/task/{tid[0]}/comm").write_text(IO_THREAD_NAME)
+        checked.wait(30)
+
+    thread = threading.Thread(target=late_io_thread)
+    before = len(io_threads())
+    thread.start()
+    try:
+        started.wait(30)
+        assert lower_io_priority(7, expect=before + 1) == 1
+        assert os.getpriority(os.PRIO_PROCESS, tid[0]) == 7
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # the caller is left alone
+    finally:
+        checked.set()
+        thread.join()
+
+
 @pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5"])
 def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
     from parallel.launch import IO_NICE_VAR, io_nice
