@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import statistics
 import sys
 import time
@@ -37,7 +38,7 @@ from parallel import data as data_mod
 from parallel import ring
 from parallel.collectives import ALGORITHMS, all_reduce, choose
 from parallel.costmodel import PREDICT, link_for, size_label, warm_up
-from parallel.launch import io_nice
+from parallel.launch import io_nice, io_threads
 from parallel.reducer import GradReducer, world
 from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
 from parallel.tp_report import bytes_table
@@ -54,10 +55,25 @@ def _slowest_rank(samples: list[float]) -> list[float]:
     return ring_all_reduce_host(table).max(0).values.tolist()
 
 
+def _io_thread_nices() -> dict[str, int]:
+    """How many of gloo's I/O threads, over all ranks, have each niceness now: the setting
+    (``io_nice()``) as it took effect. A thread that ``lower_io_priority`` missed shows here."""
+    counts = torch.zeros(40, dtype=torch.int64)  # niceness -20 … 19
+    for tid in io_threads():
+        try:
+            counts[os.getpriority(os.PRIO_PROCESS, tid) + 20] += 1
+        except OSError:  # the thread ended meanwhile
+            continue
+    ring_all_reduce_host(counts)  # every rank calls _header, so every rank takes part
+    return {str(i - 20): int(c) for i, c in enumerate(counts.tolist()) if c}
+
+
 def _header(config: Config, kind: str) -> dict:
+    """The fields every record starts with. Every rank must call it (it gathers from all)."""
     return {"benchmark": kind, "device": describe_device(config.device), "torch": torch.__version__,
             "backend": dist.get_backend(), "world_size": world()[1], "threads_per_rank": torch.get_num_threads(),
-            **({"gloo_io_nice": io_nice()} if dist.get_backend() == "gloo" else {}),
+            **({"gloo_io_nice": io_nice(), "gloo_io_thread_nices": _io_thread_nices()}
+               if dist.get_backend() == "gloo" else {}),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python distributed.py " + " ".join(sys.argv[1:])}
 

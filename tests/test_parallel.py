@@ -444,6 +444,21 @@ def test_lowering_waits_for_an_io_thread_that_names_itself_late():
         thread.join()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
+def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path):
+    """A record states the setting and what every rank's I/O threads had when it was written."""
+    from parallel.launch import IO_NICE_VAR
+
+    out = tmp_path / "overhead.json"
+    result = run_script("distributed.py", "--bench", "overhead", "--world-size", "2", "--json", str(out),
+                        timeout=180, env={IO_NICE_VAR: "7"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["gloo_io_nice"] == 7
+    assert record["gloo_io_thread_nices"] == {"7": 2}  # one group, one I/O thread per rank
+
+
 @pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5"])
 def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
     from parallel.launch import IO_NICE_VAR, io_nice
