@@ -20,6 +20,7 @@ nccl-tests: algbw = bytes / time, busbw = algbw · 2(n − 1)/n for an all-reduc
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 import os
 import statistics
@@ -53,6 +54,35 @@ def _slowest_rank(samples: list[float]) -> list[float]:
     table = torch.zeros(n, len(samples), dtype=torch.float64)
     table[rank] = torch.tensor(samples, dtype=torch.float64)
     return ring_all_reduce_host(table).max(0).values.tolist()
+
+
+def _one_clock() -> bool:
+    """Whether every rank reads the same monotonic clock (one machine, one boot), so that their
+    time.perf_counter() readings can be compared. Every rank must call it (it gathers)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    rank, n = world()
+    ids = torch.zeros(n, dtype=torch.int64)
+    ids[rank] = int(hashlib.sha256(boot.encode()).hexdigest()[:15], 16)
+    return len(set(ring_all_reduce_host(ids).tolist())) == 1
+
+
+def _arrivals(calls: list[tuple[float, float]]) -> dict[str, list[float]] | None:
+    """Each rank's mean µs, over its all-reduces, spent waiting for the last rank to reach the
+    call, and spent in it after that: the two parts of its time inside the call. ``calls`` are
+    this rank's (start, end) readings of time.perf_counter(); every rank made the same calls in
+    the same order. None where the ranks' clocks cannot be compared."""
+    if not _one_clock():
+        return None
+    rank, n = world()
+    table = torch.zeros(n, len(calls), 2, dtype=torch.float64)
+    table[rank] = torch.tensor(calls, dtype=torch.float64).view(len(calls), 2)
+    table = ring_all_reduce_host(table)
+    starts, ends = table[:, :, 0], table[:, :, 1]
+    last = starts.max(0).values  # when the last rank arrived at each call
+    return {"allreduce_in_step_waiting_us_by_rank": ((last - starts).mean(1) * 1e6).tolist(),
+            "allreduce_in_step_after_last_arrival_us_by_rank": ((ends - last).mean(1) * 1e6).tolist()}
 
 
 def _io_thread_nices() -> dict[str, int]:
@@ -312,6 +342,7 @@ def zero(config: Config, json_path: str | None) -> None:
 
     steps = [0]  # dp steps run, warm-up included: reducer.comm_s sums their all-reduces
     variants = {name: make(name) for name in ("compute only", "dp", "zero")}
+    variants["dp"][2].calls = []  # each all-reduce's start and end, to split waiting from the call
     fns = {k: v[0] for k, v in variants.items()}
     adam_model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode)
     adam = torch.optim.Adam(adam_model.parameters(), lr=1e-4)
@@ -331,6 +362,7 @@ def zero(config: Config, json_path: str | None) -> None:
     in_step = torch.zeros(n, dtype=torch.float64)
     in_step[rank] = variants["dp"][2].comm_s / steps[0] * 1e6
     in_step = ring_all_reduce_host(in_step).tolist()
+    split = _arrivals(variants["dp"][2].calls) or {}
     for _, _, reducer in variants.values():
         if reducer:
             reducer.close()
@@ -341,7 +373,7 @@ def zero(config: Config, json_path: str | None) -> None:
         results.append({"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
                         "ratio_to_dp": statistics.median(ratios), "ratio_spread": Stats(ratios).spread,
                         "optimizer_state_bytes": state[name],
-                        **({"allreduce_in_step_us_by_rank": in_step} if name == "dp" else {})})
+                        **({"allreduce_in_step_us_by_rank": in_step, **split} if name == "dp" else {})})
     record = {**_header(config, "zero"), "mode": config.mode, "hidden": list(config.hidden),
               "batch_per_rank": per_rank, "parameters": params, "bucket_kb": config.bucket_kb, "results": results}
     _write(record, json_path, zero_table(record))

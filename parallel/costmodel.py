@@ -438,9 +438,11 @@ def predict(args: argparse.Namespace) -> dict:
             r = project("gloo", n, rec["parameters"], compute, adam, rec["hidden"], rec["batch_per_rank"])[strategy]
             measured = by[variant]["step_us"] * 1e-6
             in_step = by[variant].get("allreduce_in_step_us_by_rank")  # dp only, in records since 2026-11-23
+            waiting = by[variant].get("allreduce_in_step_waiting_us_by_rank")  # and its part spent waiting
             validation.append({"ranks": n, "strategy": strategy, "predicted_s": r["step_s"], "measured_s": measured,
                                "error_pct": 100 * (r["step_s"] / measured - 1), "model_comm_s": r["comm_s"],
                                **({"allreduce_in_step_s": [t * 1e-6 for t in in_step]} if in_step else {}),
+                               **({"allreduce_waiting_s": [t * 1e-6 for t in waiting]} if waiting else {}),
                                "source": path})
     return {"benchmark": "predict", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
@@ -472,14 +474,15 @@ def predict_table(record: dict) -> str:
                 f"{record['date']}: `{record['command']}`")
     if record["validation"]:
         rows.append("\n| ranks (gloo, here) | strategy | predicted ms | measured ms | error "
-                    "| model's communication ms | all-reduce inside the step ms (ranks' means, min–max) |")
-        rows.append("|---:|---|---:|---:|---:|---:|---:|")
+                    "| model's communication ms | all-reduce inside the step ms (ranks' means, min–max) "
+                    "| of which waiting for the last rank to arrive ms |")
+        rows.append("|---:|---|---:|---:|---:|---:|---:|---:|")
         for v in record["validation"]:
             comm = f"{v['model_comm_s'] * 1e3:.2f}" if "model_comm_s" in v else "—"
-            inside = (f"{min(v['allreduce_in_step_s']) * 1e3:.2f}–{max(v['allreduce_in_step_s']) * 1e3:.2f}"
-                      if "allreduce_in_step_s" in v else "—")
+            inside, waiting = (f"{min(v[k]) * 1e3:.2f}–{max(v[k]) * 1e3:.2f}" if k in v else "—"
+                               for k in ("allreduce_in_step_s", "allreduce_waiting_s"))
             rows.append(f"| {v['ranks']} | {v['strategy']} | {v['predicted_s'] * 1e3:.2f} "
-                        f"| {v['measured_s'] * 1e3:.2f} | {v['error_pct']:+.0f}% | {comm} | {inside} |")
+                        f"| {v['measured_s'] * 1e3:.2f} | {v['error_pct']:+.0f}% | {comm} | {inside} | {waiting} |")
     return "\n".join(rows)
 
 

@@ -333,13 +333,14 @@ def test_predict_validation_shows_the_models_communication_and_the_all_reduce_in
     """A zero record's dp row carries each rank's time inside the gradient all-reduce; predict
     shows it beside the model's communication. An older record without it shows a dash."""
     results = [{"variant": "compute only", "step_us": 10000.0}, {"variant": "adam step alone", "step_us": 2000.0},
-               {"variant": "dp", "step_us": 20000.0, "allreduce_in_step_us_by_rank": [6000.0, 4500.0]},
+               {"variant": "dp", "step_us": 20000.0, "allreduce_in_step_us_by_rank": [6000.0, 4500.0],
+                "allreduce_in_step_waiting_us_by_rank": [1500.0, 0.0]},
                {"variant": "zero", "step_us": 18000.0}]
     record = {"world_size": 2, "parameters": costmodel.mlp_parameters([64]), "hidden": [64], "batch_per_rank": 8,
               "results": results}
     new, old = tmp_path / "new.json", tmp_path / "old.json"
     new.write_text(json.dumps(record))
-    results[2] = {k: v for k, v in results[2].items() if k != "allreduce_in_step_us_by_rank"}
+    results[2] = {k: v for k, v in results[2].items() if k == "variant" or k == "step_us"}
     old.write_text(json.dumps(record))
     out = tmp_path / "p.json"
     assert costmodel.main(["predict", "--hidden", "64", "--validate", str(new), str(old), "--json", str(out)]) == 0
@@ -348,7 +349,8 @@ def test_predict_validation_shows_the_models_communication_and_the_all_reduce_in
     expected_comm = costmodel.project("gloo", 2, record["parameters"], 0.01, 0.002, [64], 8)["dp"]["comm_s"]
     assert [v["model_comm_s"] for v in dp] == [pytest.approx(expected_comm)] * 2
     assert dp[0]["allreduce_in_step_s"] == [pytest.approx(6e-3), pytest.approx(4.5e-3)]
-    assert "allreduce_in_step_s" not in dp[1]
+    assert dp[0]["allreduce_waiting_s"] == [pytest.approx(1.5e-3), 0.0]
+    assert "allreduce_in_step_s" not in dp[1] and "allreduce_waiting_s" not in dp[1]
     table = capsys.readouterr().out
-    assert f"| {expected_comm * 1e3:.2f} | 4.50–6.00 |" in table
-    assert f"| {expected_comm * 1e3:.2f} | — |" in table
+    assert f"| {expected_comm * 1e3:.2f} | 4.50–6.00 | 0.00–1.50 |" in table
+    assert f"| {expected_comm * 1e3:.2f} | — | — |" in table

@@ -459,6 +459,25 @@ def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path):
     assert record["gloo_io_thread_nices"] == {"7": 2}  # one group, one I/O thread per rank
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ranks' clocks are compared via Linux's boot id")
+def test_zero_benchmark_splits_the_dp_all_reduce_into_waiting_and_the_call(tmp_path):
+    """Each rank's time inside the dp step's all-reduce is its wait for the last rank to arrive
+    plus the call after that; no rank can finish before the last one has arrived."""
+    out = tmp_path / "zero.json"
+    result = run_script("distributed.py", "--bench", "zero", "--world-size", "2", "--hidden", "16,16",
+                        "--json", str(out), timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dp = next(r for r in json.loads(out.read_text())["results"] if r["variant"] == "dp")
+    inside = dp["allreduce_in_step_us_by_rank"]
+    waiting = dp["allreduce_in_step_waiting_us_by_rank"]
+    after = dp["allreduce_in_step_after_last_arrival_us_by_rank"]
+    assert len(inside) == len(waiting) == len(after) == 2
+    for i, w, a in zip(inside, waiting, after):
+        assert w >= 0 and a > 0
+        assert w + a == pytest.approx(i, rel=1e-6)
+
+
 @pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5"])
 def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
     from parallel.launch import IO_NICE_VAR, io_nice
