@@ -48,12 +48,18 @@ from parallel.trainer import Config, build_model
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
-def _slowest_rank(samples: list[float]) -> list[float]:
-    """Per sample, the largest time any rank measured (gathered with a ring sum)."""
+def _every_rank(mine: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``mine`` (the same shape on all), stacked in rank order: each rank fills its
+    own row of zeros and a ring sum gathers them. Every rank must call it."""
     rank, n = world()
-    table = torch.zeros(n, len(samples), dtype=torch.float64)
-    table[rank] = torch.tensor(samples, dtype=torch.float64)
-    return ring_all_reduce_host(table).max(0).values.tolist()
+    table = torch.zeros(n, *mine.shape, dtype=mine.dtype)
+    table[rank] = mine
+    return ring_all_reduce_host(table)
+
+
+def _slowest_rank(samples: list[float]) -> list[float]:
+    """Per sample, the largest time any rank measured."""
+    return _every_rank(torch.tensor(samples, dtype=torch.float64)).max(0).values.tolist()
 
 
 def _one_clock() -> bool:
@@ -61,11 +67,11 @@ def _one_clock() -> bool:
     time.perf_counter() readings can be compared. Every rank must call it (it gathers)."""
     if not sys.platform.startswith("linux"):
         return False
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    rank, n = world()
-    ids = torch.zeros(n, dtype=torch.int64)
-    ids[rank] = int(hashlib.sha256(boot.encode()).hexdigest()[:15], 16)
-    return len(set(ring_all_reduce_host(ids).tolist())) == 1
+    try:
+        boot = int(hashlib.sha256(Path("/proc/sys/kernel/random/boot_id").read_bytes()).hexdigest()[:15], 16)
+    except OSError:  # unreadable here: say "no" by a value no other rank has, but still take part
+        boot = -1 - world()[0]
+    return len(set(_every_rank(torch.tensor(boot, dtype=torch.int64)).tolist())) == 1
 
 
 def _arrivals(calls: list[tuple[float, float]]) -> dict[str, list[float]] | None:
@@ -75,10 +81,7 @@ def _arrivals(calls: list[tuple[float, float]]) -> dict[str, list[float]] | None
     the same order. None where the ranks' clocks cannot be compared."""
     if not _one_clock():
         return None
-    rank, n = world()
-    table = torch.zeros(n, len(calls), 2, dtype=torch.float64)
-    table[rank] = torch.tensor(calls, dtype=torch.float64).view(len(calls), 2)
-    table = ring_all_reduce_host(table)
+    table = _every_rank(torch.tensor(calls, dtype=torch.float64).view(len(calls), 2))
     starts, ends = table[:, :, 0], table[:, :, 1]
     last = starts.max(0).values  # when the last rank arrived at each call
     return {"allreduce_in_step_waiting_us_by_rank": ((last - starts).mean(1) * 1e6).tolist(),
@@ -359,9 +362,7 @@ def zero(config: Config, json_path: str | None) -> None:
     state["adam step alone"] = state["compute only"]
     # Each rank's mean time inside the gradient all-reduce of a dp step: the collective itself,
     # plus the wait for ranks that reached it later (costmodel's predict compares it with the model).
-    in_step = torch.zeros(n, dtype=torch.float64)
-    in_step[rank] = variants["dp"][2].comm_s / steps[0] * 1e6
-    in_step = ring_all_reduce_host(in_step).tolist()
+    in_step = _every_rank(torch.tensor(variants["dp"][2].comm_s / steps[0] * 1e6, dtype=torch.float64)).tolist()
     split = _arrivals(variants["dp"][2].calls) or {}
     for _, _, reducer in variants.values():
         if reducer:
@@ -561,15 +562,12 @@ def _tp_models(d: int, h: int, mode: str, seed: int) -> dict:
 
 def _events_table(events: list[tuple[str, float, float]]) -> list[list[float]]:
     """A rank's timeline as rows (rank, kind, start s, end s), gathered from every rank."""
-    rank, n = world()
-    longest = torch.tensor([float(len(events))], dtype=torch.float64)
-    table = torch.zeros(n, 1, dtype=torch.float64)
-    table[rank] = longest
-    m = int(ring_all_reduce_host(table).max().item())
-    rows = torch.zeros(n, m, 3, dtype=torch.float64)
+    n = world()[1]
+    m = int(_every_rank(torch.tensor(float(len(events)), dtype=torch.float64)).max().item())
+    mine = torch.zeros(m, 3, dtype=torch.float64)
     for i, (kind, t0, t1) in enumerate(events):
-        rows[rank, i] = torch.tensor([_KINDS.index(kind) + 1, t0, t1], dtype=torch.float64)
-    rows = ring_all_reduce_host(rows)
+        mine[i] = torch.tensor([_KINDS.index(kind) + 1, t0, t1], dtype=torch.float64)
+    rows = _every_rank(mine)
     return [[r, _KINDS[int(k) - 1], t0, t1] for r in range(n) for k, t0, t1 in rows[r].tolist() if k]
 
 
