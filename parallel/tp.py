@@ -610,7 +610,8 @@ def make_layout(tp: int) -> Layout:
     dp = world // tp
     if tp == 1:
         return Layout(1, dp, 0, rank, None, None)
-    gloo_io = len(io_threads())
+    gloo = dist.get_backend() == "gloo"
+    io_before = len(io_threads()) if gloo else 0
     tp_group = dp_group = None
     for d in range(dp):  # dist.new_group is collective: every rank creates every group
         g = dist.new_group([d * tp + t for t in range(tp)])
@@ -618,6 +619,6 @@ def make_layout(tp: int) -> Layout:
     for t in range(tp):
         g = dist.new_group([d * tp + t for d in range(dp)])
         dp_group = g if t == rank % tp else dp_group
-    if dist.get_backend() == "gloo":
-        lower_io_priority(expect=gloo_io + 2)  # each new gloo group (ours: 2) has an I/O thread of its own
+    if gloo:
+        lower_io_priority(expect=io_before + 2)  # each new gloo group (ours: 2) has an I/O thread of its own
     return Layout(tp, dp, rank % tp, rank // tp, tp_group, dp_group)
