@@ -459,6 +459,27 @@ def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path):
     assert record["gloo_io_thread_nices"] == {"7": 2}  # one group, one I/O thread per rank
 
 
+def clocks_compared(unreadable_on: int | None) -> bool:
+    """Inside a rank: bench._one_clock, with the boot id unreadable on one rank if asked."""
+    from parallel import bench
+
+    if dist.get_rank() == unreadable_on:
+        real = Path.read_bytes
+
+        def read_bytes(self: Path) -> bytes:
+            if str(self).endswith("boot_id"):
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self)
+        Path.read_bytes = read_bytes
+    return bench._one_clock()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ranks' clocks are compared via Linux's boot id")
+def test_ranks_compare_clocks_only_when_every_rank_can_read_the_boot_id():
+    assert launch(clocks_compared, 2, (None,), deadline_s=60) == [True, True]  # one machine, one boot
+    assert launch(clocks_compared, 2, (1,), deadline_s=60) == [False, False]  # no error, no hang
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ranks' clocks are compared via Linux's boot id")
 def test_zero_benchmark_splits_the_dp_all_reduce_into_waiting_and_the_call(tmp_path):
