@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -111,6 +112,15 @@ def save_checkpoint(path: str, model: nn.Module, optimizer_state: dict, epoch: i
 DATA_ORDER_FLAGS = {"seed": "--seed", "batch_size": "--batch-size", "data": "--data"}
 
 
+def _cause(e: Exception) -> str:
+    """One line for why torch.load failed. Its weights-only loader wraps the cause (such as
+    "Unsupported operand 103" for a file that is not a checkpoint) in a paragraph of advice."""
+    text = str(e)
+    found = re.search(r"WeightsUnpickler error:\s*(\S.*)", text)
+    line = found.group(1) if found else (text.strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {line.strip()[:200]}"
+
+
 def load_checkpoint(path: str, signature: dict, config: Config | None = None) -> dict:
     """Read a checkpoint for --resume; raise CheckpointError unless this run (its model and,
     given ``config``, its data order) continues exactly what the checkpoint was written by."""
@@ -119,7 +129,7 @@ def load_checkpoint(path: str, signature: dict, config: Config | None = None) ->
     except FileNotFoundError:
         raise CheckpointError(f"--resume: no checkpoint at {path}") from None
     except Exception as e:
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
+        raise CheckpointError(f"{path} is not a readable checkpoint ({_cause(e)})") from e
     if not isinstance(state, dict) or state.get("format") != 1:
         raise CheckpointError(f"{path} is not a checkpoint written by this trainer")
     if state["signature"] != signature:
