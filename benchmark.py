@@ -865,9 +865,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     # Every output and optional dependency is checked before any work starts.
     json_path = cli.check_output(args.json, "--json")
-    plot_path = cli.check_output(args.plot, "--plot")
-    if plot_path:
-        cli.need_matplotlib()
+    plot_path = cli.check_plot(args.plot, "--plot")
     pin_threads(args.threads)
     set_malloc(args.malloc)
 

@@ -8,7 +8,8 @@ A user's mistake gets one line and an exit status, never a traceback:
 - memory that cannot be allocated: one line saying so, exit 1.
 
 Outputs and optional dependencies are checked before the work starts (``check_output``,
-``need_matplotlib``, ``check_memory``). Output paths are never invented: a missing folder is
+``need_matplotlib``, ``check_plot``, ``check_memory``), and records read from files get one
+line for whatever is wrong with them (``read_record``). Output paths are never invented: a missing folder is
 an error, not created, so a typo does not scatter folders. Results are written with
 ``write_outputs``, which never loses what was computed: a file that fails to write is
 reported after the results were printed.
@@ -149,6 +150,49 @@ def need_matplotlib(flag: str = "--plot") -> None:
         raise UserError(f"{flag} needs matplotlib, which is not installed: pip install matplotlib") from None
 
 
+def check_plot(path: str | None, flag: str = "--plot") -> Path | None:
+    """Before any work: a figure can be written at ``path`` (check_output), matplotlib is
+    installed, and the name ends in a format matplotlib writes (with no suffix it would add
+    one of its own, writing another file than the one asked for)."""
+    p = check_output(path, flag)
+    if p is None:
+        return None
+    need_matplotlib(flag)
+    from matplotlib.figure import Figure
+
+    suffix = p.suffix.lstrip(".").lower()
+    if suffix not in Figure().canvas.get_supported_filetypes():
+        what = f".{suffix} files" if suffix else "a name without a suffix"
+        raise UserError(f"{flag} {path}: matplotlib cannot write {what}; end the name in .png, .pdf or .svg")
+    return p
+
+
+def read_record(path: str, flag: str, kind: str | None = None, writer: str = "", keys: tuple[str, ...] = ()) -> dict:
+    """A JSON record a script reads, or one line saying what is wrong with it: missing,
+    unreadable, not JSON, not an object, another kind of record (its "benchmark" field is not
+    ``kind``; ``writer`` says what writes the right kind), or without the fields ``keys``."""
+    try:
+        record = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError(f"{flag} {path}: no such file") from None
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"{flag} {path}: not a JSON record ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{flag} {path}: not a JSON record (expected an object, got {type(record).__name__})")
+    if kind is not None and record.get("benchmark") != kind:
+        found = record.get("benchmark")
+        found = f"a record of kind {found!r}" if isinstance(found, str) else "not a benchmark record"
+        by = f", written by {writer}" if writer else ""
+        raise UserError(f"{flag} {path}: {found}; this needs a record of kind {kind!r}{by}")
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise UserError(f"{flag} {path}: the record lacks {', '.join(missing)} "
+                        "(damaged, or written by another version)")
+    return record
+
+
 def available_memory(device: str = "cpu") -> int | None:
     """Bytes that can be allocated now on the device, or None if unknown."""
     if device.startswith("cuda"):
@@ -164,12 +208,13 @@ def available_memory(device: str = "cpu") -> int | None:
     return None
 
 
-def check_memory(nbytes: int, device: str = "cpu", what: str = "these sizes") -> None:
+def check_memory(nbytes: int, device: str = "cpu", what: str = "these sizes",
+                 advice: str = "choose smaller sizes") -> None:
     """Before allocating: refuse what cannot fit, estimated from the sizes."""
     free = available_memory(device)
     if free is not None and nbytes > 0.9 * free:
         raise UserError(f"{what} need about {nbytes / 2**30:,.1f} GiB of memory on {device}, and "
-                        f"{free / 2**30:,.1f} GiB is available: choose smaller sizes")
+                        f"{free / 2**30:,.1f} GiB is available: {advice}")
 
 
 def write_outputs(writers: list[tuple[Path | None, Callable[[Path], None]]]) -> list[str]:

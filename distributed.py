@@ -42,7 +42,7 @@ import torch
 
 import modes
 from parallel.data import DataError
-from parallel.launch import LaunchError, io_nice, launch, run_in_process_group
+from parallel.launch import LaunchError, check_ranks_fit, io_nice, launch, run_in_process_group
 from parallel.trainer import CheckpointError, Config, check_resume, load_data, plot, report, train
 
 
@@ -185,9 +185,7 @@ def check_before_launch(args: argparse.Namespace, config: Config, world_size: in
         io_nice()  # read in every rank; a bad value is found here, before any starts
     except ValueError as e:
         raise cli.UserError(str(e)) from None
-    if args.plot:
-        cli.check_output(args.plot, "--plot")
-        cli.need_matplotlib()
+    cli.check_plot(args.plot, "--plot")
     if args.checkpoint:
         if args.resume and not Path(args.checkpoint).is_file():
             raise cli.UserError(f"--resume: no checkpoint file at {args.checkpoint}")
@@ -210,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun else args.world_size
+    if not under_torchrun:
+        check_ranks_fit(world_size)  # before any stage is built, not after
     reason = modes.available()[args.mode]
     if reason is not None:
         raise cli.UserError(f"mode {args.mode!r} is not available here: {reason}")

@@ -415,7 +415,26 @@ def project(kind: str, n: int, params: int, compute_s: float, optimizer_s: float
             for name, (c, m, mem) in out.items()}
 
 
-def predict(args: argparse.Namespace) -> dict:
+ZERO_VARIANTS = ("compute only", "adam step alone", "dp", "zero")
+
+
+def _zero_record(path: str) -> dict:
+    """A record of ``distributed.py --bench zero``, or one line saying what is wrong with it."""
+    record = cli.read_record(path, "--validate", "zero", "distributed.py --bench zero",
+                             keys=("results", "world_size", "parameters", "hidden", "batch_per_rank"))
+    try:
+        variants = {r["variant"]: r["step_us"] for r in record["results"]}
+    except (TypeError, KeyError):
+        variants = {}
+    missing = [v for v in ZERO_VARIANTS if v not in variants]
+    if missing:
+        raise cli.UserError(f"--validate {path}: no step time for {', '.join(missing)} (a damaged record?)")
+    return record
+
+
+def predict(args: argparse.Namespace, records: list[dict] = ()) -> dict:
+    """The projections, and each of ``records`` (zero benchmark records, read by _zero_record)
+    predicted and compared with what it measured."""
     params = mlp_parameters(args.hidden)
     ranks = [2 ** k for k in range(1, 11)]
     rows = []
@@ -428,8 +447,7 @@ def predict(args: argparse.Namespace) -> dict:
                                        args.batch_per_rank).items():
                 rows.append({"fabric": kind, "ranks": n, "strategy": strategy, **r})
     validation = []
-    for path in args.validate or []:
-        rec = json.loads(Path(path).read_text())
+    for path, rec in zip(args.validate or [], records):
         by = {r["variant"]: r for r in rec["results"]}
         n = rec["world_size"]
         compute, adam = by["compute only"]["step_us"] * 1e-6, by["adam step alone"]["step_us"] * 1e-6
@@ -561,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fit", help="measure point-to-point steps and fit α, β, γ")
     f.add_argument("--world-sizes", default="2,3,4", help="comma-separated, each at least 2")
-    f.add_argument("--rounds", type=int, default=15)
+    f.add_argument("--rounds", type=cli.positive(int), default=15)
     f.add_argument("--json", metavar="PATH", help="write the fit and its residuals here")
     sub.add_parser("show", help="print the committed fit and the algorithm it chooses per size")
     pl = sub.add_parser("plot", help="draw the model against allreduce benchmark records (needs matplotlib)")
@@ -569,13 +587,13 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--out", required=True, metavar="PNG")
     pr = sub.add_parser("predict", help="project step time and scaling of DP, DP + ZeRO, DP × TP to 1024 ranks")
     pr.add_argument("--hidden", default="1024,1024", help="hidden widths of the MLP (32 features in, 10 out)")
-    pr.add_argument("--batch-per-rank", type=int, default=128)
-    pr.add_argument("--compute-ms", type=float,
+    pr.add_argument("--batch-per-rank", type=cli.positive(int), default=128)
+    pr.add_argument("--compute-ms", type=cli.positive(),
                     help="measured computation of one step on one rank here (forward, backward, Adam); "
                          "default: 'compute only' of the first --validate record")
-    pr.add_argument("--optimizer-ms", type=float,
+    pr.add_argument("--optimizer-ms", type=cli.positive(allow_zero=True),
                     help="the part of it that is Adam's step; default: 'adam step alone' of that record")
-    pr.add_argument("--gpu-compute-ms", type=float, default=1.0, help="the same step's computation on a GPU")
+    pr.add_argument("--gpu-compute-ms", type=cli.positive(), default=1.0, help="the same step's computation on a GPU")
     pr.add_argument("--validate", nargs="*", metavar="JSON", help="zero benchmark records to check predictions against")
     pr.add_argument("--json", metavar="PATH")
     pr.add_argument("--plot", metavar="PATH", help="scaling efficiency against ranks (needs matplotlib)")
@@ -587,6 +605,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--world-sizes takes integers separated by commas, got {args.world_sizes!r}")
         if min(sizes) < 2:
             parser.error("every world size must be at least 2 (a fit needs a peer)")
+        if len(set(sizes)) < len(sizes):
+            parser.error(f"--world-sizes {args.world_sizes}: each world size once (the fit keeps one line per size)")
         json_path = cli.check_output(args.json, "--json")  # before minutes of measuring, not after
         record = fit(sizes, args.rounds)
         return cli.publish(fit_table(record), [(json_path, cli.json_writer(record))], "costmodel")
@@ -595,34 +615,40 @@ def main(argv: list[str] | None = None) -> int:
             args.hidden = [int(h) for h in args.hidden.split(",")]
         except ValueError:
             parser.error(f"--hidden takes widths separated by commas, got {args.hidden!r}")
-        json_path, plot_path = cli.check_output(args.json, "--json"), cli.check_output(args.plot, "--plot")
-        if args.plot:
-            cli.need_matplotlib()  # before anything is computed
-        for path in args.validate or []:
-            if not Path(path).is_file():
-                raise cli.UserError(f"--validate: no such file {path}")
+        if min(args.hidden) < 1:
+            parser.error(f"--hidden: every width must be at least 1, got {args.hidden}")
+        # before anything is computed
+        json_path, plot_path = cli.check_output(args.json, "--json"), cli.check_plot(args.plot, "--plot")
+        records = [_zero_record(path) for path in args.validate or []]
         if args.compute_ms is None or args.optimizer_ms is None:
-            if not args.validate:
-                parser.error("--compute-ms is needed (or a --validate record to take it from)")
-            first = {r["variant"]: r for r in json.loads(Path(args.validate[0]).read_text())["results"]}
+            if not records:
+                missing = [f for f, v in (("--compute-ms", args.compute_ms), ("--optimizer-ms", args.optimizer_ms))
+                           if v is None]
+                parser.error(f"{' and '.join(missing)} {'are' if len(missing) > 1 else 'is'} needed (or a "
+                             f"--validate record to take {'them' if len(missing) > 1 else 'it'} from)")
+            first = {r["variant"]: r for r in records[0]["results"]}
             if args.compute_ms is None:
                 args.compute_ms = first["compute only"]["step_us"] / 1e3
             if args.optimizer_ms is None:
                 args.optimizer_ms = first["adam step alone"]["step_us"] / 1e3
-        record = predict(args)
+        if args.optimizer_ms >= args.compute_ms:
+            parser.error(f"--optimizer-ms {args.optimizer_ms:g} is the part of --compute-ms {args.compute_ms:g} that "
+                         "is Adam's step: it must be smaller")
+        record = predict(args, records)
         return cli.publish(predict_table(record), [(json_path, cli.json_writer(record)),
                                                    (plot_path, lambda p: plot_predict(record, p))], "costmodel")
     elif args.command == "plot":
-        cli.check_output(args.out, "--out")
-        for path in args.records:
-            if not Path(path).is_file():
-                raise cli.UserError(f"no such record {path}")
-        cli.need_matplotlib("plot")
-        plot_model([json.loads(Path(p).read_text()) for p in args.records], args.out)
+        records = [cli.read_record(p, "plot", "allreduce", "distributed.py --bench allreduce",
+                                   keys=("world_size", "results")) for p in args.records]
+        cli.check_plot(args.out, "--out")
+        plot_model(records, args.out)
     elif args.command == "show":
+        where = FIT_PATH.relative_to(ROOT)
         if not FIT_PATH.exists():
-            raise cli.UserError(f"{FIT_PATH.relative_to(ROOT)} is missing; run the fit command in this module's help")
-        record = json.loads(FIT_PATH.read_text())
+            raise cli.UserError(f"{where} is missing: git checkout it, or measure a new one with "
+                                f"python -m parallel.costmodel fit --json {where}")
+        record = cli.read_record(str(FIT_PATH), "show", "alphabeta", "python -m parallel.costmodel fit",
+                                 keys=("fits", "threads_per_rank", "device", "torch", "date", "command"))
         print(fit_table(record))
         for w in sorted(fitted_links()):
             print(f"{w} ranks: " + ", ".join(f"{s >> 10} KiB→{choose(w, s, link_for(w))}" for s in SIZES))

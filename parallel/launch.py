@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import cli
+
 
 class LaunchError(RuntimeError):
     """One or more ranks failed; the message names each and its error."""
@@ -151,6 +153,18 @@ def _describe(rank: int, code: int | None, folder: str) -> str:
     return f"rank {rank}: exited with status {code}"
 
 
+# A local rank is a fresh interpreter that imports torch: 217 MiB resident here (Python 3.11,
+# torch 2.13 CPU) before it does any work. Rounded up, it is the floor of what a rank needs.
+RANK_MEMORY_BYTES = 256 << 20
+
+
+def check_ranks_fit(world_size: int) -> None:
+    """Refuse, in one line, more local ranks than this machine's memory can start (a thousand
+    would need about 250 GiB, and swapping to a halt is no error message)."""
+    cli.check_memory(world_size * RANK_MEMORY_BYTES, what=f"{world_size} local ranks",
+                     advice="use fewer ranks (--world-size)")
+
+
 def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend: str = "gloo",
            timeout_s: float = 120.0, threads_per_rank: int | None = None,
            deadline_s: float | None = None) -> list[Any]:
@@ -162,6 +176,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), *, backend
     """
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
+    check_ranks_fit(world_size)
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
     folder = tempfile.mkdtemp(prefix="dense-launch-")
     ctx = mp.get_context("spawn")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 from pathlib import Path
 
@@ -192,21 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "bytes":
         json_path = cli.check_output(args.json, "--json")
     else:
-        cli.check_output(args.out, "--out")
-        cli.need_matplotlib(args.what)
+        cli.check_plot(args.out, "--out")
     if args.what == "bytes":
         record = bytes_record()
         return cli.publish(bytes_table(record), [(json_path, cli.json_writer(record))], "tp_report.py")
     elif args.what == "shards":
         shards_figure(args.out)
     else:
-        try:
-            record = json.loads(Path(args.record).read_text())
-            if record.get("benchmark") != "tp" or "timeline" not in record:
-                raise ValueError("not a --bench tp record")
-        except (OSError, ValueError) as e:
-            print(f"tp_report.py: {args.record}: {e}", file=sys.stderr)
-            return 1
+        record = cli.read_record(args.record, "timeline", "tp", "distributed.py --bench tp", keys=("timeline",))
         timeline_figure(record, args.out)
     return 0
 

@@ -639,3 +639,82 @@ def test_publish_writes_first_prints_then_reports_a_failed_write(tmp_path, capsy
     assert cli.publish("| the table |", [(tmp_path / "s.json", failing)], "x.py") == 1
     out, err = capsys.readouterr()
     assert "| the table |" in out and "x.py: could not write" in err and "No space left" in err
+
+
+# ---------------------------------------------------------------------------
+# Records read from files, figure formats, the number of ranks, the predictor's numbers
+# ---------------------------------------------------------------------------
+
+def test_a_record_that_is_not_the_one_asked_for_is_one_line(tmp_path):
+    files = {"corrupt.json": "{bad", "list.json": "[1, 2]", "allreduce.json": json.dumps({"benchmark": "allreduce"}),
+             "zero.json": json.dumps({"benchmark": "zero"})}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    expected = {"corrupt.json": "not a JSON record (Expecting", "list.json": "not a JSON record (expected an object, got list",
+                "allreduce.json": "a record of kind 'allreduce'; this needs a record of kind 'zero', written by w",
+                "zero.json": "the record lacks results", "absent.json": "no such file"}
+    for name, message in expected.items():
+        with pytest.raises(cli.UserError, match="^--x .*" + name + ": " + message.replace("(", r"\(")):
+            cli.read_record(str(tmp_path / name), "--x", "zero", "w", keys=("results",))
+    with pytest.raises(cli.UserError, match="cannot read it"):
+        cli.read_record(str(tmp_path), "--x")
+    assert cli.read_record(str(tmp_path / "zero.json"), "--x", "zero") == {"benchmark": "zero"}
+
+
+@pytest.mark.plot
+def test_a_figure_name_matplotlib_cannot_write_is_refused_before_any_work(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
+    for name in ("run.txt", "run"):
+        with pytest.raises(cli.UserError, match="matplotlib cannot write"):
+            cli.check_plot(str(tmp_path / name), "--plot")
+    assert cli.check_plot(str(tmp_path / "run.svg")) == tmp_path / "run.svg"
+    started = time.monotonic()
+    result = run_script("distributed.py", "-m", "py", "--epochs", "1", "--plot", str(tmp_path / "run.txt"),
+                        timeout=120)
+    assert result.returncode == 2 and "matplotlib cannot write .txt files" in result.stderr, result.stderr[-2000:]
+    no_traceback(result)
+    assert "epoch" not in result.stdout and time.monotonic() - started < 60
+
+
+def test_more_local_ranks_than_memory_can_start_are_refused_before_any_starts():
+    from parallel.launch import launch
+
+    started = time.monotonic()
+    with pytest.raises(cli.UserError, match="100000 local ranks need about .* use fewer ranks"):
+        launch(print, 100_000)
+    result = run_script("distributed.py", "-m", "py", "--world-size", "100000", timeout=120)
+    assert result.returncode == 2 and "use fewer ranks (--world-size)" in result.stderr, result.stderr[-2000:]
+    no_traceback(result)
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("args, message", [
+    (["predict", "--compute-ms", "12"], "--optimizer-ms is needed (or a --validate record to take it from)"),
+    (["predict"], "--compute-ms and --optimizer-ms are needed"),
+    (["predict", "--compute-ms", "12", "--optimizer-ms", "20"], "it must be smaller"),
+    (["predict", "--compute-ms", "0", "--optimizer-ms", "0"], "must be a finite number > 0, got '0'"),
+    (["predict", "--compute-ms", "nan", "--optimizer-ms", "1"], "must be a finite number > 0, got 'nan'"),
+    (["predict", "--compute-ms", "12", "--optimizer-ms", "2", "--gpu-compute-ms", "-1"], "got '-1'"),
+    (["predict", "--compute-ms", "12", "--optimizer-ms", "2", "--hidden", "64,0"], "every width must be at least 1"),
+    (["predict", "--compute-ms", "12", "--optimizer-ms", "2", "--batch-per-rank", "0"], "must be at least 1"),
+    (["predict", "--validate", "docs/results/allreduce_gloo_w2.json"], "this needs a record of kind 'zero'"),
+    (["predict", "--validate", "{tmp}/no_variants.json"], "no step time for compute only, adam step alone, dp, zero"),
+    (["plot", "docs/results/zero_gloo_w2.json", "--out", "{tmp}/m.png"], "this needs a record of kind 'allreduce'"),
+    (["fit", "--rounds", "0"], "must be at least 1, got '0'"),
+    (["fit", "--world-sizes", "2,2"], "each world size once"),
+], ids=["no-optimizer", "neither", "optimizer-over-compute", "zero", "nan", "negative-gpu", "zero-width",
+        "zero-batch", "validate-allreduce", "validate-damaged", "plot-zero", "fit-rounds", "fit-twice"])
+def test_the_cost_models_commands_refuse_nonsense_in_one_line(tmp_path, args, message):
+    (tmp_path / "no_variants.json").write_text(json.dumps(
+        {"benchmark": "zero", "results": [], "world_size": 2, "parameters": 1, "hidden": [1], "batch_per_rank": 1}))
+    args = [a.format(tmp=tmp_path) for a in args]
+    result = run_script("-m", "parallel.costmodel", *args, timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    no_traceback(result)
+    assert message in result.stderr.strip().splitlines()[-1]  # argparse's usage lines may come first
+
+
+@pytest.mark.parametrize("size", ["0", "1", "-1"])
+def test_ionice_asks_for_two_ranks_or_more_in_the_same_words(size):
+    result = run_script("-m", "parallel.ionice", "--world-size", size, timeout=60)
+    assert result.returncode == 2 and "--world-size must be at least 2 (a collective needs a peer)" in result.stderr
