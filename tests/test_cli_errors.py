@@ -650,7 +650,8 @@ def test_a_record_that_is_not_the_one_asked_for_is_one_line(tmp_path):
              "zero.json": json.dumps({"benchmark": "zero"})}
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    expected = {"corrupt.json": "not a JSON record (Expecting", "list.json": "not a JSON record (expected an object, got list",
+    expected = {"corrupt.json": "not a JSON record (Expecting",
+                "list.json": "not a JSON record (expected an object, got list",
                 "allreduce.json": "a record of kind 'allreduce'; this needs a record of kind 'zero', written by w",
                 "zero.json": "the record lacks results", "absent.json": "no such file"}
     for name, message in expected.items():
@@ -718,3 +719,13 @@ def test_the_cost_models_commands_refuse_nonsense_in_one_line(tmp_path, args, me
 def test_ionice_asks_for_two_ranks_or_more_in_the_same_words(size):
     result = run_script("-m", "parallel.ionice", "--world-size", size, timeout=60)
     assert result.returncode == 2 and "--world-size must be at least 2 (a collective needs a peer)" in result.stderr
+
+
+def test_a_rank_that_has_imported_torch_fits_in_what_the_launcher_counts_for_it():
+    from parallel.launch import RANK_MEMORY_BYTES
+
+    code = "import resource, torch; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"  # KiB on Linux
+    if not sys.platform.startswith("linux"):
+        pytest.skip("ru_maxrss is in KiB on Linux only")
+    peak = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout) * 1024
+    assert RANK_MEMORY_BYTES / 4 < peak < RANK_MEMORY_BYTES, peak

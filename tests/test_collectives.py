@@ -336,7 +336,8 @@ def test_predict_validation_shows_the_models_communication_and_the_all_reduce_in
                {"variant": "dp", "step_us": 20000.0, "allreduce_in_step_us_by_rank": [6000.0, 4500.0],
                 "allreduce_in_step_waiting_us_by_rank": [1500.0, 0.0]},
                {"variant": "zero", "step_us": 18000.0}]
-    record = {"world_size": 2, "parameters": costmodel.mlp_parameters([64]), "hidden": [64], "batch_per_rank": 8,
+    record = {"benchmark": "zero", "world_size": 2, "parameters": costmodel.mlp_parameters([64]), "hidden": [64],
+              "batch_per_rank": 8,
               "results": results}
     new, old = tmp_path / "new.json", tmp_path / "old.json"
     new.write_text(json.dumps(record))
