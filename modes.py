@@ -25,6 +25,7 @@ import math
 import os
 import shutil
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -356,6 +357,9 @@ def _jit_build(name: str, sources: Sequence[Path], build_dir: Path, extra_ldflag
                          + f"\nfull log: {log}") from None
 
 
+QUIET_WAIT_S = 2.0  # how long a process waits on the build lock before it says so
+
+
 @contextlib.contextmanager
 def _build_guard(build_dir: Path) -> Iterator[None]:
     """Hold an OS lock on the build folder while torch builds or loads the extension there.
@@ -365,16 +369,24 @@ def _build_guard(build_dir: Path) -> Iterator[None]:
     waits for it forever. An flock, unlike that file, is released by the kernel when its
     holder dies, however it dies. So whoever holds our flock is the only process of ours
     building here, and a ``lock`` file it finds is stale: it is removed before torch looks.
-    (Another build in progress makes us wait on the flock, which ends when that build does.)
+    (Another build in progress makes us wait on the flock, which ends when that build does.
+    Ranks that load a built extension at once hold it in turn for a moment each: the message
+    comes only after QUIET_WAIT_S, so that they do not all announce a build that is not there.)
     """
     import fcntl
 
     with open(build_dir / "build.flock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another process building in {build_dir}...", file=sys.stderr, flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        deadline = time.monotonic() + QUIET_WAIT_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    print(f"waiting for another process building in {build_dir}...", file=sys.stderr, flush=True)
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+                    break
+                time.sleep(0.02)
         stale = build_dir / "lock"
         if stale.exists():
             print(f"removing {stale}, left by a build that was killed", file=sys.stderr, flush=True)

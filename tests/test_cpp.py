@@ -175,6 +175,37 @@ def test_a_live_build_is_waited_for_not_broken(ops):
     assert proc.returncode == 0 and "loaded" in out, err
 
 
+@pytest.mark.parametrize("held_s, quiet_s, says", [(0.3, 2.0, False), (0.6, 0.2, True)])
+def test_the_build_lock_is_announced_only_when_held_for_long(tmp_path, capsys, monkeypatch, held_s, quiet_s, says):
+    """Ranks loading a built extension at once hold the build lock in turn, for a moment each:
+    none should announce a build in progress (distributed.py -m cpp printed it three times).
+    A lock held longer than modes.QUIET_WAIT_S is announced."""
+    import fcntl
+    import threading
+    import time
+
+    monkeypatch.setattr(modes, "QUIET_WAIT_S", quiet_s, raising=False)
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:  # another open file description: flock conflicts with it, as with another process
+        with open(tmp_path / "build.flock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            held.set()
+            release.wait(10)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(10)
+    threading.Timer(held_s, release.set).start()
+    started = time.monotonic()
+    with modes._build_guard(tmp_path):
+        waited = time.monotonic() - started
+    thread.join(10)
+    assert waited >= held_s * 0.9  # it did wait for the holder
+    assert ("waiting for another process" in capsys.readouterr().err) == says
+
+
 def test_a_failing_build_raises_a_short_build_error(tmp_path):
     import shutil
 
