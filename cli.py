@@ -8,9 +8,9 @@ A user's mistake gets one line and an exit status, never a traceback:
 - memory that cannot be allocated: one line saying so, exit 1.
 
 Outputs and optional dependencies are checked before the work starts (``check_output``,
-``need_matplotlib``, ``check_plot``, ``check_memory``), and records read from files get one
-line for whatever is wrong with them (``read_record``). Output paths are never invented: a missing folder is
-an error, not created, so a typo does not scatter folders. Results are written with
+``need_matplotlib``, ``check_plot``, ``check_memory``), and a record read from a file gets one
+line for whatever is wrong with it (``read_record``). Output paths are never invented: a
+missing folder is an error, not created, so a typo does not scatter folders. Results are written with
 ``write_outputs``, which never loses what was computed: a file that fails to write is
 reported after the results were printed.
 

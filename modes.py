@@ -375,18 +375,21 @@ def _build_guard(build_dir: Path) -> Iterator[None]:
     """
     import fcntl
 
-    with open(build_dir / "build.flock", "w") as handle:
-        deadline = time.monotonic() + QUIET_WAIT_S
+    def locked_within(handle, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
         while True:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                return True
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    print(f"waiting for another process building in {build_dir}...", file=sys.stderr, flush=True)
-                    fcntl.flock(handle, fcntl.LOCK_EX)
-                    break
+                if time.monotonic() >= deadline:
+                    return False
                 time.sleep(0.02)
+
+    with open(build_dir / "build.flock", "w") as handle:
+        if not locked_within(handle, QUIET_WAIT_S):
+            print(f"waiting for another process building in {build_dir}...", file=sys.stderr, flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         stale = build_dir / "lock"
         if stale.exists():
             print(f"removing {stale}, left by a build that was killed", file=sys.stderr, flush=True)

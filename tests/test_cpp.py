@@ -184,7 +184,7 @@ def test_the_build_lock_is_announced_only_when_held_for_long(tmp_path, capsys, m
     import threading
     import time
 
-    monkeypatch.setattr(modes, "QUIET_WAIT_S", quiet_s, raising=False)
+    monkeypatch.setattr(modes, "QUIET_WAIT_S", quiet_s)
     held, release = threading.Event(), threading.Event()
 
     def holder() -> None:  # another open file description: flock conflicts with it, as with another process
