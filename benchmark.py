@@ -807,9 +807,7 @@ def rounds_arg(text: str) -> int | str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__[__doc__.index("Examples:"):],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     size = cli.positive(int)
     parser.add_argument("-m", "--mode", choices=[*modes.MODES, "all"], default="all")
     parser.add_argument("-b", "--batch", type=size, help="batch size B (default 1024)")

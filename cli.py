@@ -12,7 +12,9 @@ Outputs and optional dependencies are checked before the work starts (``check_ou
 line for whatever is wrong with it (``read_record``). Output paths are never invented: a
 missing folder is an error, not created, so a typo does not scatter folders. Results are written with
 ``write_outputs``, which never loses what was computed: a file that fails to write is
-reported after the results were printed.
+reported after the results were printed. A script's parser comes from its docstring
+(``parser``; ``command`` for a subcommand, whose --help shows the examples that run it), and
+messages name the script as it was typed (``python -m parallel.costmodel`` for a module).
 
     def main(argv=None) -> int: ...
     if __name__ == "__main__":
@@ -55,13 +57,41 @@ class UserError(Exception):
 
 
 def _prog() -> str:
+    """The script's name as the user typed it: ``benchmark.py``, or ``python -m parallel.costmodel``
+    for a module run with -m (which cannot run by its file name: its imports need the root)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name and not spec.name.endswith("__main__"):
+        return f"python -m {spec.name}"
     return Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
 
 
-def _out_of_memory(e: BaseException) -> bool:
-    import torch
+def _examples(doc: str) -> str:
+    return doc[doc.index("Examples:"):]
 
-    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A script's parser, from its docstring: the first paragraph above the options, the
+    paragraph from "Examples:" on below them, as written."""
+    return argparse.ArgumentParser(prog=_prog(), description=doc.split("\n\n")[0], epilog=_examples(doc),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def command(sub: argparse._SubParsersAction, name: str, doc: str, help: str) -> argparse.ArgumentParser:
+    """A subcommand whose --help ends with the docstring's examples that run it (every one
+    must have at least one: tests/test_cli_errors.py checks)."""
+    def runs(line: str) -> bool:  # "python -m pkg.mod NAME ..." or "python dir/script.py NAME ..."
+        words = line.split("#")[0].split()
+        return words[:1] == ["python"] and words[3 if words[1:2] == ["-m"] else 2:][:1] == [name]
+
+    lines = [line for line in _examples(doc).splitlines() if runs(line)]
+    return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                          epilog="Examples:\n" + "\n".join(lines) + "\n",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    torch = sys.modules.get("torch")  # not imported: not torch's error (and importing it may be what failed)
+    return isinstance(e, MemoryError) or (torch is not None and isinstance(e, torch.OutOfMemoryError)) or (
         isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
 
 
@@ -236,12 +266,12 @@ def json_writer(record: dict, indent: int = 2) -> Callable[[Path], None]:
     return lambda path: Path(path).write_text(json.dumps(record, indent=indent) + "\n")
 
 
-def publish(text: str, writers: list[tuple[Path | None, Callable[[Path], None]]], prog: str) -> int:
+def publish(text: str, writers: list[tuple[Path | None, Callable[[Path], None]]], prog: str | None = None) -> int:
     """The end of a script: files first (a reader that closes stdout early must not cost them),
     then ``text`` on stdout, then one line per file that failed to write. Returns the exit
     status: 1 if a file failed, else 0. Nothing computed is lost either way."""
     errors = write_outputs(writers)
     print(text, flush=True)
     for e in errors:
-        print(f"{prog}: {e}", file=sys.stderr)
+        print(f"{prog or _prog()}: {e}", file=sys.stderr)
     return 1 if errors else 0

@@ -68,8 +68,7 @@ def parse_seed(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Examples:"):],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser(__doc__)
     p.add_argument("-m", "--mode", choices=modes.MODES, default="py", help="which Dense implementation")
     count = cli.positive(int)
     p.add_argument("--world-size", type=count, default=2, help="local ranks to start (ignored under torchrun)")

@@ -117,9 +117,7 @@ def run_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__[__doc__.index("Examples:"):],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     size = cli.positive(int)
     parser.add_argument("mode", choices=[*modes.MODES, "all"])
     parser.add_argument("-b", "--batch", type=size, default=8)

@@ -9,13 +9,11 @@ Examples:
   python cpp/overhead.py                              # print the table
   python cpp/overhead.py --rounds 10 -b 32            # another size
   python cpp/overhead.py --json /tmp/overhead.json    # also write the JSON record
-The committed docs/results/cpp_overhead.json comes from
-  python cpp/overhead.py --rounds 40 --json docs/results/cpp_overhead.json
+(docs/results/cpp_overhead.json records the command that wrote it; docs/README.md lists them all.)
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import subprocess
 import sys
@@ -125,9 +123,7 @@ def render(record: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__[__doc__.index("Examples:"):],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("-b", "--batch", type=int, default=1)
     parser.add_argument("-i", "--in-features", type=int, default=64)
     parser.add_argument("-o", "--out-features", type=int, default=64)
@@ -145,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipping {m}: {reasons[m]}", file=sys.stderr)
     record = measure(args.batch, args.in_features, args.out_features, getattr(torch, args.dtype), selected,
                      args.rounds)
-    return cli.publish(render(record), [(json_path, cli.json_writer(record))], "overhead.py")
+    return cli.publish(render(record), [(json_path, cli.json_writer(record))])
 
 
 if __name__ == "__main__":

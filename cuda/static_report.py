@@ -13,13 +13,12 @@ Examples:
   python cuda/static_report.py                                  # print the table, write nothing
   python cuda/static_report.py --json /tmp/static.json          # also write the JSON
   python cuda/static_report.py --no-sass                        # ptxas figures only
-The committed table (cuda/README.md, "Static figures") comes from:
-  python cuda/static_report.py --json docs/results/cuda_static_sm90.json && python docs/render.py
+(The committed table, cuda/README.md's "Static figures", is docs/results/cuda_static_sm90.json
+rendered by docs/render.py; the record holds the command that wrote it, docs/README.md lists them all.)
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import json
@@ -646,8 +645,7 @@ def _other_table(record: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     doc = __doc__ or ""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc[doc.index("Examples:"):],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(doc)
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--source", action="append", metavar="FILE",
                         help=f"CUDA file(s) with the entry points (default: {' '.join(DEFAULT_SOURCES)})")
@@ -685,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": " ".join(["python cuda/static_report.py", *(sys.argv[1:] if argv is None else argv)]),
               "kernels": report.kernels, "other_kernels": report.other_kernels, "timings": joined,
               "warnings": report.warnings}
-    status = cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))], "static_report.py")
+    status = cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))])
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return status

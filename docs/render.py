@@ -17,7 +17,6 @@ Examples:
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import cli  # noqa: E402
 
 MARK = re.compile(r"(<!-- (\w+): (\S+) -->\n)(.*?)(<!-- end \2 -->)", re.S)
 
@@ -70,9 +71,7 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__[__doc__.index("Examples:"):],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale")
     args = parser.parse_args(argv)
     stale = []
@@ -92,6 +91,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import cli
-
     cli.run(main)

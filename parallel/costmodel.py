@@ -30,10 +30,12 @@ the term stays because with it the model picks the ring at 64 MiB, which beat tw
 at 2, 3 and 4 ranks: parallel/collectives.md, "A model of the cost".)
 
 Examples:
+  python -m parallel.costmodel fit --world-sizes 2 --rounds 2          # a quick look: 2 ranks, about 10 s
   python -m parallel.costmodel fit --json /tmp/alphabeta.json          # measure and fit, W = 2, 3, 4
   python -m parallel.costmodel show                                     # the committed fit and its choices
   python -m parallel.costmodel plot docs/results/allreduce_gloo_w2.json --out /tmp/model.png
   python -m parallel.costmodel predict --compute-ms 12 --optimizer-ms 2 --json /tmp/predict.json
+  python -m parallel.costmodel predict --validate docs/results/zero_gloo_w2.json   # compute taken from the record
 (docs/results/alphabeta_gloo.json records the command that wrote it.)
 """
 
@@ -43,8 +45,10 @@ import argparse
 import datetime
 import json
 import math
+import os
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,6 +248,7 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     import torch.distributed as dist
 
     from benchmark import measure
+    from parallel.launch import io_threads
     from parallel.ring import _exchange, _peers, _post, _wait
 
     rank, n, right, left = _peers(None)
@@ -273,6 +278,7 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     # 0.140 in the next fit, taken after the receives).
     for nbytes, (send, recv) in bufs.items():
         out["add"][nbytes] = measure({"add": lambda s=send, r=recv: s.add_(r)}, rounds=5, warmup=1)["add"].median
+    out["io_nices"] = [os.getpriority(os.PRIO_PROCESS, tid) for tid in io_threads()]  # as it took effect
     dist.barrier()
     return out
 
@@ -304,18 +310,22 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
     import torch
 
     from benchmark import describe_device
-    from parallel.launch import launch
+    from parallel.launch import io_nice, launch
 
     fits = {}
     for w in world_sizes:
         ranks = launch(_p2p_job, w, (SIZES, rounds), threads_per_rank=1, timeout_s=120, deadline_s=900)
         alpha, beta, points = _fit_steps(ranks, "steps")
+        nices = Counter(v for r in ranks for v in r["io_nices"])
         adds = [(nbytes, max(r["add"][nbytes] for r in ranks) * 1e-6) for nbytes in SIZES]
         gamma = fit_line([a for a in adds if a[0] >= 1 << 20])[1]  # memory-bound sizes: in cache it is faster
         fits[str(w)] = {
             "alpha_s": alpha, "beta_s_per_byte": beta, "gamma_s_per_byte": gamma,
             "bandwidth_gbs": 1e-9 / beta, "add_gbs": 1e-9 / gamma, "points": points,
             "add_points": [{"bytes": m, "measured_us": t * 1e6} for m, t in adds],
+            # how many of gloo's I/O threads, over all ranks, had each niceness (as in the
+            # benchmarks' records: parallel/launch.py, lower_io_priority)
+            "gloo_io_thread_nices": {str(v): nices[v] for v in sorted(nices)},
         }
         text = ""
         if w > 2:  # with 2 ranks a direct step is a ring step: one message each way
@@ -326,7 +336,7 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
         print(f"{w} ranks: α = {alpha * 1e6:.1f} µs, β = {beta * 1e9:.3f} ns/byte ({1e-9 / beta:.2f} GB/s), "
               f"γ = {gamma * 1e9:.3f} ns/byte{text}", flush=True)
     return {"benchmark": "alphabeta", "device": describe_device("cpu"), "torch": torch.__version__,
-            "backend": "gloo", "threads_per_rank": 1,
+            "backend": "gloo", "threads_per_rank": 1, "gloo_io_nice": io_nice(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
             "method": "per size: median over rounds (all sizes interleaved in each round; a barrier, then 4 timed "
@@ -356,7 +366,9 @@ def fit_table(record: dict) -> str:
                     + " ".join(f"{r:+.0f}%" for r in res) + " " + direct)
     rows.append(f"\nOne step = one ring._exchange between neighbours; a direct step sends the same bytes to the "
                 f"n − 1 others at once (with 2 ranks it is a ring step); slowest rank, median; on gloo, "
-                f"{record['threads_per_rank']} thread per rank, {record['device']}, torch {record['torch']}, "
+                f"{record['threads_per_rank']} thread per rank"
+                + (f", gloo's I/O threads at niceness {record['gloo_io_nice']}" if "gloo_io_nice" in record else "")
+                + f", {record['device']}, torch {record['torch']}, "
                 f"{record['date']}: `{record['command']}`")
     return "\n".join(rows)
 
@@ -574,18 +586,17 @@ RENDERERS = {"alphabeta": fit_table, "model": model_table, "predict": predict_ta
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Examples:"):],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("fit", help="measure point-to-point steps and fit α, β, γ")
+    f = cli.command(sub, "fit", __doc__, "measure point-to-point steps and fit α, β, γ")
     f.add_argument("--world-sizes", default="2,3,4", help="comma-separated, each at least 2")
     f.add_argument("--rounds", type=cli.positive(int), default=15)
     f.add_argument("--json", metavar="PATH", help="write the fit and its residuals here")
-    sub.add_parser("show", help="print the committed fit and the algorithm it chooses per size")
-    pl = sub.add_parser("plot", help="draw the model against allreduce benchmark records (needs matplotlib)")
+    cli.command(sub, "show", __doc__, "print the committed fit and the algorithm it chooses per size")
+    pl = cli.command(sub, "plot", __doc__, "draw the model against allreduce benchmark records (needs matplotlib)")
     pl.add_argument("records", nargs="+", help="JSON written by distributed.py --bench allreduce")
     pl.add_argument("--out", required=True, metavar="PNG")
-    pr = sub.add_parser("predict", help="project step time and scaling of DP, DP + ZeRO, DP × TP to 1024 ranks")
+    pr = cli.command(sub, "predict", __doc__, "project step time and scaling of DP, DP + ZeRO, DP × TP to 1024 ranks")
     pr.add_argument("--hidden", default="1024,1024", help="hidden widths of the MLP (32 features in, 10 out)")
     pr.add_argument("--batch-per-rank", type=cli.positive(int), default=128)
     pr.add_argument("--compute-ms", type=cli.positive(),
@@ -609,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--world-sizes {args.world_sizes}: each world size once (the fit keeps one line per size)")
         json_path = cli.check_output(args.json, "--json")  # before minutes of measuring, not after
         record = fit(sizes, args.rounds)
-        return cli.publish(fit_table(record), [(json_path, cli.json_writer(record))], "costmodel")
+        return cli.publish(fit_table(record), [(json_path, cli.json_writer(record))])
     elif args.command == "predict":
         try:
             args.hidden = [int(h) for h in args.hidden.split(",")]
@@ -636,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
                          "is Adam's step: it must be smaller")
         record = predict(args, records)
         return cli.publish(predict_table(record), [(json_path, cli.json_writer(record)),
-                                                   (plot_path, lambda p: plot_predict(record, p))], "costmodel")
+                                                   (plot_path, lambda p: plot_predict(record, p))])
     elif args.command == "plot":
         records = [cli.read_record(p, "plot", "allreduce", "distributed.py --bench allreduce",
                                    keys=("world_size", "results")) for p in args.records]

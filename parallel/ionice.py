@@ -18,7 +18,6 @@ Examples:
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import statistics
@@ -143,8 +142,7 @@ def table(record: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Examples:"):],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(__doc__)
     parser.add_argument("--world-size", type=int, default=2, help="ranks per launch (at least 2)")
     parser.add_argument("--pairs", type=cli.positive(int), default=3, help="pairs of launches (nice 0, then 19)")
     parser.add_argument("--rounds", type=cli.positive(int), default=600, help="calls of each variant per launch")
@@ -156,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.UserError("thread priorities and /proc are read the Linux way; this needs Linux")
     json_path = cli.check_output(args.json, "--json")  # before minutes of measuring, not after
     record = run(args.world_size, args.pairs, args.rounds)
-    return cli.publish(table(record), [(json_path, cli.json_writer(record))], "ionice")
+    return cli.publish(table(record), [(json_path, cli.json_writer(record))])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ The chapter's files come from the same commands with --json docs/results/tp_byte
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import sys
 from pathlib import Path
@@ -176,14 +175,13 @@ def timeline_figure(record: dict, path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Examples:"):],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser(__doc__)
     sub = p.add_subparsers(dest="what", required=True)
-    b = sub.add_parser("bytes", help="measure the bytes each rank sends in one step, against the formula")
+    b = cli.command(sub, "bytes", __doc__, "measure the bytes each rank sends in one step, against the formula")
     b.add_argument("--json", metavar="PATH")
-    s = sub.add_parser("shards", help="draw which rank holds which shard (needs matplotlib)")
+    s = cli.command(sub, "shards", __doc__, "draw which rank holds which shard (needs matplotlib)")
     s.add_argument("--out", metavar="PATH", required=True)
-    t = sub.add_parser("timeline", help="draw the overlap timeline from a --bench tp JSON (needs matplotlib)")
+    t = cli.command(sub, "timeline", __doc__, "draw the overlap timeline from a --bench tp JSON (needs matplotlib)")
     t.add_argument("record", metavar="JSON")
     t.add_argument("--out", metavar="PATH", required=True)
     args = p.parse_args(argv)
@@ -194,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         cli.check_plot(args.out, "--out")
     if args.what == "bytes":
         record = bytes_record()
-        return cli.publish(bytes_table(record), [(json_path, cli.json_writer(record))], "tp_report.py")
+        return cli.publish(bytes_table(record), [(json_path, cli.json_writer(record))])
     elif args.what == "shards":
         shards_figure(args.out)
     else:

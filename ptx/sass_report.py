@@ -12,13 +12,12 @@ nvidia-cuda-nvdisasm); nvcc too unless --generated names the compiler's PTX.
 Examples:
   python ptx/sass_report.py                          # print the comparison, write nothing
   python ptx/sass_report.py --json /tmp/sass.json
-The committed figures in ptx/README.md come from:
-  python ptx/sass_report.py --json docs/results/ptx_sass_sm90.json && python docs/render.py
+(The committed figures in ptx/README.md are docs/results/ptx_sass_sm90.json rendered by
+docs/render.py; the record holds the command that wrote it, docs/README.md lists them all.)
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib.util
 import os
@@ -219,8 +218,7 @@ def table(record: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     doc = __doc__ or ""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog=doc[doc.index("Examples:"):],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.parser(doc)
     parser.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     parser.add_argument("--ptx", default=str(EDITED), metavar="PATH", help="the hand-edited PTX (default: %(default)s)")
     parser.add_argument("--generated", metavar="PATH",
@@ -237,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     record = build(Path(args.ptx).resolve(), args.generated)
     record["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record["command"] = " ".join(["python ptx/sass_report.py", *(sys.argv[1:] if argv is None else argv)])
-    return cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))], "sass_report.py")
+    return cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))])
 
 
 if __name__ == "__main__":

@@ -360,8 +360,13 @@ def test_fast_gradcheck_runs_where_the_full_one_is_refused():
 OUTPUT_FLAGS = ("--json", "--plot", "--checkpoint")
 
 
-def help_examples(script: str) -> list[list[str]]:
-    text = run_script(script, "--help").stdout
+def help_examples(*invocation: str) -> list[list[str]]:
+    result = run_script(*invocation, "--help")
+    assert result.returncode == 0, result.stderr
+    # The usage line shows the command as typed (python -m for a module, which has no other way to run).
+    typed = " ".join(("python", *invocation) if invocation[0] == "-m" else (Path(invocation[0]).name, *invocation[1:]))
+    assert result.stdout.startswith(f"usage: {typed} "), result.stdout.splitlines()[0]
+    text = result.stdout
     examples = text[text.index("Examples:"):].replace("\\\n", " ")
     commands = []
     for line in examples.splitlines()[1:]:
@@ -371,14 +376,23 @@ def help_examples(script: str) -> list[list[str]]:
     return commands
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_help_examples_never_write_a_tracked_file(script):
+# Every script and subcommand that has --help: the commands of the chapters and docs/README.md.
+INVOCATIONS = [(s,) for s in SCRIPTS] + [
+    ("-m", "parallel.ionice"), ("cpp/overhead.py",), ("cuda/static_report.py",), ("ptx/sass_report.py",),
+    *[("-m", "parallel.costmodel", c) for c in ("fit", "show", "plot", "predict")],
+    *[("parallel/tp_report.py", c) for c in ("bytes", "shards", "timeline")]]
+
+
+@pytest.mark.parametrize("invocation", INVOCATIONS, ids=" ".join)
+def test_help_examples_never_write_a_tracked_file(invocation):
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")
     tracked_files = set(tracked.stdout.splitlines())
-    commands = help_examples(script)
-    assert commands, f"{script} --help shows no example"
+    commands = help_examples(*invocation)
+    script = " ".join(invocation)
+    # at least one example runs what this --help is about (a subcommand's, that subcommand)
+    assert any(argv[1:1 + len(invocation)] == list(invocation) for argv in commands), f"{script} --help: no example"
     for argv in commands:
         outputs = [argv[k + 1] for k, a in enumerate(argv[:-1]) if a in OUTPUT_FLAGS]
         for out in outputs:

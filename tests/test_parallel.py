@@ -462,6 +462,22 @@ def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path):
     assert record["gloo_io_thread_nices"] == {"7": 2}  # one group, one I/O thread per rank
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
+def test_the_fit_record_says_what_priority_the_io_threads_had(tmp_path):
+    """The α-β fit, like the benchmarks, records the setting and what the ranks' I/O threads had."""
+    from parallel.launch import IO_NICE_VAR
+
+    out = tmp_path / "fit.json"
+    result = run_script("-m", "parallel.costmodel", "fit", "--world-sizes", "2", "--rounds", "1", "--json", str(out),
+                        timeout=180, env={IO_NICE_VAR: "7"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["gloo_io_nice"] == 7
+    assert record["fits"]["2"]["gloo_io_thread_nices"] == {"7": 2}
+    assert "gloo's I/O threads at niceness 7" in result.stdout
+
+
 def clocks_compared(unreadable_on: int | None) -> bool:
     """Inside a rank: bench._one_clock, with the boot id unreadable on one rank if asked."""
     from parallel import bench
