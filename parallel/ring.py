@@ -42,7 +42,9 @@ OPS = ("sum", "avg")
 # intervals apart; in the next (63a1e37) every interval overlapped; in the next (82acef5)
 # 1 MiB beat 16 MiB pieces at 16 and 64 MiB with 2 ranks; in the run at commit 8d8745e 4 MiB
 # had the best median, or shared it, in 8 of 9 rows; in the latest
-# (docs/results/allreduce_gloo_w*.json) in 6 of 9, its interval above both others' in 1.
+# (docs/results/allreduce_gloo_w*.json) in 6 of 9, its interval above both others' in 1. On a
+# second machine (allreduce_gloo_w*_epyc.json) 1 MiB pieces had the best median at 16 MiB
+# (intervals apart from the others' with 4 ranks), and 16 MiB pieces at 64 MiB with 4 ranks.
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
@@ -99,8 +101,9 @@ LATE_SENDS = True
 def _buffer(numel: int, like: Tensor) -> Tensor:
     """Scratch space of ``numel`` elements, reused across calls (one per thread, dtype and device).
 
-    A fresh receive buffer on every call made the ring up to 15% slower at 4 MiB (the allreduce
-    benchmark measures it: parallel/collectives.md, "A buffer per call, and a wait per send").
+    A fresh receive buffer on every call made the ring up to 15% slower at 4 MiB on one machine,
+    and with 4 ranks on another took 15% less time at 4 MiB (the allreduce benchmark measures it:
+    parallel/collectives.md, "A buffer per call, and a wait per send").
     Nothing returned to a caller lives here, and a collective is done with it when it returns,
     so the next call on the same thread may overwrite it.
     """
