@@ -266,12 +266,12 @@ def json_writer(record: dict, indent: int = 2) -> Callable[[Path], None]:
     return lambda path: Path(path).write_text(json.dumps(record, indent=indent) + "\n")
 
 
-def publish(text: str, writers: list[tuple[Path | None, Callable[[Path], None]]], prog: str | None = None) -> int:
+def publish(text: str, writers: list[tuple[Path | None, Callable[[Path], None]]]) -> int:
     """The end of a script: files first (a reader that closes stdout early must not cost them),
     then ``text`` on stdout, then one line per file that failed to write. Returns the exit
     status: 1 if a file failed, else 0. Nothing computed is lost either way."""
     errors = write_outputs(writers)
     print(text, flush=True)
     for e in errors:
-        print(f"{prog or _prog()}: {e}", file=sys.stderr)
+        print(f"{_prog()}: {e}", file=sys.stderr)
     return 1 if errors else 0

@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import math
-import os
 import statistics
 import sys
 import time
@@ -39,7 +38,7 @@ from parallel import data as data_mod
 from parallel import ring
 from parallel.collectives import ALGORITHMS, all_reduce, choose
 from parallel.costmodel import PREDICT, link_for, size_label, warm_up
-from parallel.launch import io_nice, io_threads
+from parallel.launch import io_nice, io_thread_nices
 from parallel.reducer import GradReducer, world
 from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
 from parallel.tp_report import bytes_table
@@ -92,11 +91,8 @@ def _io_thread_nices() -> dict[str, int]:
     """How many of gloo's I/O threads, over all ranks, have each niceness now: the setting
     (``io_nice()``) as it took effect. A thread that ``lower_io_priority`` missed shows here."""
     counts = torch.zeros(40, dtype=torch.int64)  # niceness -20 … 19
-    for tid in io_threads():
-        try:
-            counts[os.getpriority(os.PRIO_PROCESS, tid) + 20] += 1
-        except OSError:  # the thread ended meanwhile
-            continue
+    for nice in io_thread_nices():
+        counts[nice + 20] += 1
     ring_all_reduce_host(counts)  # every rank calls _header, so every rank takes part
     return {str(i - 20): int(c) for i, c in enumerate(counts.tolist()) if c}
 

@@ -45,7 +45,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import statistics
 import sys
 from collections import Counter
@@ -248,7 +247,7 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     import torch.distributed as dist
 
     from benchmark import measure
-    from parallel.launch import io_threads
+    from parallel.launch import io_thread_nices
     from parallel.ring import _exchange, _peers, _post, _wait
 
     rank, n, right, left = _peers(None)
@@ -278,7 +277,7 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     # 0.140 in the next fit, taken after the receives).
     for nbytes, (send, recv) in bufs.items():
         out["add"][nbytes] = measure({"add": lambda s=send, r=recv: s.add_(r)}, rounds=5, warmup=1)["add"].median
-    out["io_nices"] = [os.getpriority(os.PRIO_PROCESS, tid) for tid in io_threads()]  # as it took effect
+    out["io_nices"] = io_thread_nices()
     dist.barrier()
     return out
 

@@ -53,7 +53,7 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
     from benchmark import measure
     from parallel.collectives import all_reduce
     from parallel.costmodel import size_label, warm_up
-    from parallel.launch import io_threads
+    from parallel.launch import io_thread_nices
     from parallel.ring import _peers
 
     warm_up(*_peers(None)[2:])
@@ -66,8 +66,7 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
     # number=1: every sample is one call, so the stalls show as single slow calls
     stats = measure(fns, rounds=rounds, warmup=3, number=1, order="shuffle")
     share = (_io_cpu_s() - cpu) / (time.perf_counter() - start)
-    nices = [os.getpriority(os.PRIO_PROCESS, tid) for tid in io_threads()]
-    return {"samples": {k: s.samples for k, s in stats.items()}, "io_cpu_share": share, "io_nices": nices}
+    return {"samples": {k: s.samples for k, s in stats.items()}, "io_cpu_share": share, "io_nices": io_thread_nices()}
 
 
 def run(world_size: int, pairs: int, rounds: int) -> dict:

@@ -110,6 +110,18 @@ def io_threads() -> list[int]:
     return tids
 
 
+def io_thread_nices() -> list[int]:
+    """The niceness each of this process's gloo I/O threads has now (``lower_io_priority`` as it
+    took effect): what the benchmark and fit records report."""
+    nices = []
+    for tid in io_threads():
+        try:
+            nices.append(os.getpriority(os.PRIO_PROCESS, tid))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return nices
+
+
 def run_in_process_group(fn: Callable[..., Any], args: tuple, backend: str, timeout_s: float,
                          init_method: str = "env://", rank: int | None = None,
                          world_size: int | None = None) -> Any:

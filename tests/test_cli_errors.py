@@ -648,11 +648,11 @@ def test_publish_writes_first_prints_then_reports_a_failed_write(tmp_path, capsy
         raise OSError(28, "No space left on device")
 
     good = tmp_path / "r.json"
-    assert cli.publish("| the table |", [(good, cli.json_writer({"a": 1})), (None, failing)], "x.py") == 0
+    assert cli.publish("| the table |", [(good, cli.json_writer({"a": 1})), (None, failing)]) == 0
     assert json.loads(good.read_text()) == {"a": 1} and "| the table |" in capsys.readouterr().out
-    assert cli.publish("| the table |", [(tmp_path / "s.json", failing)], "x.py") == 1
+    assert cli.publish("| the table |", [(tmp_path / "s.json", failing)]) == 1
     out, err = capsys.readouterr()
-    assert "| the table |" in out and "x.py: could not write" in err and "No space left" in err
+    assert "| the table |" in out and f"{cli._prog()}: could not write" in err and "No space left" in err
 
 
 # ---------------------------------------------------------------------------
