@@ -140,33 +140,39 @@ def _rounds(nbytes: int) -> int:
     return 100 if nbytes < 16 << 20 else 40 if nbytes < 64 << 20 else 20
 
 
-# A variant as it was -> (the present variant, a fresh buffer per call, a wait per send)
-BEFORE = {"ring, a fresh buffer per call (before)": ("ring", True, False),
-          "ring, a fresh buffer and a wait per send (before)": ("ring", True, True),
-          "two_shot, a wait per send (before)": ("two_shot", False, True)}
+# A variant as it was -> (the present variant, a fresh buffer per call, a wait per send,
+# one message per piece)
+BEFORE = {"ring, a fresh buffer per call (before)": ("ring", True, False, False),
+          "ring, a fresh buffer and a wait per send (before)": ("ring", True, True, False),
+          "two_shot, a wait per send (before)": ("two_shot", False, True, False),
+          "ring, one message per piece (before)": ("ring", False, False, True),
+          "two_shot, one message per block (before)": ("two_shot", False, False, True)}
 
 
 def _as_before(t: torch.Tensor) -> dict:
-    """The ring and two-shot as they were before two changes, to measure each: a fresh receive
-    buffer on every call (the ring only: two-shot already kept one), and a wait for every send
-    before going on (ring.LATE_SENDS off)."""
+    """The ring and two-shot as they were before three changes, to measure each: a fresh
+    receive buffer on every call (the ring only: two-shot already kept one), a wait for every
+    send before going on (ring.LATE_SENDS off), and each piece or block sent as one message
+    however large (ring.MESSAGE_BYTES 0)."""
     calls = {"ring": lambda: ring_all_reduce(t, check=False),
              "two_shot": lambda: all_reduce(t, algorithm="two_shot", check=False)}
 
-    def before(fn: Callable[[], object], fresh_buffer: bool, wait_every_send: bool) -> Callable[[], None]:
+    def before(fn: Callable[[], object], fresh_buffer: bool, wait_every_send: bool,
+               one_message: bool) -> Callable[[], None]:
         def run() -> None:
-            kept = ring._local.__dict__.get("buffers")
+            kept, message_bytes = ring._local.__dict__.get("buffers"), ring.MESSAGE_BYTES
             if fresh_buffer:
                 ring._local.buffers = {}
             ring.LATE_SENDS = not wait_every_send
+            ring.MESSAGE_BYTES = 0 if one_message else message_bytes
             try:
                 fn()
             finally:
-                ring.LATE_SENDS = True
+                ring.LATE_SENDS, ring.MESSAGE_BYTES = True, message_bytes
                 if fresh_buffer and kept is not None:  # the next variant finds the buffer it left
                     ring._local.buffers = kept
         return run
-    return {name: before(calls[now], fresh, wait) for name, (now, fresh, wait) in BEFORE.items()}
+    return {name: before(calls[now], *flags) for name, (now, *flags) in BEFORE.items()}
 
 
 def _against_dist(samples: list[float], ref: list[float]) -> dict:

@@ -89,7 +89,26 @@ def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], grou
     if (sends or recvs)[0][1].is_cuda:
         return dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer, group) for peer, t in sends] +
                                       [dist.P2POp(dist.irecv, t, peer, group) for peer, t in recvs])
+    if MESSAGE_BYTES:
+        recvs = [(peer, m) for peer, t in recvs for m in _messages(t)]
+        sends = [(peer, m) for peer, t in sends for m in _messages(t)]
     return [dist.irecv(t, peer, group) for peer, t in recvs] + [dist.isend(t, peer, group) for peer, t in sends]
+
+
+# On gloo a tensor larger than this goes as several messages, all posted at once (0: one
+# message). gloo's own all_reduce cuts its segments at 1 MiB too. The allreduce benchmark
+# measures the ring and two-shot with one message per piece, side by side; why gloo's TCP
+# transport moves one large message more slowly than the same bytes as several was not traced
+# (parallel/collectives.md, "One message or many").
+MESSAGE_BYTES = 1 << 20
+
+
+def _messages(t: Tensor) -> tuple[Tensor, ...]:
+    """``t`` cut into ⌈bytes / MESSAGE_BYTES⌉ messages whose sizes differ by one element at
+    most. The sender and the receiver hold tensors of the same numel and dtype, so both cut
+    them the same way."""
+    n = -(-t.numel() * t.element_size() // MESSAGE_BYTES)
+    return (t,) if n <= 1 else torch.tensor_split(t.view(-1), n)
 
 
 _local = threading.local()

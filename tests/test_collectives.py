@@ -103,6 +103,57 @@ def test_nan_payloads_identical_on_every_rank_and_disagreeing_ranks_all_get_a_cl
             assert f"rank {world_size - 1}: numel {9 + world_size}" in messages[i], algorithm
 
 
+def split_into_messages(message_bytes: int) -> list:
+    """Every collective with each tensor cut into messages of ``message_bytes`` (ring._post),
+    and with one message per tensor: the same bits must come out."""
+    from parallel import ring
+
+    rank, out = dist.get_rank(), []
+    for numel in (1, 17, 1000, 4099):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16):
+            results = []
+            for size in (message_bytes, 0):
+                ring.MESSAGE_BYTES = size
+                try:
+                    t, expected = all_reduce_case(numel, dtype, "sum", 100)
+                    got = [all_reduce(t.clone(), algorithm=a) for a in ALGORITHMS if a != "auto"]
+                    rows = t.view(-1, 1)  # uneven shards along dimension 0 for the two halves of the ring
+                    got += [ring.ring_reduce_scatter(rows, segment_bytes=256),
+                            ring.ring_all_gather(rows[: rank + 1], segment_bytes=256),
+                            ring.ring_all_reduce(t.clone(), segment_bytes=256)]
+                finally:
+                    ring.MESSAGE_BYTES = 1 << 20
+                results.append([g.view(-1).view(torch.uint8).numpy().tobytes() for g in got])
+            out.append((numel, str(dtype), results[0] == results[1], got[0], expected))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_messages_cut_small_give_the_same_bits_as_one_message(world_size):
+    for results in zip(*launch(split_into_messages, world_size, (12,), deadline_s=120)):
+        for numel, dtype, same, got, expected in results:
+            assert same, f"{numel} {dtype}: cutting the messages changed the result"
+            if dtype.endswith("bfloat16"):
+                torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=4.0)
+            else:
+                torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-3)
+
+
+def test_a_tensor_is_cut_into_nearly_equal_messages_of_about_message_bytes():
+    from parallel import ring
+
+    t = torch.arange(1001, dtype=torch.float64)  # 8008 bytes
+    for limit, count in ((1 << 20, 1), (8008, 1), (8000, 2), (1024, 8), (12, 668), (8, 1001)):
+        ring.MESSAGE_BYTES = limit
+        try:
+            parts = ring._messages(t)
+        finally:
+            ring.MESSAGE_BYTES = 1 << 20
+        sizes = [p.numel() for p in parts]
+        assert len(parts) == count and max(sizes) - min(sizes) <= 1, limit
+        assert torch.equal(torch.cat(parts), t)
+
+
 def test_argument_errors_need_no_process_group():
     with pytest.raises(ValueError, match="algorithm must be one of"):
         all_reduce(torch.zeros(3), algorithm="tree")

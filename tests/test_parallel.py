@@ -114,23 +114,35 @@ def before_variants() -> dict:
         fresh.append(ring._local.__dict__.get("buffers", {}).get(key) is not held)
         return buffer(numel, like)
     ring._buffer = watched
+    cut, messages = [], ring._messages
+
+    def counted(x: torch.Tensor) -> tuple:
+        parts = messages(x)
+        cut.append(len(parts) > 1)
+        return parts
+    ring._messages = counted
+    ring.MESSAGE_BYTES = 4096  # small enough to cut this test's pieces
     out = {}
     for name, fn in bench._as_before(t).items():
         t.fill_(rank + 1)
         made.clear()
         fresh.clear()
+        cut.clear()
         fn()
-        out[name] = (bool((t == n * (n + 1) / 2).all()), len(made), any(fresh), ring.LATE_SENDS,
-                     ring._local.buffers[key] is held)
+        out[name] = (bool((t == n * (n + 1) / 2).all()), len(made), any(fresh), any(cut), ring.LATE_SENDS,
+                     ring._local.buffers[key] is held, ring.MESSAGE_BYTES)
     return out
 
 
 def test_the_benchmarks_variants_as_before_switch_only_during_their_call():
     got = launch(before_variants, 2, deadline_s=60)[0]
-    # (right sums, late-send schedules made, a fresh buffer seen, late sends back on, buffer back)
-    assert got == {"ring, a fresh buffer per call (before)": (True, 1, True, True, True),
-                   "ring, a fresh buffer and a wait per send (before)": (True, 0, True, True, True),
-                   "two_shot, a wait per send (before)": (True, 0, False, True, True)}
+    # (right sums, late-send schedules made, a fresh buffer seen, messages cut, late sends back
+    # on, buffer back, message size back)
+    assert got == {"ring, a fresh buffer per call (before)": (True, 1, True, True, True, True, 4096),
+                   "ring, a fresh buffer and a wait per send (before)": (True, 0, True, True, True, True, 4096),
+                   "two_shot, a wait per send (before)": (True, 0, False, True, True, True, 4096),
+                   "ring, one message per piece (before)": (True, 1, False, False, True, True, 4096),
+                   "two_shot, one message per block (before)": (True, 0, False, False, True, True, 4096)}
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
