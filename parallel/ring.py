@@ -17,7 +17,8 @@ to the right and a receive from the left before waiting on either, which is dead
 its receive alone; a send is waited for just before its piece is written again, or at the end
 (``_LateSends``). Receive and scratch buffers are kept from call to call (``_buffer``).
 
-Each chunk travels in pieces of about 4 MiB, in a wavefront: piece k + 1 runs one step behind
+Each chunk travels in pieces of about 4 MiB (on gloo, each as messages of at most about 1 MiB:
+``MESSAGE_BYTES``), in a wavefront: piece k + 1 runs one step behind
 piece k, so adding one piece can overlap the transfer of the next (whether it does on the
 2-core CPU machine, runs have answered both ways: parallel/collectives.md), and in the all-reduce the
 all-gather of the first pieces overlaps the reduce-scatter of the last. The three public
@@ -43,8 +44,11 @@ OPS = ("sum", "avg")
 # 1 MiB beat 16 MiB pieces at 16 and 64 MiB with 2 ranks; in the run at commit 8d8745e 4 MiB
 # had the best median, or shared it, in 8 of 9 rows; in the latest
 # (docs/results/allreduce_gloo_w*.json) in 6 of 9, its interval above both others' in 1. On a
-# second machine (allreduce_gloo_w*_epyc.json) 1 MiB pieces had the best median at 16 MiB
-# (intervals apart from the others' with 4 ranks), and 16 MiB pieces at 64 MiB with 4 ranks.
+# second machine, at commit 2785bc6, 1 MiB pieces had the best median at 16 MiB (intervals
+# apart from the others' with 4 ranks), and 16 MiB pieces at 64 MiB with 4 ranks; with
+# messages of at most 1 MiB (allreduce_gloo_w*_epyc.json), 4 MiB pieces had the best median at
+# 16 MiB, 16 MiB pieces at 64 MiB and at 4 MiB with 2 ranks (1 MiB pieces with 4), and the
+# only intervals apart were at 4 MiB with 2 ranks, 1 MiB pieces' below the other two.
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
