@@ -108,7 +108,7 @@ def split_into_messages(message_bytes: int) -> list:
     and with one message per tensor: the same bits must come out."""
     from parallel import ring
 
-    rank, out = dist.get_rank(), []
+    rank, out, default = dist.get_rank(), [], ring.MESSAGE_BYTES
     for numel in (1, 17, 1000, 4099):
         for dtype in (torch.float32, torch.float64, torch.bfloat16):
             results = []
@@ -122,7 +122,7 @@ def split_into_messages(message_bytes: int) -> list:
                             ring.ring_all_gather(rows[: rank + 1], segment_bytes=256),
                             ring.ring_all_reduce(t.clone(), segment_bytes=256)]
                 finally:
-                    ring.MESSAGE_BYTES = 1 << 20
+                    ring.MESSAGE_BYTES = default
                 results.append([g.view(-1).view(torch.uint8).numpy().tobytes() for g in got])
             out.append((numel, str(dtype), results[0] == results[1], got[0], expected))
     return out
@@ -142,13 +142,13 @@ def test_messages_cut_small_give_the_same_bits_as_one_message(world_size):
 def test_a_tensor_is_cut_into_nearly_equal_messages_of_about_message_bytes():
     from parallel import ring
 
-    t = torch.arange(1001, dtype=torch.float64)  # 8008 bytes
+    t, default = torch.arange(1001, dtype=torch.float64), ring.MESSAGE_BYTES  # 8008 bytes
     for limit, count in ((1 << 20, 1), (8008, 1), (8000, 2), (1024, 8), (12, 668), (8, 1001)):
         ring.MESSAGE_BYTES = limit
         try:
             parts = ring._messages(t)
         finally:
-            ring.MESSAGE_BYTES = 1 << 20
+            ring.MESSAGE_BYTES = default
         sizes = [p.numel() for p in parts]
         assert len(parts) == count and max(sizes) - min(sizes) <= 1, limit
         assert torch.equal(torch.cat(parts), t)
