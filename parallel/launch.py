@@ -161,7 +161,11 @@ def _describe(rank: int, code: int | None, folder: str) -> str:
     if error.exists():
         return f"rank {rank}: {error.read_text().splitlines()[0]}"
     if code is not None and code < 0:
-        return f"rank {rank}: killed by {signal.Signals(-code).name}"
+        # The result is written after the rank has left its process group: a crash with it
+        # on disk happened while the process exited (in some library's teardown), not in fn.
+        when = (" after it returned its result and left its process group, while its process exited"
+                if Path(folder, f"result_{rank}.pkl").exists() else "")
+        return f"rank {rank}: killed by {signal.Signals(-code).name}{when}"
     return f"rank {rank}: exited with status {code}"
 
 

@@ -322,8 +322,23 @@ def test_data_parallel_matches_one_process_and_ddp(mode):
             assert_same_weights(r["state"], ranks[0]["state"], exact=True)  # identical on every rank
         assert_same_weights(ranks[0]["state"], single)
         ours[world_size] = ranks[0]["state"]
-    ddp = launch(ddp_train, 2, (Config(mode=mode, world_size=2, **QUICK),), deadline_s=240)
+    ddp = launch_reference(ddp_train, Config(mode=mode, world_size=2, **QUICK))
     assert_same_weights(ours[2], ddp[0])
+
+
+def launch_reference(fn, config: Config) -> list:
+    """Run a reference that is torch's code alone (DDP) on 2 ranks; once more if a rank was
+    killed by SIGABRT. In fresh-clone CI (commit 3b13c28 and the one after) rank 0 of the DDP
+    reference was twice killed so, "terminate called without an active exception", and locally
+    3 times in 19 runs within a quarter of an hour, then not in 85 runs and launches of the same
+    test and reference; those processes run none of our collectives. A second failure fails."""
+    try:
+        return launch(fn, 2, (config,), deadline_s=240)
+    except LaunchError as e:
+        if "killed by SIGABRT" not in str(e):
+            raise
+        print(f"the reference failed once, run again: {e}")
+        return launch(fn, 2, (config,), deadline_s=240)
 
 
 @pytest.mark.slow
@@ -398,6 +413,20 @@ def test_a_failed_peer_stops_the_run_with_a_clear_error(fault):
     if fault == "kill":
         assert "rank 1: killed by SIGKILL" in message
     assert elapsed < 60, f"took {elapsed:.0f} s to notice"
+
+
+def abort_while_exiting() -> int:
+    import atexit
+    atexit.register(os.abort)  # runs after the launcher's worker has written the result
+    return 1
+
+
+def test_a_rank_killed_while_exiting_is_told_apart_from_one_killed_at_work():
+    with pytest.raises(LaunchError) as err:
+        launch(abort_while_exiting, 2, deadline_s=60)
+    message = str(err.value)
+    for rank in (0, 1):
+        assert f"rank {rank}: killed by SIGABRT after it returned its result and left its process group" in message
 
 
 # ---------------------------------------------------------------------------
