@@ -93,10 +93,8 @@ def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], grou
     if (sends or recvs)[0][1].is_cuda:
         return dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer, group) for peer, t in sends] +
                                       [dist.P2POp(dist.irecv, t, peer, group) for peer, t in recvs])
-    if MESSAGE_BYTES:
-        recvs = [(peer, m) for peer, t in recvs for m in _messages(t)]
-        sends = [(peer, m) for peer, t in sends for m in _messages(t)]
-    return [dist.irecv(t, peer, group) for peer, t in recvs] + [dist.isend(t, peer, group) for peer, t in sends]
+    return ([dist.irecv(m, peer, group) for peer, t in recvs for m in _messages(t, MESSAGE_BYTES)] +
+            [dist.isend(m, peer, group) for peer, t in sends for m in _messages(t, MESSAGE_BYTES)])
 
 
 # On gloo a tensor larger than this goes as several messages, all posted at once (0: one
@@ -107,11 +105,11 @@ def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], grou
 MESSAGE_BYTES = 1 << 20
 
 
-def _messages(t: Tensor) -> tuple[Tensor, ...]:
-    """``t`` cut into ⌈bytes / MESSAGE_BYTES⌉ messages whose sizes differ by one element at
-    most. The sender and the receiver hold tensors of the same numel and dtype, so both cut
+def _messages(t: Tensor, limit: int) -> tuple[Tensor, ...]:
+    """``t`` cut into ⌈bytes / limit⌉ messages whose sizes differ by one element at most (0: one
+    message). The sender and the receiver hold tensors of the same numel and dtype, so both cut
     them the same way."""
-    n = -(-t.numel() * t.element_size() // MESSAGE_BYTES)
+    n = -(-t.numel() * t.element_size() // limit) if limit else 1
     return (t,) if n <= 1 else torch.tensor_split(t.view(-1), n)
 
 

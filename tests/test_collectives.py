@@ -142,13 +142,9 @@ def test_messages_cut_small_give_the_same_bits_as_one_message(world_size):
 def test_a_tensor_is_cut_into_nearly_equal_messages_of_about_message_bytes():
     from parallel import ring
 
-    t, default = torch.arange(1001, dtype=torch.float64), ring.MESSAGE_BYTES  # 8008 bytes
-    for limit, count in ((1 << 20, 1), (8008, 1), (8000, 2), (1024, 8), (12, 668), (8, 1001)):
-        ring.MESSAGE_BYTES = limit
-        try:
-            parts = ring._messages(t)
-        finally:
-            ring.MESSAGE_BYTES = default
+    t = torch.arange(1001, dtype=torch.float64)  # 8008 bytes
+    for limit, count in ((0, 1), (1 << 20, 1), (8008, 1), (8000, 2), (1024, 8), (12, 668), (8, 1001)):
+        parts = ring._messages(t, limit)
         sizes = [p.numel() for p in parts]
         assert len(parts) == count and max(sizes) - min(sizes) <= 1, limit
         assert torch.equal(torch.cat(parts), t)

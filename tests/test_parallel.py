@@ -116,8 +116,8 @@ def before_variants() -> dict:
     ring._buffer = watched
     cut, messages = [], ring._messages
 
-    def counted(x: torch.Tensor) -> tuple:
-        parts = messages(x)
+    def counted(x: torch.Tensor, limit: int) -> tuple:
+        parts = messages(x, limit)
         cut.append(len(parts) > 1)
         return parts
     ring._messages = counted
