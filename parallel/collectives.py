@@ -43,6 +43,7 @@ every call (docs/results/allreduce_overhead_w2.json measures the difference).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -66,19 +67,22 @@ class _Plan:
     backend: str
 
 
-_plans: dict[int, tuple[object, _Plan]] = {}
+# Weak keys: a cached plan must not keep its group alive. A group that outlived
+# destroy_process_group() kept gloo's worker threads running into interpreter shutdown, where
+# one of them, freeing a finished request, took the GIL and aborted the process ("terminate
+# called without an active exception"; parallel/launch.py, ``_leave``).
+_plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _plan(group: dist.ProcessGroup | None) -> _Plan:
-    # Keyed by the group object, which the entry keeps alive so that its id is never reused.
     pg = group if group is not None else dist.group.WORLD
-    hit = _plans.get(id(pg))
-    if hit is not None and hit[0] is pg:
-        return hit[1]
+    plan = _plans.get(pg)
+    if plan is not None:
+        return plan
     size = dist.get_world_size(group)
     glob = tuple(range(size)) if group is None else tuple(dist.get_global_rank(group, r) for r in range(size))
-    plan = _Plan(dist.get_rank(group), size, 1 << (size.bit_length() - 1), glob, dist.get_backend(group))
-    _plans[id(pg)] = (pg, plan)
+    plan = _plans[pg] = _Plan(dist.get_rank(group), size, 1 << (size.bit_length() - 1), glob,
+                              dist.get_backend(group))
     return plan
 
 

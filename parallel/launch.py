@@ -7,7 +7,9 @@ temporary folder, so there is no port to race for), runs ``fn(*args)`` on each, 
 what each rank returned. If a rank fails, the others get the process-group timeout to fail
 by themselves (a dead peer is usually noticed within a second), then are killed; the error
 names every rank that failed and why. Under torchrun, ``run_in_process_group`` does the same
-for the one rank this process is.
+for the one rank this process is. A local rank ends with ``os._exit`` as soon as its result is
+on disk: it skips the interpreter's teardown, where gloo's threads could abort it (``_leave``),
+so atexit handlers registered in a rank do not run.
 
 Each rank also lowers the priority of gloo's I/O threads (``lower_io_priority``): on a machine
 with fewer cores than busy threads, an I/O thread woken by a message could preempt the rank's
@@ -153,7 +155,26 @@ def _worker(rank: int, world_size: int, folder: str, backend: str, timeout_s: fl
         last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
         where = f" (at {Path(last[0].filename).name}:{last[0].lineno})" if last else ""
         Path(folder, f"error_{rank}.txt").write_text(f"{type(e).__name__}: {e}{where}".strip())
-        raise SystemExit(1) from None
+        _leave(1)
+    _leave(0)
+
+
+def _leave(code: int) -> None:
+    """End a rank without the interpreter's teardown, once its result or error is on disk.
+
+    A process group that outlives ``destroy_process_group`` (torch's DistributedDataParallel
+    keeps its group referenced from C++) keeps gloo's worker threads running. If one of them
+    frees a finished request that holds a tensor while the interpreter shuts down, it takes the
+    GIL, Python ends the thread, and C++ aborts the process: "terminate called without an
+    active exception", SIGABRT (core dumps here showed that stack in ``pt_gloo_runloop``). There
+    is nothing left to tear down that matters, so a rank skips it: atexit handlers do not run.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # closed or replaced by the caller's code
+            pass
+    os._exit(code)
 
 
 def _describe(rank: int, code: int | None, folder: str) -> str:
@@ -161,11 +182,7 @@ def _describe(rank: int, code: int | None, folder: str) -> str:
     if error.exists():
         return f"rank {rank}: {error.read_text().splitlines()[0]}"
     if code is not None and code < 0:
-        # The result is written after the rank has left its process group: a crash with it
-        # on disk happened while the process exited (in some library's teardown), not in fn.
-        when = (" after it returned its result and left its process group, while its process exited"
-                if Path(folder, f"result_{rank}.pkl").exists() else "")
-        return f"rank {rank}: killed by {signal.Signals(-code).name}{when}"
+        return f"rank {rank}: killed by {signal.Signals(-code).name}"
     return f"rank {rank}: exited with status {code}"
 
 
