@@ -166,7 +166,7 @@ def _leave(code: int) -> None:
     keeps its group referenced from C++) keeps gloo's worker threads running. If one of them
     frees a finished request that holds a tensor while the interpreter shuts down, it takes the
     GIL, Python ends the thread, and C++ aborts the process: "terminate called without an
-    active exception", SIGABRT (core dumps here showed that stack in ``pt_gloo_runloop``). There
+    active exception", SIGABRT (a core dump here showed that stack in ``pt_gloo_runloop``). There
     is nothing left to tear down that matters, so a rank skips it: atexit handlers do not run.
     """
     for stream in (sys.stdout, sys.stderr):
