@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -159,7 +159,7 @@ def _worker(rank: int, world_size: int, folder: str, backend: str, timeout_s: fl
     _leave(0)
 
 
-def _leave(code: int) -> None:
+def _leave(code: int) -> NoReturn:
     """End a rank without the interpreter's teardown, once its result or error is on disk.
 
     A process group that outlives ``destroy_process_group`` (torch's DistributedDataParallel

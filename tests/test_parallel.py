@@ -425,7 +425,6 @@ def threads_around_a_destroyed_group() -> tuple[int, int, int]:
     group = dist.new_group(list(range(dist.get_world_size())))
     for algorithm in ALGORITHMS:
         all_reduce(torch.ones(10), algorithm=algorithm, group=group)
-    ring_all_reduce(torch.ones(10), group=group)
     during = count()
     dist.destroy_process_group(group)
     del group
