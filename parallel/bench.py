@@ -466,16 +466,18 @@ def allreduce_table(record: dict) -> str:
     intervals = any(r.get("ratio_ci") for r in record["results"])
     how = "95% CI" if intervals else "IQR"
     rows = ["| size | auto picks | auto µs (IQR) | dist.all_reduce µs (IQR) | auto busbw GB/s | all_reduce busbw GB/s "
-            f"| auto / all_reduce busbw (paired, {how}) | ring / all_reduce |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|"]
+            f"| auto / all_reduce busbw (paired, {how}) | ring / all_reduce | segmented ring / all_reduce |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     by = {(r["bytes"], r["variant"]): r for r in record["results"]}
     for nbytes in sorted({r["bytes"] for r in record["results"]}):
         auto, ref, ring = by[(nbytes, "auto")], by[(nbytes, "dist.all_reduce")], by[(nbytes, "ring")]
+        segmented = by.get((nbytes, "segmented_ring"))  # records from before it have none
         rows.append(f"| {size_label(nbytes)} | {auto['algorithm'].replace('_', '-')} "
                     f"| {auto['time_us']:.0f} ({auto['spread_us']:.0f}) "
                     f"| {ref['time_us']:.0f} ({ref['spread_us']:.0f}) "
                     f"| {auto['busbw_gbs']:.3f} | {ref['busbw_gbs']:.3f} "
-                    f"| {_ratio_text(auto)} | {ring['busbw_ratio_to_dist']:.2f} |")
+                    f"| {_ratio_text(auto)} | {ring['busbw_ratio_to_dist']:.2f} "
+                    f"| {'—' if segmented is None else format(segmented['busbw_ratio_to_dist'], '.2f')} |")
 
     autos = [r for r in record["results"] if r["variant"] == "auto"]
     met = ", ".join(size_label(r["bytes"]) for r in autos if r["busbw_ratio_to_dist"] >= 0.90) or "no size"

@@ -1,5 +1,5 @@
-"""All-reduce by recursive doubling, halving-doubling, one-shot or two-shot, and an entry point
-that picks by size.
+"""All-reduce by recursive doubling, halving-doubling, one-shot, two-shot or a segmented ring, and
+an entry point that picks by size.
 
 The ring (parallel/ring.py) sends the fewest bytes but takes 2(n − 1) steps: for small
 tensors each step's fixed cost α dominates. These take log₂ of that:
@@ -36,6 +36,18 @@ Bit-identical results on every rank: in two-shot one rank finishes each block an
 copy it. In one-shot every rank computes ((t₀ + t₁) + t₂) + … with the same operands in the
 same order, so the same bits come out everywhere, NaN payloads included.
 
+The ring itself can be scheduled another way. ``ring`` (parallel/ring.py) sends each step's
+chunk as pieces of up to 4 MiB, waits for a whole piece, adds it, and lets the all-gather of
+early pieces overlap the reduce-scatter of later ones. gloo's own all_reduce runs the same
+steps as gloo/allreduce.cc's ``ring`` schedules them, and so does
+
+  segmented ring       every chunk in s ≥ 2 segments of at most SEGMENT_BYTES; the reduce-scatter's
+                       (n − 1)·s segment steps run with two in flight: segment i is received
+                       into one of two scratch buffers and added while segment i + 1 is on the
+                       wire, then segment i + 2 is posted. The all-gather does the same once the
+                       reduce-scatter is done. The ring's bytes and additions, in the ring's
+                       order (its results are the ring's, bit for bit), in more, smaller messages.
+
 Fixed cost: a call looks up a cached plan (ranks, partners, global ranks) for its group and
 reuses a receive buffer per thread, instead of asking torch.distributed and allocating on
 every call (docs/results/allreduce_overhead_w2.json measures the difference).
@@ -44,6 +56,7 @@ every call (docs/results/allreduce_overhead_w2.json measures the difference).
 from __future__ import annotations
 
 import weakref
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +66,11 @@ from torch import Tensor
 from parallel import costmodel, ring
 from parallel.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wait, ring_all_reduce
 
-ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot")
+ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot", "segmented_ring")
+# The segmented ring's largest segment (parallel/costmodel.py models the same). In the first
+# 2-rank run that tried it (gloo's schedule written out in a script, not committed), 2 MiB
+# segments beat 1 MiB ones at 16 and 64 MiB; the allreduce benchmark measures what it picks.
+SEGMENT_BYTES = 2 << 20
 
 __all__ = ["ALGORITHMS", "RingError", "all_reduce", "choose"]
 
@@ -221,6 +238,53 @@ def _two_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
     _wait(_post([(plan.glob[j], blocks[j]) for j in others], [(plan.glob[j], mine) for j in others], group))
 
 
+def _in_pairs(count: int, post, finish) -> None:
+    """Run ``count`` steps with two in flight: step i + 2 is posted once step i is finished."""
+    pending: deque = deque()
+    for i in range(count):
+        if len(pending) == 2:
+            finish(*pending.popleft())
+        pending.append(post(i))
+    while pending:
+        finish(*pending.popleft())
+
+
+def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group) -> None:
+    r, n = plan.rank, plan.size
+    right, left = plan.glob[(r + 1) % n], plan.glob[(r - 1) % n]
+    chunks = torch.tensor_split(flat, n)  # the ring's chunks; every chunk in the same number of segments
+    s = max(2, -(-chunks[0].numel() * flat.element_size() // SEGMENT_BYTES))
+    segments = [torch.tensor_split(c, s) for c in chunks]
+    scratch = _buffer(2 * segments[0][0].numel(), flat).view(2, -1)  # segment 0 of chunk 0 is the longest
+    steps = [(step, j) for step in range(n - 1) for j in range(s)]
+
+    def post(send: Tensor, recv: Tensor) -> tuple[list, list]:
+        if flat.is_cuda:  # NCCL: one batch, waited for as a whole
+            return _exchange(send, recv, right, left, group), []
+        # gloo: one message a segment; the receive first, and the send waited for after the add
+        return _post([(left, recv)], [], group, message_bytes=0), _post([], [(right, send)], group, message_bytes=0)
+
+    def reduce_post(i: int) -> tuple:
+        step, j = steps[i]  # as in the ring: send chunk r − step − 1, receive and add chunk r − step − 2
+        mine = segments[(r - step - 2) % n][j]
+        recv = scratch[i % 2][: mine.numel()]
+        return (*post(segments[(r - step - 1) % n][j], recv), mine, recv, step == n - 2)
+
+    def reduce_finish(receives: list, sends: list, mine: Tensor, recv: Tensor, last: bool) -> None:
+        _wait(receives)
+        torch.add(mine, recv, out=mine)  # own + partial, as the ring adds: the same bits
+        if last and op == "avg":
+            mine.div_(n)
+        _wait(sends)
+
+    def gather_post(i: int) -> tuple:
+        step, j = steps[i]  # pass chunk r − step on, receive chunk r − step − 1 in place
+        return post(segments[(r - step) % n][j], segments[(r - step - 1) % n][j])
+
+    _in_pairs(len(steps), reduce_post, reduce_finish)
+    _in_pairs(len(steps), gather_post, lambda receives, sends: (_wait(receives), _wait(sends)))
+
+
 def _validate(tensor: Tensor, op: str, algorithm: str) -> None:
     """The caller's mistakes, found before any process group is asked anything."""
     if not isinstance(tensor, Tensor):
@@ -265,6 +329,8 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
         _one_shot(flat, plan, op, group)
     elif algorithm == "two_shot":
         _two_shot(flat, plan, op, group)
+    elif algorithm == "segmented_ring":
+        _segmented_ring(flat, plan, op, group)
     else:  # the exchanges need a power of two: extra ranks fold in first and get the result last
         if not _fold_in(flat, plan, group):
             if algorithm == "doubling":

@@ -6,6 +6,8 @@ cost of a byte (the copies, 1/bandwidth). Adding m bytes costs m·γ. The time o
 algorithm in parallel/collectives.py follows from counting its messages, bytes and additions:
 
   ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·piece·γ
+  segmented ring             2·(α + (n−1)·s·max(m·β, (α + m·β)/2)) + m·γ   (s segments of m bytes
+                             a chunk, two in flight: see below)
   recursive doubling         log₂p·(α + N·β + N·γ)                         (+ fold-in)
   halving-doubling           2·log₂p·α + 2(p−1)/p·N·β + (p−1)/p·N·γ       (+ fold-in)
   one-shot (direct)          α_d + (n−1)·N·β_d + (n−1)·N·γ
@@ -28,6 +30,12 @@ blocks after they have all arrived and are charged every addition. (Whether the 
 additions really hide, the measured 64 MiB times have answered both ways from run to run;
 the term stays because with it the model picks the ring at 64 MiB, which beat two-shot there
 at 2, 3 and 4 ranks: parallel/collectives.md, "A model of the cost".)
+
+The segmented ring keeps two segment steps in flight, so a step's fixed cost overlaps the
+other's transfer: each phase pays one α, then a step every max(m·β, (α + m·β)/2) (the wire's
+time for one segment, or half a whole step's when α dominates), and only the last segment's
+addition is charged. It sends the ring's bytes; what the model gives it over the ring is the
+α of all but one step a phase and the smaller addition in the open.
 
 Examples:
   python -m parallel.costmodel fit --world-sizes 2 --rounds 2          # a quick look: 2 ranks, about 10 s
@@ -58,7 +66,7 @@ FIT_PATH = ROOT / "docs" / "results" / "alphabeta_gloo.json"
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 # Ties go to the earlier: at n = 2 one-shot is doubling step for step, and two-shot sends the
 # ring's messages (in blocks, where the ring sends pieces).
-ALL_REDUCE = ("one_shot", "two_shot", "doubling", "halving_doubling", "ring")
+ALL_REDUCE = ("one_shot", "two_shot", "doubling", "halving_doubling", "ring", "segmented_ring")
 DIRECT = ("one_shot", "two_shot")
 DIRECT_MAX_RANKS = 8  # a choice, not a measurement: see the module's docstring
 
@@ -123,6 +131,25 @@ def ring(n: int, nbytes: float, link: Link) -> float:
     return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + _ring_adds(n, nbytes, link)
 
 
+SEGMENT_BYTES = 2 << 20  # parallel.collectives.SEGMENT_BYTES (a test checks that they agree)
+
+
+def ring_segments(n: int, nbytes: float) -> tuple[int, float]:
+    """(segments a chunk, bytes a segment) of the segmented ring: at least two, at most
+    SEGMENT_BYTES each (parallel.collectives._segmented_ring)."""
+    chunk = nbytes / n
+    s = max(2, math.ceil(chunk / SEGMENT_BYTES))
+    return s, chunk / s
+
+
+def segmented_ring(n: int, nbytes: float, link: Link) -> float:
+    if n == 1:
+        return 0.0
+    s, m = ring_segments(n, nbytes)
+    step = max(m * link.beta, (link.alpha + m * link.beta) / 2)  # two in flight
+    return 2 * (link.alpha + (n - 1) * s * step) + m * link.gamma
+
+
 def doubling(n: int, nbytes: float, link: Link) -> float:
     p = _pow2_below(n)
     steps = p.bit_length() - 1
@@ -163,7 +190,7 @@ def tree_broadcast(n: int, nbytes: float, link: Link) -> float:
 
 
 PREDICT = {"ring": ring, "doubling": doubling, "halving_doubling": halving_doubling, "one_shot": one_shot,
-           "two_shot": two_shot}
+           "two_shot": two_shot, "segmented_ring": segmented_ring}
 
 
 def candidates(n: int) -> tuple[str, ...]:

@@ -75,14 +75,15 @@ SENT_BYTES = {"data": 0, "metadata": 0}
 
 
 def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], group: dist.ProcessGroup | None,
-          purpose: str = "data") -> list:
+          purpose: str = "data", message_bytes: int | None = None) -> list:
     """Post receives from and sends to any peers (global ranks) at once. Returns the requests.
 
     NCCL needs the whole set as one batch_isend_irecv (separate calls can deadlock). On gloo an
     isend or irecv never blocks, so the receives are posted first, straight to the process
     group: the data finds its buffers waiting, and no batching code runs. The overhead
     benchmark times both ways (docs/results/allreduce_overhead_w2.json). Empty tensors are
-    skipped, on both sides alike when both derive the sizes from the same agreed numel.
+    skipped, on both sides alike when both derive the sizes from the same agreed numel. On gloo
+    a tensor goes as messages of at most ``message_bytes`` (default ``MESSAGE_BYTES``; 0: one).
     """
     recvs = [(peer, t) for peer, t in recvs if t.numel()]
     sends = [(peer, t) for peer, t in sends if t.numel()]
@@ -93,8 +94,9 @@ def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], grou
     if (sends or recvs)[0][1].is_cuda:
         return dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer, group) for peer, t in sends] +
                                       [dist.P2POp(dist.irecv, t, peer, group) for peer, t in recvs])
-    return ([dist.irecv(m, peer, group) for peer, t in recvs for m in _messages(t, MESSAGE_BYTES)] +
-            [dist.isend(m, peer, group) for peer, t in sends for m in _messages(t, MESSAGE_BYTES)])
+    limit = MESSAGE_BYTES if message_bytes is None else message_bytes
+    return ([dist.irecv(m, peer, group) for peer, t in recvs for m in _messages(t, limit)] +
+            [dist.isend(m, peer, group) for peer, t in sends for m in _messages(t, limit)])
 
 
 # On gloo a tensor larger than this goes as several messages, all posted at once (0: one

@@ -139,6 +139,64 @@ def test_messages_cut_small_give_the_same_bits_as_one_message(world_size):
                 torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-3)
 
 
+def segmented_against_the_ring(segment_bytes: int) -> list:
+    """The segmented ring with segments of ``segment_bytes`` (so a chunk of a few hundred bytes
+    goes in many, and the two in flight straddle the steps) against ring_all_reduce: the same
+    additions in the same order must give the same bits, NaN payloads included."""
+    from parallel import collectives, ring
+
+    rank, out = dist.get_rank(), []
+    collectives.SEGMENT_BYTES = segment_bytes
+    for numel in (1, 2, 5, 17, 1000, 4099):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int64):
+            for op in ("sum", "avg") if dtype.is_floating_point else ("sum",):
+                t, expected = all_reduce_case(numel, dtype, op, 100)
+                if dtype == torch.float32 and numel > 2:  # NaNs with this rank's payload, and infinities
+                    t.view(torch.int32)[1] = 0x7FC00000 + rank + 1
+                    t[2] = float("inf") if rank % 2 else float("-inf")
+                    expected = t.clone()
+                    dist.all_reduce(expected)
+                    expected /= dist.get_world_size() if op == "avg" else 1
+                mine = all_reduce(t.clone(), op, "segmented_ring")
+                theirs = ring.ring_all_reduce(t.clone(), op)
+                same = mine.view(-1).view(torch.uint8).numpy().tobytes() == \
+                    theirs.view(-1).view(torch.uint8).numpy().tobytes()
+                out.append((numel, str(dtype), op, same, mine, expected))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5])
+def test_the_segmented_ring_gives_the_rings_bits_with_many_segments(world_size):
+    results = launch(segmented_against_the_ring, world_size, (24,), deadline_s=120)
+    for case in range(len(results[0])):
+        numel, dtype, op, same, got, expected = results[0][case]
+        what = f"{numel} {dtype} {op}"
+        assert all(r[case][3] for r in results), what + ": not the ring's bits"
+        assert all(torch.equal(r[case][4].view(torch.uint8) if r[case][4].is_floating_point() else r[case][4],
+                               got.view(torch.uint8) if got.is_floating_point() else got) for r in results), what
+        if dtype.endswith("float32") and numel > 2:  # NaN where dist.all_reduce has NaN: -inf + inf, a NaN
+            assert math.isnan(got[1]) and math.isnan(got[2]), what
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-3, equal_nan=True, msg=what)
+        elif dtype.endswith("bfloat16"):
+            torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=4.0, msg=what)
+        elif dtype.endswith("int64"):
+            assert torch.equal(got, expected), what
+        else:
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-3, msg=what)
+
+
+def test_two_steps_in_flight_and_each_finished_before_the_one_two_later_is_posted():
+    from parallel.collectives import _in_pairs
+
+    events: list[str] = []
+    _in_pairs(5, lambda i: (events.append(f"post {i}") or i,), lambda i: events.append(f"finish {i}"))
+    assert events == ["post 0", "post 1", "finish 0", "post 2", "finish 1", "post 3", "finish 2", "post 4",
+                      "finish 3", "finish 4"]
+    events.clear()
+    _in_pairs(1, lambda i: (events.append(f"post {i}") or i,), lambda i: events.append(f"finish {i}"))
+    assert events == ["post 0", "finish 0"]
+
+
 def test_a_tensor_is_cut_into_nearly_equal_messages_of_about_message_bytes():
     from parallel import ring
 
@@ -199,12 +257,12 @@ def test_direct_steps_have_their_own_line():
     assert costmodel.doubling(n, nbytes, both) == pytest.approx(2 * (1.0 + 8))
     # without a direct fit a direct step costs α + β·bytes
     assert costmodel.Link(alpha=1.0, beta=0.01).direct() == (1.0, 0.01)
-    # a costlier direct step hands 16 MiB at 4 ranks from two-shot to a one-peer algorithm
+    # a costlier direct step hands 256 KiB at 4 ranks from two-shot to a one-peer algorithm
     # (here halving-doubling: the ring's bytes in 2·log₂4 = 4 steps instead of 6)
     cheap = costmodel.Link(alpha=100e-6, beta=1e-9, gamma=0.25e-9)
     dear = costmodel.Link(alpha=100e-6, beta=1e-9, gamma=0.25e-9, alpha_direct=300e-6, beta_direct=1.2e-9)
-    assert costmodel.choose(4, 16 << 20, cheap) == "two_shot"
-    assert costmodel.choose(4, 16 << 20, dear) == "halving_doubling"
+    assert costmodel.choose(4, 256 << 10, cheap) == "two_shot"
+    assert costmodel.choose(4, 256 << 10, dear) == "halving_doubling"
 
 
 def test_fit_record_with_direct_steps_is_read_and_shown(tmp_path):
@@ -239,22 +297,40 @@ def test_the_model_knows_the_rings_piece_size():
     assert costmodel.ring_piece(3, 16 << 20) == pytest.approx((16 << 20) / 6)
 
 
+def test_the_model_knows_the_segmented_rings_segments():
+    from parallel import collectives
+
+    assert costmodel.SEGMENT_BYTES == collectives.SEGMENT_BYTES
+    # at least two segments a chunk (one is added while the other travels), at most SEGMENT_BYTES each
+    assert costmodel.ring_segments(2, 1 << 20) == (2, 256 << 10)
+    assert costmodel.ring_segments(2, 16 << 20) == (4, 2 << 20)
+    assert costmodel.ring_segments(3, 16 << 20) == (3, (16 << 20) / 9)
+    link = costmodel.Link(alpha=1.0, beta=0.01, gamma=0.001)
+    # 2 ranks, 800 bytes: 2 segments of 200 bytes, the wire's 2.0 a segment beats (α + 2.0)/2 = 1.5
+    assert costmodel.segmented_ring(2, 800, link) == pytest.approx(2 * (1.0 + 2 * 2.0) + 200 * 0.001)
+    # 4 ranks, 80 bytes: segments of 10 bytes, (α + 0.1)/2 = 0.55 a step when α dominates
+    assert costmodel.segmented_ring(4, 80, link) == pytest.approx(2 * (1.0 + 3 * 2 * 0.55) + 10 * 0.001)
+    assert costmodel.segmented_ring(1, 80, link) == 0
+
+
 def test_choice_follows_the_model():
     latency_bound = costmodel.Link(alpha=100e-6, beta=1e-9, gamma=0.25e-9)
     # one step while (n − 1)·N·β is small next to α, then two steps and the ring's bytes
     assert costmodel.choose(4, 4096, latency_bound) == "one_shot"
-    assert costmodel.choose(4, 4 << 20, latency_bound) == "two_shot"
-    # where the ring's chunks span several pieces, the additions it hides outweigh its extra α
-    assert costmodel.choose(4, 64 << 20, latency_bound) == "ring"
+    assert costmodel.choose(4, 256 << 10, latency_bound) == "two_shot"
+    # once a segment's transfer outlasts α, two segments in flight hide every α but one a phase
+    assert costmodel.choose(4, 4 << 20, latency_bound) == "segmented_ring"
+    assert costmodel.choose(4, 64 << 20, latency_bound) == "segmented_ring"
+    # ... which the ring's wavefront, charged 2(n − 1)·α, does not
+    assert costmodel.segmented_ring(4, 64 << 20, latency_bound) < costmodel.ring(4, 64 << 20, latency_bound)
     # at 2 ranks one-shot is doubling, and ties go to the direct one
     assert costmodel.choose(2, 4096, latency_bound) == "one_shot"
-    assert costmodel.choose(2, 64 << 20, latency_bound) == "ring"
+    assert costmodel.choose(2, 64 << 20, latency_bound) == "segmented_ring"
     # past DIRECT_MAX_RANKS the direct ones are not offered: the log-step and ring algorithms are
     many = costmodel.DIRECT_MAX_RANKS * 2
     assert costmodel.choose(many, 4096, latency_bound) == "doubling"
-    assert costmodel.choose(many, 64 << 20, latency_bound) == "halving_doubling"
-    # with a fold-in, halving-doubling moves 2N more bytes than the ring: large tensors go round the ring
-    assert costmodel.choose(costmodel.DIRECT_MAX_RANKS + 1, 64 << 20, latency_bound) == "ring"
+    assert costmodel.choose(many, 1 << 20, latency_bound) == "halving_doubling"
+    assert costmodel.choose(many, 64 << 20, latency_bound) == "segmented_ring"
     for n in (2, 3, 4, 5):
         for nbytes in costmodel.SIZES:
             assert choose(nbytes // 4, 4, n) == costmodel.choose(n, nbytes, costmodel.link_for(n))
@@ -348,6 +424,9 @@ def test_allreduce_table_judges_the_goal_with_intervals():
               "torch": "x", "date": "d", "command": "c"}
     text = allreduce_table(record)
     assert "| 16 KiB | doubling |" in text and "0.85 (0.70–1.10)" in text and "95% CI" in text
+    assert "| 0.85 (0.70–1.10) | 0.50 | — |" in text  # no segmented ring in this record
+    results.append(row(16384, "segmented_ring", 0.97, [0.9, 1.0]))
+    assert "| 0.85 (0.70–1.10) | 0.50 | 0.97 |" in allreduce_table(record)
     assert "met at 4 KiB; missed at 16 KiB, 64 KiB; significantly below 0.90 (interval under it) at 64 KiB." in text
     assert "as before" not in text  # no variant as it was: no such table
     results += [row(65536, "two_shot", 0.9, [0.85, 0.95]),
