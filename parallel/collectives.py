@@ -255,14 +255,17 @@ def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group) -> None:
     chunks = torch.tensor_split(flat, n)  # the ring's chunks; every chunk in the same number of segments
     s = max(2, -(-chunks[0].numel() * flat.element_size() // SEGMENT_BYTES))
     segments = [torch.tensor_split(c, s) for c in chunks]
-    scratch = _buffer(2 * segments[0][0].numel(), flat).view(2, -1)  # segment 0 of chunk 0 is the longest
+    scratch = _buffer(2 * segments[0][0].numel(), flat, "segmented").view(2, -1)  # segment 0 of chunk 0 is the longest
     steps = [(step, j) for step in range(n - 1) for j in range(s)]
+
+    pg = group if group is not None else dist.group.WORLD
 
     def post(send: Tensor, recv: Tensor) -> tuple[list, list]:
         if flat.is_cuda:  # NCCL: one batch, waited for as a whole
             return _exchange(send, recv, right, left, group), []
         # gloo: one message a segment; the receive first, and the send waited for after the add
-        return _post([(left, recv)], [], group, message_bytes=0), _post([], [(right, send)], group, message_bytes=0)
+        return ([pg.recv([recv], (r - 1) % n, 0)] if recv.numel() else [],
+                [pg.send([send], (r + 1) % n, 0)] if send.numel() else [])
 
     def reduce_post(i: int) -> tuple:
         step, j = steps[i]  # as in the ring: send chunk r − step − 1, receive and add chunk r − step − 2

@@ -121,7 +121,7 @@ _local = threading.local()
 LATE_SENDS = True
 
 
-def _buffer(numel: int, like: Tensor) -> Tensor:
+def _buffer(numel: int, like: Tensor, owner: str = "") -> Tensor:
     """Scratch space of ``numel`` elements, reused across calls (one per thread, dtype and device).
 
     A fresh receive buffer on every call made the ring up to 15% slower at 4 MiB on one machine,
@@ -131,7 +131,7 @@ def _buffer(numel: int, like: Tensor) -> Tensor:
     so the next call on the same thread may overwrite it.
     """
     cache = _local.__dict__.setdefault("buffers", {})
-    key = (like.dtype, like.device)
+    key = (like.dtype, like.device, owner)
     buf = cache.get(key)
     if buf is None or buf.numel() < numel:
         buf = cache[key] = torch.empty(max(numel, 1024), dtype=like.dtype, device=like.device)

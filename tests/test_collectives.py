@@ -62,6 +62,23 @@ def test_every_algorithm_matches_dist_all_reduce_and_is_identical_on_every_rank(
                 got.view(-1).view(torch.uint8).numpy().tobytes(), what
 
 
+def on_a_subgroup() -> list:
+    """Groups {0, 2} and {1, 3} of a world of four: group ranks are not global ranks."""
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    out = []
+    for algorithm in ALGORITHMS:
+        t = torch.arange(5.0) + 10 * rank
+        out.append((algorithm, all_reduce(t, algorithm=algorithm, group=groups[rank % 2])))
+    return out
+
+
+def test_every_algorithm_on_a_subgroup():
+    for rank, results in enumerate(launch(on_a_subgroup, 4, deadline_s=120)):
+        for algorithm, got in results:  # (0..4 + 10·r) + (0..4 + 10·(r + 2))
+            assert torch.equal(got, 2 * torch.arange(5.0) + 10 * (2 * (rank % 2) + 2)), algorithm
+
+
 def nan_payloads() -> list[bytes]:
     """Each rank's NaN carries its own payload: which payload survives a + b depends on the
     order of the operands, so this shows whether every rank computed the same expression."""
