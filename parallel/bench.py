@@ -34,8 +34,8 @@ import torch.nn.functional as F
 
 import cli
 from benchmark import Stats, describe_device, measure, median_ci
+from parallel import collectives, ring
 from parallel import data as data_mod
-from parallel import ring
 from parallel.collectives import ALGORITHMS, all_reduce, choose
 from parallel.costmodel import PREDICT, link_for, size_label, warm_up
 from parallel.launch import io_nice, io_thread_nices
@@ -141,34 +141,40 @@ def _rounds(nbytes: int) -> int:
 
 
 # A variant as it was -> (the present variant, a fresh buffer per call, a wait per send,
-# one message per piece)
-BEFORE = {"ring, a fresh buffer per call (before)": ("ring", True, False, False),
-          "ring, a fresh buffer and a wait per send (before)": ("ring", True, True, False),
-          "two_shot, a wait per send (before)": ("two_shot", False, True, False),
-          "ring, one message per piece (before)": ("ring", False, False, True),
-          "two_shot, one message per block (before)": ("two_shot", False, False, True)}
+# one message per piece, posts through dist.isend / dist.irecv and a shared scratch)
+BEFORE = {"ring, a fresh buffer per call (before)": ("ring", True, False, False, False),
+          "ring, a fresh buffer and a wait per send (before)": ("ring", True, True, False, False),
+          "two_shot, a wait per send (before)": ("two_shot", False, True, False, False),
+          "ring, one message per piece (before)": ("ring", False, False, True, False),
+          "two_shot, one message per block (before)": ("two_shot", False, False, True, False),
+          "segmented_ring, through dist.isend/irecv and a shared scratch (before)":
+              ("segmented_ring", False, False, False, True)}
 
 
 def _as_before(t: torch.Tensor) -> dict:
     """The ring and two-shot as they were before three changes, to measure each: a fresh
     receive buffer on every call (the ring only: two-shot already kept one), a wait for every
     send before going on (ring.LATE_SENDS off), and each piece or block sent as one message
-    however large (ring.MESSAGE_BYTES 0)."""
+    however large (ring.MESSAGE_BYTES 0); and the segmented ring as first written, posting
+    through dist.isend / dist.irecv with its scratch in the shared buffer
+    (collectives.SEGMENTED_DIRECT off)."""
     calls = {"ring": lambda: ring_all_reduce(t, check=False),
-             "two_shot": lambda: all_reduce(t, algorithm="two_shot", check=False)}
+             "two_shot": lambda: all_reduce(t, algorithm="two_shot", check=False),
+             "segmented_ring": lambda: all_reduce(t, algorithm="segmented_ring", check=False)}
 
     def before(fn: Callable[[], object], fresh_buffer: bool, wait_every_send: bool,
-               one_message: bool) -> Callable[[], None]:
+               one_message: bool, indirect: bool) -> Callable[[], None]:
         def run() -> None:
             kept, message_bytes = ring._local.__dict__.get("buffers"), ring.MESSAGE_BYTES
             if fresh_buffer:
                 ring._local.buffers = {}
             ring.LATE_SENDS = not wait_every_send
             ring.MESSAGE_BYTES = 0 if one_message else message_bytes
+            collectives.SEGMENTED_DIRECT = not indirect
             try:
                 fn()
             finally:
-                ring.LATE_SENDS, ring.MESSAGE_BYTES = True, message_bytes
+                ring.LATE_SENDS, ring.MESSAGE_BYTES, collectives.SEGMENTED_DIRECT = True, message_bytes, True
                 if fresh_buffer and kept is not None:  # the next variant finds the buffer it left
                     ring._local.buffers = kept
         return run
@@ -402,7 +408,6 @@ ONE_MESSAGE = "one message: irecv, then isend, + wait (after: ring._exchange on 
 def overhead(config: Config, json_path: str | None) -> None:
     """Where the microseconds of a small all-reduce go: whole calls against one bare message,
     and the Python-side pieces of a call timed alone (no message)."""
-    from parallel import collectives
     from parallel.ring import _exchange, _wait, ring_all_reduce
 
     rank, n = world()

@@ -71,6 +71,11 @@ ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_s
 # 2-rank run that tried it (gloo's schedule written out in a script, not committed), 2 MiB
 # segments beat 1 MiB ones at 16 and 64 MiB; the allreduce benchmark measures what it picks.
 SEGMENT_BYTES = 2 << 20
+# On gloo the segmented ring posts straight to the process group and keeps a scratch of its own.
+# As first written it went through dist.irecv / dist.isend (ring._post) and took its scratch
+# from the buffer the other algorithms grow (ring._buffer); the allreduce benchmark runs it
+# that way too ("as before"), side by side. Only the benchmark turns this off.
+SEGMENTED_DIRECT = True
 
 __all__ = ["ALGORITHMS", "RingError", "all_reduce", "choose"]
 
@@ -255,16 +260,19 @@ def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group) -> None:
     chunks = torch.tensor_split(flat, n)  # the ring's chunks; every chunk in the same number of segments
     s = max(2, -(-chunks[0].numel() * flat.element_size() // SEGMENT_BYTES))
     segments = [torch.tensor_split(c, s) for c in chunks]
-    scratch = _buffer(2 * segments[0][0].numel(), flat, "segmented").view(2, -1)  # segment 0 of chunk 0 is the longest
+    direct = SEGMENTED_DIRECT and not flat.is_cuda
+    # two segments (segment 0 of chunk 0 is the longest), at most 2·SEGMENT_BYTES
+    scratch = _buffer(2 * segments[0][0].numel(), flat, "segmented" if direct else "").view(2, -1)
     steps = [(step, j) for step in range(n - 1) for j in range(s)]
-
     pg = group if group is not None else dist.group.WORLD
 
     def post(send: Tensor, recv: Tensor) -> tuple[list, list]:
+        """A segment step's receives and sends: the receive posted first, the send waited for after the add."""
         if flat.is_cuda:  # NCCL: one batch, waited for as a whole
             return _exchange(send, recv, right, left, group), []
-        # gloo: one message a segment; the receive first, and the send waited for after the add
-        return ([pg.recv([recv], (r - 1) % n, 0)] if recv.numel() else [],
+        if not direct:
+            return _post([(left, recv)], [], group, message_bytes=0), _post([], [(right, send)], group, message_bytes=0)
+        return ([pg.recv([recv], (r - 1) % n, 0)] if recv.numel() else [],  # group ranks, one message each
                 [pg.send([send], (r + 1) % n, 0)] if send.numel() else [])
 
     def reduce_post(i: int) -> tuple:

@@ -174,11 +174,14 @@ def segmented_against_the_ring(segment_bytes: int) -> list:
                     expected = t.clone()
                     dist.all_reduce(expected)
                     expected /= dist.get_world_size() if op == "avg" else 1
-                mine = all_reduce(t.clone(), op, "segmented_ring")
                 theirs = ring.ring_all_reduce(t.clone(), op)
-                same = mine.view(-1).view(torch.uint8).numpy().tobytes() == \
-                    theirs.view(-1).view(torch.uint8).numpy().tobytes()
-                out.append((numel, str(dtype), op, same, mine, expected))
+                for direct in (True, False):  # as it posts now, and as the benchmark's "before" runs it
+                    collectives.SEGMENTED_DIRECT = direct
+                    mine = all_reduce(t.clone(), op, "segmented_ring")
+                    same = mine.view(-1).view(torch.uint8).numpy().tobytes() == \
+                        theirs.view(-1).view(torch.uint8).numpy().tobytes()
+                    out.append((numel, str(dtype), op, same, mine, expected))
+    collectives.SEGMENTED_DIRECT = True
     return out
 
 
