@@ -38,8 +38,8 @@ same order, so the same bits come out everywhere, NaN payloads included.
 
 The ring itself can be scheduled another way. ``ring`` (parallel/ring.py) sends each step's
 chunk as pieces of up to 4 MiB, waits for a whole piece, adds it, and lets the all-gather of
-early pieces overlap the reduce-scatter of later ones. gloo's own all_reduce runs the same
-steps as gloo/allreduce.cc's ``ring`` schedules them, and so does
+early pieces overlap the reduce-scatter of later ones. gloo's own all_reduce (``ring`` in
+gloo/allreduce.cc) runs the same steps on another schedule, and so does
 
   segmented ring       every chunk in s ≥ 2 segments of at most SEGMENT_BYTES; the reduce-scatter's
                        (n − 1)·s segment steps run with two in flight: segment i is received
@@ -67,9 +67,8 @@ from parallel import costmodel, ring
 from parallel.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wait, ring_all_reduce
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot", "segmented_ring")
-# The segmented ring's largest segment (parallel/costmodel.py models the same). In the first
-# 2-rank run that tried it (gloo's schedule written out in a script, not committed), 2 MiB
-# segments beat 1 MiB ones at 16 and 64 MiB; the allreduce benchmark measures what it picks.
+# The segmented ring's largest segment (parallel/costmodel.py models the same): a choice, twice
+# the 1 MiB gloo's own segments are capped at; no committed run compares segment sizes.
 SEGMENT_BYTES = 2 << 20
 # On gloo the segmented ring posts straight to the process group and keeps a scratch of its own.
 # As first written it went through dist.irecv / dist.isend (ring._post) and took its scratch

@@ -77,7 +77,7 @@ def scratch_reuse() -> dict:
     from parallel import ring
     from parallel.collectives import all_reduce
     rank, n = dist.get_rank(), dist.get_world_size()
-    key = (torch.float32, torch.device("cpu"))
+    key = (torch.float32, torch.device("cpu"), "")  # the buffer the algorithms share
     total = n * (n + 1) / 2
     sums, parts = [], []
     for round_ in range(2):
@@ -96,12 +96,18 @@ def scratch_reuse() -> dict:
 def before_variants() -> dict:
     """The allreduce benchmark's variants "as before": right sums, the switches they turn
     off really off during the call, and everything as it was after it."""
-    from parallel import bench, ring
+    from parallel import bench, collectives, ring
     rank, n = dist.get_rank(), dist.get_world_size()
-    key = (torch.float32, torch.device("cpu"))
+    key = (torch.float32, torch.device("cpu"), "")  # the buffer the algorithms share
     t = torch.full((n * 5000,), float(rank + 1))
     ring_all_reduce(t)
     held, made = ring._local.buffers[key], []
+    posted, post = [], collectives._post  # the segmented ring goes through _post only as before
+
+    def counted_posts(*args, **kwargs) -> list:
+        posted.append(1)
+        return post(*args, **kwargs)
+    collectives._post = counted_posts
 
     class Counted(ring._LateSends):
         def __init__(self) -> None:
@@ -110,9 +116,9 @@ def before_variants() -> dict:
     ring._LateSends = Counted
     fresh, buffer = [], ring._buffer
 
-    def watched(numel: int, like: torch.Tensor) -> torch.Tensor:
+    def watched(numel: int, like: torch.Tensor, owner: str = "") -> torch.Tensor:
         fresh.append(ring._local.__dict__.get("buffers", {}).get(key) is not held)
-        return buffer(numel, like)
+        return buffer(numel, like, owner)
     ring._buffer = watched
     cut, messages = [], ring._messages
 
@@ -123,26 +129,33 @@ def before_variants() -> dict:
     ring._messages = counted
     ring.MESSAGE_BYTES = 4096  # small enough to cut this test's pieces
     out = {}
-    for name, fn in bench._as_before(t).items():
+    for name, fn in [*bench._as_before(t).items(),
+                     ("segmented_ring (now)", lambda: collectives.all_reduce(t, algorithm="segmented_ring"))]:
         t.fill_(rank + 1)
         made.clear()
         fresh.clear()
         cut.clear()
+        posted.clear()
         fn()
-        out[name] = (bool((t == n * (n + 1) / 2).all()), len(made), any(fresh), any(cut), ring.LATE_SENDS,
-                     ring._local.buffers[key] is held, ring.MESSAGE_BYTES)
+        out[name] = (bool((t == n * (n + 1) / 2).all()), len(made), any(fresh), any(cut), bool(posted),
+                     ring.LATE_SENDS, ring._local.buffers[key] is held, ring.MESSAGE_BYTES,
+                     collectives.SEGMENTED_DIRECT)
     return out
 
 
 def test_the_benchmarks_variants_as_before_switch_only_during_their_call():
     got = launch(before_variants, 2, deadline_s=60)[0]
-    # (right sums, late-send schedules made, a fresh buffer seen, messages cut, late sends back
-    # on, buffer back, message size back)
-    assert got == {"ring, a fresh buffer per call (before)": (True, 1, True, True, True, True, 4096),
-                   "ring, a fresh buffer and a wait per send (before)": (True, 0, True, True, True, True, 4096),
-                   "two_shot, a wait per send (before)": (True, 0, False, True, True, True, 4096),
-                   "ring, one message per piece (before)": (True, 1, False, False, True, True, 4096),
-                   "two_shot, one message per block (before)": (True, 0, False, False, True, True, 4096)}
+    # (right sums, late-send schedules made, a fresh buffer seen, messages cut, posted through
+    # collectives._post, late sends back on, buffer back, message size back, direct posts back on)
+    on = (True, True, 4096, True)
+    assert got == {"ring, a fresh buffer per call (before)": (True, 1, True, True, False, *on),
+                   "ring, a fresh buffer and a wait per send (before)": (True, 0, True, True, False, *on),
+                   "two_shot, a wait per send (before)": (True, 0, False, True, True, *on),
+                   "ring, one message per piece (before)": (True, 1, False, False, False, *on),
+                   "two_shot, one message per block (before)": (True, 0, False, False, True, *on),
+                   "segmented_ring, through dist.isend/irecv and a shared scratch (before)":
+                       (True, 0, False, False, True, *on),
+                   "segmented_ring (now)": (True, 0, False, False, False, *on)}
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
