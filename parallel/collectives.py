@@ -253,11 +253,17 @@ def _in_pairs(count: int, post, finish) -> None:
         finish(*pending.popleft())
 
 
+def _segments_per_chunk(longest_chunk_bytes: int) -> int:
+    """How many segments the segmented ring cuts every chunk into: at least two (one is added
+    while the other travels), few enough that the longest chunk's are at most SEGMENT_BYTES."""
+    return max(2, -(-longest_chunk_bytes // SEGMENT_BYTES))
+
+
 def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group) -> None:
     r, n = plan.rank, plan.size
     right, left = plan.glob[(r + 1) % n], plan.glob[(r - 1) % n]
     chunks = torch.tensor_split(flat, n)  # the ring's chunks; every chunk in the same number of segments
-    s = max(2, -(-chunks[0].numel() * flat.element_size() // SEGMENT_BYTES))
+    s = _segments_per_chunk(chunks[0].numel() * flat.element_size())
     segments = [torch.tensor_split(c, s) for c in chunks]
     direct = SEGMENTED_DIRECT and not flat.is_cuda
     # two segments (segment 0 of chunk 0 is the longest), at most 2·SEGMENT_BYTES

@@ -321,6 +321,12 @@ def test_the_model_knows_the_segmented_rings_segments():
     from parallel import collectives
 
     assert costmodel.SEGMENT_BYTES == collectives.SEGMENT_BYTES
+    # the segments the model charges are the ones the code cuts
+    for n, nbytes in [(2, 1 << 20), (2, 4 << 20), (3, 16 << 20), (4, 16 << 20), (2, 64 << 20), (3, 24 << 20)]:
+        longest = torch.tensor_split(torch.empty(nbytes // 4), n)[0].numel() * 4
+        s, m = costmodel.ring_segments(n, nbytes)
+        assert collectives._segments_per_chunk(longest) == s, (n, nbytes)
+        assert longest / s == pytest.approx(m, abs=4)
     # at least two segments a chunk (one is added while the other travels), at most SEGMENT_BYTES each
     assert costmodel.ring_segments(2, 1 << 20) == (2, 256 << 10)
     assert costmodel.ring_segments(2, 16 << 20) == (4, 2 << 20)
