@@ -15,6 +15,7 @@ Examples:
       distributed.py -m py
   python distributed.py --bench allreduce --world-size 2 --json /tmp/allreduce_w2.json
   python distributed.py --bench burst --world-size 4 --json /tmp/burst_w4.json
+  python distributed.py --bench cpu --world-size 4 --json /tmp/cpu_w4.json
   python distributed.py --bench overhead
   python distributed.py --bench step --json /tmp/step_w2.json
   python distributed.py --bench zero --world-size 4 --hidden 1024,1024
@@ -94,9 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH", help="draw the loss and accuracy curves (needs matplotlib)")
     p.add_argument("--tp", type=cli.positive(int), default=1,
                    help="tensor-parallel size: the hidden layers are split across --tp ranks (world = dp × tp)")
-    p.add_argument("--bench", choices=["allreduce", "burst", "step", "overhead", "zero", "tp"],
+    p.add_argument("--bench", choices=["allreduce", "cpu", "burst", "step", "overhead", "zero", "tp"],
                    help="instead of training: time our ring against dist.all_reduce (burst: 1, 2 or 8 calls in a row "
-                        "after a barrier), a training step against DDP, "
+                        "after a barrier; cpu: the CPU time of a call by thread), a training step against DDP, "
                         "or a tensor-parallel MLP step (hidden D,H: D -> H -> D) overlapped or not, against "
                         "torch's tensor parallelism")
     return p

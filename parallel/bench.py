@@ -2,6 +2,8 @@
 
 allreduce: our all_reduce (auto, and each algorithm it chooses from) against dist.all_reduce on
            the same backend, 4 KiB to 64 MiB.
+cpu:       where a call's CPU time goes (our main thread, gloo's I/O and worker threads), summed
+           over the ranks, for the ring, two-shot, the segmented ring and dist.all_reduce, 1-16 MiB.
 burst:     the ring and two-shot against dist.all_reduce, 1, 2 or 8 calls in a row after a
            barrier: from a common start (the cost model's assumption) and back to back.
 step:      one training step (forward, backward, gradient averaging, optimiser step) of our
@@ -22,6 +24,8 @@ from __future__ import annotations
 import datetime
 import hashlib
 import math
+import os
+import random
 import statistics
 import sys
 import time
@@ -38,7 +42,7 @@ from parallel import collectives, ring
 from parallel import data as data_mod
 from parallel.collectives import ALGORITHMS, all_reduce, choose
 from parallel.costmodel import PREDICT, link_for, size_label, warm_up
-from parallel.launch import io_nice, io_thread_nices
+from parallel.launch import THREAD_KINDS, io_nice, io_thread_nices, thread_cpu_s
 from parallel.reducer import GradReducer, world
 from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
 from parallel.tp_report import bytes_table
@@ -221,6 +225,73 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
                             **({"algorithm": choose(nbytes // 4, 4, n)} if variant == "auto" else {})})
     record = {**_header(config, "allreduce"), "results": results}
     return {"output_errors": _write(record, json_path, allreduce_table(record))}
+
+
+CPU_SIZES = [1 << 20, 4 << 20, 16 << 20]
+CPU_VARIANTS = ("ring", "two_shot", "segmented_ring", "dist.all_reduce")
+CPU_ROUNDS = 30
+
+
+def cpu(config: Config, json_path: Path | None) -> dict:
+    """Where a call's CPU time goes: per call, the CPU time of every thread kind (main, gloo's
+    I/O threads, gloo's worker threads; launch.thread_cpu_s), summed over the ranks, next to
+    the slowest rank's wall time. With more ranks than cores the ranks take turns, and the
+    wall time follows the CPU time they need together. A sample is ``calls`` calls in a row
+    after a barrier; the variants take turns in a new order each round, and a variant's CPU
+    time is paired with gloo's in the same round."""
+    warm_up(*_peers(None)[2:])
+    shuffler = random.Random(0)  # the same order on every rank: they must make the same calls
+    results = []
+    for nbytes in CPU_SIZES:
+        t = torch.zeros(nbytes // 4)
+        fns = {v: (lambda t=t: dist.all_reduce(t)) if v == "dist.all_reduce"
+               else (lambda t=t, a=v: all_reduce(t, algorithm=a, check=False)) for v in CPU_VARIANTS}
+        calls = max(4, (16 << 20) // nbytes)
+        for fn in fns.values():
+            fn(), fn()
+        mine: dict[str, list[list[float]]] = {v: [] for v in fns}  # per round: wall µs, then CPU µs by kind
+        for _ in range(CPU_ROUNDS):
+            for v in shuffler.sample(list(fns), len(fns)):
+                dist.barrier()
+                before, start = thread_cpu_s(), time.perf_counter()
+                for _ in range(calls):
+                    fns[v]()
+                wall = time.perf_counter() - start
+                after = thread_cpu_s()
+                mine[v].append([wall] + [after.get(k, 0.0) - before.get(k, 0.0) for k in THREAD_KINDS])
+        every = {v: _every_rank(torch.tensor(m, dtype=torch.float64) * (1e6 / calls)) for v, m in mine.items()}
+        totals = {v: e[:, :, 1:].sum((0, 2)).tolist() for v, e in every.items()}  # all ranks, all kinds
+        for v, e in every.items():
+            wall = e[:, :, 0].max(0).values  # the slowest rank
+            ratios = [a / b for a, b in zip(totals[v], totals["dist.all_reduce"])]
+            results.append({"bytes": nbytes, "variant": v, "calls_per_sample": calls,
+                            "time_us": wall.median().item(), "cpu_us": statistics.median(totals[v]),
+                            "cpu_us_by_thread": {k: e[:, :, 1 + i].sum(0).median().item()
+                                                 for i, k in enumerate(THREAD_KINDS)},
+                            "cores_busy": statistics.median(c / w for c, w in zip(totals[v], wall.tolist())),
+                            "cpu_over_dist": statistics.median(ratios),
+                            "cpu_over_dist_ci": list(median_ci(ratios) or ()) or None})
+    record = {**_header(config, "cpu"), "cores": os.cpu_count(), "rounds": CPU_ROUNDS,
+              "thread_kinds": list(THREAD_KINDS), "results": results}
+    return {"output_errors": _write(record, json_path, cpu_table(record))}
+
+
+def cpu_table(record: dict) -> str:
+    kinds = [k for k in record["thread_kinds"] if any(r["cpu_us_by_thread"][k] >= 1 for r in record["results"])]
+    rows = ["| size | variant | µs per call | CPU µs per call, all ranks | " + " | ".join(kinds)
+            + " | CPU / gloo's (paired, 95% CI) | cores busy |",
+            "|---:|---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|"]
+    for r in record["results"]:
+        ci = r.get("cpu_over_dist_ci") or [math.nan, math.nan]
+        rows.append(f"| {size_label(r['bytes'])} | {r['variant']} | {r['time_us']:.0f} | {r['cpu_us']:.0f} | "
+                    + " | ".join(f"{r['cpu_us_by_thread'][k]:.0f}" for k in kinds)
+                    + f" | {r['cpu_over_dist']:.2f} ({ci[0]:.2f}–{ci[1]:.2f}) | {r['cores_busy']:.2f} |")
+    rows.append(f"\nPer call: the slowest rank's wall time and the CPU time of each kind of thread, summed over the "
+                f"ranks (from /proc/self/task/*/schedstat), medians over {record['rounds']} rounds; cores busy: "
+                f"all ranks' CPU time over the wall time. {record['world_size']} ranks on {record['backend']} on "
+                f"{record['cores']} cores, {record['threads_per_rank']} thread(s) each, {record['device']}, "
+                f"torch {record['torch']}, {record['date']}: `{record['command']}`")
+    return "\n".join(rows)
 
 
 BURSTS = (1, 2, 8)
@@ -732,6 +803,6 @@ def tp_table(record: dict) -> str:
     return "\n".join(rows)
 
 
-JOBS = {"allreduce": allreduce, "burst": burst, "step": step, "overhead": overhead, "zero": zero, "tp": tp}
-RENDERERS = {"allreduce": allreduce_table, "burst": burst_table, "step": step_table, "overhead": overhead_table,
-             "zero": zero_table, "tp": tp_table, "tpbytes": bytes_table}
+JOBS = {"allreduce": allreduce, "cpu": cpu, "burst": burst, "step": step, "overhead": overhead, "zero": zero, "tp": tp}
+RENDERERS = {"allreduce": allreduce_table, "cpu": cpu_table, "burst": burst_table, "step": step_table,
+             "overhead": overhead_table, "zero": zero_table, "tp": tp_table, "tpbytes": bytes_table}

@@ -23,7 +23,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import cli
 
@@ -34,15 +33,9 @@ SLOW_US = 1000.0    # a call slower than this is one of the stalls
 
 def _io_cpu_s() -> float:
     """CPU seconds used so far by this process's gloo I/O threads (from /proc)."""
-    from parallel.launch import io_threads
+    from parallel.launch import thread_cpu_s
 
-    total = 0
-    for tid in io_threads():
-        try:
-            total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
-        except OSError:  # the thread ended meanwhile
-            continue
-    return total * 1e-9
+    return thread_cpu_s().get("gloo I/O", 0.0)
 
 
 def _job(sizes: tuple[int, ...], rounds: int) -> dict:

@@ -112,6 +112,32 @@ def io_threads() -> list[int]:
     return tids
 
 
+# ProcessGroupGloo's worker threads: where its own collectives (dist.all_reduce) run and post
+WORKER_THREAD_NAME = "pt_gloo_runloop"
+THREAD_KINDS = ("main", "gloo I/O", "gloo worker", "other")
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds this process's threads have used so far, summed by kind (THREAD_KINDS): the
+    main thread (ours post every message and add there), gloo's I/O threads (they read and
+    write the sockets), gloo's worker threads (dist.all_reduce runs there) and any other. From
+    /proc/self/task/*/schedstat (nanoseconds); a thread that ends between two readings takes
+    its time with it. Empty off Linux."""
+    if not sys.platform.startswith("linux"):
+        return {}
+    kinds = {IO_THREAD_NAME: "gloo I/O", WORKER_THREAD_NAME: "gloo worker"}
+    totals = dict.fromkeys(THREAD_KINDS, 0.0)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            ns = int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+        except OSError:  # the thread ended meanwhile
+            continue
+        kind = "main" if int(tid) == os.getpid() else kinds.get(name, "other")
+        totals[kind] += ns * 1e-9
+    return totals
+
+
 def io_thread_nices() -> list[int]:
     """The niceness each of this process's gloo I/O threads has now (``lower_io_priority`` as it
     took effect): what the benchmark and fit records report."""

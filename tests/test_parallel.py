@@ -542,6 +542,53 @@ def test_the_fit_record_says_what_priority_the_io_threads_had(tmp_path):
     assert "gloo's I/O threads at niceness 7" in result.stdout
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU time comes from Linux's /proc")
+def test_thread_cpu_puts_each_threads_time_under_its_kind():
+    """Work on the main thread counts as "main", work on another Python thread as "other"."""
+    from parallel.launch import THREAD_KINDS, thread_cpu_s
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    before = thread_cpu_s()
+    assert set(before) == set(THREAD_KINDS)
+    spin(0.2)
+    middle = thread_cpu_s()
+    worker = threading.Thread(target=spin, args=(0.2,))
+    worker.start()
+    worker.join(30)
+    after = thread_cpu_s()
+    assert middle["main"] - before["main"] >= 0.15
+    assert after["main"] - middle["main"] < 0.1  # the main thread only waited
+    # the worker thread has ended: its time left the sum with it, so only its absence is checked
+    assert after["gloo I/O"] == before["gloo I/O"] == 0 and after["gloo worker"] == before["gloo worker"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU time comes from Linux's /proc")
+def test_cpu_benchmark_finds_gloos_work_on_its_worker_threads_and_ours_on_the_main_thread(tmp_path):
+    """--bench cpu: dist.all_reduce's CPU time shows on gloo's worker threads and ours on the main
+    thread (the classification works), and no more cores are busy than the machine has."""
+    from parallel.bench import CPU_SIZES, CPU_VARIANTS
+
+    out = tmp_path / "cpu.json"
+    result = run_script("distributed.py", "--bench", "cpu", "--world-size", "2", "--json", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    rows = {(r["bytes"], r["variant"]): r for r in record["results"]}
+    assert set(rows) == {(b, v) for b in CPU_SIZES for v in CPU_VARIANTS}
+    for (_, variant), r in rows.items():
+        by = r["cpu_us_by_thread"]
+        if variant == "dist.all_reduce":
+            assert by["gloo worker"] > 0.1 * r["cpu_us"] and r["cpu_over_dist"] == 1.0
+        else:
+            assert by["gloo worker"] < 0.02 * r["cpu_us"] and by["main"] > 0.2 * r["cpu_us"]
+        assert 0 < r["cores_busy"] <= 1.1 * record["cores"]
+    assert "CPU / gloo's" in result.stdout
+
+
 def clocks_compared(unreadable_on: int | None) -> bool:
     """Inside a rank: bench._one_clock, with the boot id unreadable on one rank if asked."""
     from parallel import bench
