@@ -185,6 +185,17 @@ def _as_before(t: torch.Tensor) -> dict:
     return {name: before(calls[now], *flags) for name, (now, *flags) in BEFORE.items()}
 
 
+def _segmented_at(t: torch.Tensor, segment_bytes: int) -> None:
+    """The segmented ring with segments of at most ``segment_bytes`` (collectives.SEGMENT_BYTES
+    for this call only)."""
+    kept = collectives.SEGMENT_BYTES
+    collectives.SEGMENT_BYTES = segment_bytes
+    try:
+        all_reduce(t, algorithm="segmented_ring", check=False)
+    finally:
+        collectives.SEGMENT_BYTES = kept
+
+
 def _against_dist(samples: list[float], ref: list[float]) -> dict:
     """A variant's median time and its ratio to dist.all_reduce's, paired round by round
     (gloo's time over ours: the busbw ratio), with the ratio's 95% interval."""
@@ -209,6 +220,9 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
                 fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
                                                                                              segment_bytes=b)
             fns.update(_as_before(t))
+        if nbytes >= 16 << 20:  # the segmented ring's largest segment (2 MiB) against 1 and 8 MiB
+            for seg in (1, 8):
+                fns[f"segmented ring, {seg} MiB segments"] = lambda t=t, b=seg << 20: _segmented_at(t, b)
         number = _calls_per_sample(nbytes)  # same on every rank: they must make the same calls
         stats = measure(fns, device=device, rounds=_rounds(nbytes), warmup=2, number=number, order="shuffle",
                         sync=dist.barrier)
@@ -570,6 +584,14 @@ def allreduce_table(record: dict) -> str:
                     "| ring, 16 MiB pieces / all_reduce |\n|---:|---:|---:|---:|")
         for nbytes in pieces:
             cells = [by[(nbytes, v)] for v in ("ring, 1 MiB pieces", "ring", "ring, 16 MiB pieces")]
+            rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
+    segments = sorted({r["bytes"] for r in record["results"] if r["variant"] == "segmented ring, 1 MiB segments"})
+    if segments:
+        rows.append(f"\n| size | segmented ring, 1 MiB segments / all_reduce ({how}) | 2 MiB segments (default) "
+                    "| 8 MiB segments |\n|---:|---:|---:|---:|")
+        for nbytes in segments:
+            cells = [by[(nbytes, v)] for v in ("segmented ring, 1 MiB segments", "segmented_ring",
+                                               "segmented ring, 8 MiB segments")]
             rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
     befores = [r for r in record["results"] if r["variant"] in BEFORE]
     if befores:

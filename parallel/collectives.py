@@ -67,8 +67,9 @@ from parallel import costmodel, ring
 from parallel.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wait, ring_all_reduce
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot", "segmented_ring")
-# The segmented ring's largest segment (parallel/costmodel.py models the same): a choice, twice
-# the 1 MiB gloo's own segments are capped at; no committed run compares segment sizes.
+# The segmented ring's largest segment (parallel/costmodel.py models the same): twice the 1 MiB
+# gloo's own segments are capped at. The allreduce benchmark times 1 and 8 MiB beside it; no
+# size was best at every size and world size (parallel/collectives.md, "The segment size").
 SEGMENT_BYTES = 2 << 20
 # On gloo the segmented ring posts straight to the process group and keeps a scratch of its own.
 # As first written it went through dist.irecv / dist.isend (ring._post) and took its scratch

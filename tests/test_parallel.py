@@ -158,6 +158,33 @@ def test_the_benchmarks_variants_as_before_switch_only_during_their_call():
                    "segmented_ring (now)": (True, 0, False, False, False, *on)}
 
 
+def segmented_at_sizes() -> dict:
+    """The benchmark's segment-size variants: the segments each cuts, its sums, the default after."""
+    from parallel import bench, collectives
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    seen, count = [], collectives._segments_per_chunk
+    collectives._segments_per_chunk = lambda b: seen.append(count(b)) or seen[-1]
+    try:
+        t, out = torch.empty(3 << 18), {}  # 3 MiB of float32: 1.5 MiB chunks with 2 ranks
+        for segment in (1 << 18, 1 << 20, 8 << 20):
+            t.fill_(rank + 1)
+            bench._segmented_at(t, segment)
+            out[segment] = (seen.pop(), bool((t == n * (n + 1) / 2).all()), collectives.SEGMENT_BYTES)
+    finally:
+        collectives._segments_per_chunk = count
+    return out
+
+
+def test_the_benchmarks_segment_sizes_apply_only_during_their_call():
+    from parallel.collectives import SEGMENT_BYTES
+
+    got = launch(segmented_at_sizes, 2, deadline_s=60)[0]
+    # 1.5 MiB chunks: six 256 KiB segments, two of 768 KiB, and two (at least two, always)
+    assert got == {1 << 18: (6, True, SEGMENT_BYTES), 1 << 20: (2, True, SEGMENT_BYTES),
+                   8 << 20: (2, True, SEGMENT_BYTES)}
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_ring_reuses_its_scratch_buffer_and_never_returns_it(world_size):
     for rank, got in enumerate(launch(scratch_reuse, world_size, deadline_s=60)):
