@@ -151,6 +151,17 @@ def test_numeric_nonsense_is_a_usage_error(capsys, flag, value):
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("backend, platform", [("nccl", "linux"), ("gloo", "darwin")])
+def test_the_cpu_benchmark_refuses_what_it_cannot_read(monkeypatch, backend, platform):
+    """--bench cpu reads gloo's threads from /proc: on NCCL, or off Linux, a clear error before any rank starts."""
+    from parallel.trainer import Config
+
+    monkeypatch.setattr(distributed.sys, "platform", platform)
+    args = distributed.build_parser().parse_args(["--bench", "cpu", "--world-size", "2"])
+    with pytest.raises(cli.UserError, match="gloo backend on Linux only"):
+        distributed.check_before_launch(args, Config(backend=backend, device="cuda" if backend == "nccl" else "cpu"), 2)
+
+
 def test_numeric_nonsense_starts_no_rank():
     result = run_script("distributed.py", "--lr", "nan", timeout=60)
     assert result.returncode == 2 and "--lr" in result.stderr and "finite" in result.stderr
