@@ -178,9 +178,10 @@ def check_before_launch(args: argparse.Namespace, config: Config, world_size: in
     if args.bench and world_size < 2:
         raise cli.UserError(f"--bench {args.bench} measures communication between ranks, and with "
                             f"{world_size} rank there is nothing to measure: use --world-size 2 or more")
-    if args.bench == "cpu" and (config.backend != "gloo" or not sys.platform.startswith("linux")):
-        raise cli.UserError("--bench cpu reads the CPU time of gloo's threads from Linux's /proc: it runs on the "
-                            "gloo backend on Linux only (--device cpu)")
+    if args.bench == "cpu" and (config.backend != "gloo" or not sys.platform.startswith("linux")
+                                or not Path(f"/proc/self/task/{os.getpid()}/schedstat").is_file()):
+        raise cli.UserError("--bench cpu reads the CPU time of gloo's threads from Linux's /proc (schedstat): it "
+                            "runs on the gloo backend on Linux only (--device cpu), with /proc/self/task/*/schedstat")
     if args.bench and (args.plot or args.checkpoint or args.resume):
         raise cli.UserError("--plot, --checkpoint and --resume belong to training, not to --bench")
     cli.check_output(args.json, "--json")

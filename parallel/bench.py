@@ -220,7 +220,9 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
                 fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
                                                                                              segment_bytes=b)
             fns.update(_as_before(t))
-        if nbytes >= 16 << 20:  # the segmented ring's largest segment (2 MiB) against 1 and 8 MiB
+        # the segmented ring's largest segment against 1 and 8 MiB; below 16 MiB the chunks are
+        # too short for the size to change the cut (every chunk is two segments)
+        if nbytes >= 16 << 20:
             for seg in (1, 8):
                 fns[f"segmented ring, {seg} MiB segments"] = lambda t=t, b=seg << 20: _segmented_at(t, b)
         number = _calls_per_sample(nbytes)  # same on every rank: they must make the same calls
@@ -276,15 +278,16 @@ def cpu(config: Config, json_path: Path | None) -> dict:
         every = {v: _every_rank(torch.tensor(m, dtype=torch.float64) * (1e6 / calls)) for v, m in mine.items()}
         totals = {v: e[:, :, 1:].sum((0, 2)).tolist() for v, e in every.items()}  # all ranks, all kinds
         for v, e in every.items():
-            wall = e[:, :, 0].max(0).values  # the slowest rank
+            wall = e[:, :, 0].max(0).values.tolist()  # the slowest rank
+            by_thread = {k: e[:, :, 1 + i].sum(0).tolist() for i, k in enumerate(THREAD_KINDS)}  # all ranks
             ratios = [a / b for a, b in zip(totals[v], totals["dist.all_reduce"])]
             results.append({"bytes": nbytes, "variant": v, "calls_per_sample": calls,
-                            "time_us": wall.median().item(), "cpu_us": statistics.median(totals[v]),
-                            "cpu_us_by_thread": {k: e[:, :, 1 + i].sum(0).median().item()
-                                                 for i, k in enumerate(THREAD_KINDS)},
-                            "cores_busy": statistics.median(c / w for c, w in zip(totals[v], wall.tolist())),
+                            "time_us": statistics.median(wall), "cpu_us": statistics.median(totals[v]),
+                            "cpu_us_by_thread": {k: statistics.median(x) for k, x in by_thread.items()},
+                            "cores_busy": statistics.median(c / w for c, w in zip(totals[v], wall)),
                             "cpu_over_dist": statistics.median(ratios),
-                            "cpu_over_dist_ci": list(median_ci(ratios) or ()) or None})
+                            "cpu_over_dist_ci": list(median_ci(ratios) or ()) or None,
+                            "rounds_time_us": wall, "rounds_cpu_us": totals[v], "rounds_cpu_us_by_thread": by_thread})
     record = {**_header(config, "cpu"), "cores": os.cpu_count(), "rounds": CPU_ROUNDS,
               "thread_kinds": list(THREAD_KINDS), "results": results}
     return {"output_errors": _write(record, json_path, cpu_table(record))}
@@ -587,7 +590,8 @@ def allreduce_table(record: dict) -> str:
             rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
     segments = sorted({r["bytes"] for r in record["results"] if r["variant"] == "segmented ring, 1 MiB segments"})
     if segments:
-        rows.append(f"\n| size | segmented ring, 1 MiB segments / all_reduce ({how}) | 2 MiB segments (default) "
+        rows.append(f"\n| size | segmented ring, 1 MiB segments / all_reduce ({how}) "
+                    f"| {size_label(collectives.SEGMENT_BYTES)} segments (default) "
                     "| 8 MiB segments |\n|---:|---:|---:|---:|")
         for nbytes in segments:
             cells = [by[(nbytes, v)] for v in ("segmented ring, 1 MiB segments", "segmented_ring",

@@ -166,7 +166,7 @@ def segmented_at_sizes() -> dict:
     seen, count = [], collectives._segments_per_chunk
     collectives._segments_per_chunk = lambda b: seen.append(count(b)) or seen[-1]
     try:
-        t, out = torch.empty(3 << 18), {}  # 3 MiB of float32: 1.5 MiB chunks with 2 ranks
+        t, out = torch.empty(5 << 20), {}  # 20 MiB of float32: 10 MiB chunks with 2 ranks
         for segment in (1 << 18, 1 << 20, 8 << 20):
             t.fill_(rank + 1)
             bench._segmented_at(t, segment)
@@ -180,8 +180,8 @@ def test_the_benchmarks_segment_sizes_apply_only_during_their_call():
     from parallel.collectives import SEGMENT_BYTES
 
     got = launch(segmented_at_sizes, 2, deadline_s=60)[0]
-    # 1.5 MiB chunks: six 256 KiB segments, two of 768 KiB, and two (at least two, always)
-    assert got == {1 << 18: (6, True, SEGMENT_BYTES), 1 << 20: (2, True, SEGMENT_BYTES),
+    # 10 MiB chunks: 40 segments of 256 KiB, 10 of 1 MiB, 2 of 5 MiB (the default, 2 MiB, cuts 5)
+    assert got == {1 << 18: (40, True, SEGMENT_BYTES), 1 << 20: (10, True, SEGMENT_BYTES),
                    8 << 20: (2, True, SEGMENT_BYTES)}
 
 
