@@ -3,7 +3,8 @@
 allreduce: our all_reduce (auto, and each algorithm it chooses from) against dist.all_reduce on
            the same backend, 4 KiB to 64 MiB.
 cpu:       where a call's CPU time goes (our main thread, gloo's I/O and worker threads), summed
-           over the ranks, for the ring, two-shot, the segmented ring and dist.all_reduce, 1-16 MiB.
+           over the ranks, for the ring, two-shot, the segmented ring (also with its loop in C++,
+           where a compiler is at hand) and dist.all_reduce, 1-16 MiB.
 burst:     the ring and two-shot against dist.all_reduce, 1, 2 or 8 calls in a row after a
            barrier: from a common start (the cost model's assumption) and back to back.
 step:      one training step (forward, backward, gradient averaging, optimiser step) of our
@@ -246,6 +247,19 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
 CPU_SIZES = [1 << 20, 4 << 20, 16 << 20]
 CPU_VARIANTS = ("ring", "two_shot", "segmented_ring", "dist.all_reduce")
 CPU_ROUNDS = 30
+CPP_LOOP = "segmented ring, loop in C++"  # parallel/cpp_loop.py: the same messages without the interpreter
+
+
+def _cpp_loop_everywhere() -> str | None:
+    """None where every rank can run the C++ loop (distributed.py built it before the ranks
+    started), else why not. Every rank must call it: they must all run the same variants."""
+    import modes
+
+    reason = modes.available()["cpp"]
+    agreed = _every_rank(torch.tensor(0 if reason is None else 1, dtype=torch.int64))
+    if reason is None and not agreed.any():
+        return None
+    return reason or f"ranks {[r for r, bad in enumerate(agreed.tolist()) if bad]} cannot build C++ extensions"
 
 
 def cpu(config: Config, json_path: Path | None) -> dict:
@@ -255,13 +269,18 @@ def cpu(config: Config, json_path: Path | None) -> dict:
     wall time follows the CPU time they need together. A sample is ``calls`` calls in a row
     after a barrier; the variants take turns in a new order each round, and a variant's CPU
     time is paired with gloo's in the same round."""
+    from parallel import cpp_loop
+
     warm_up(*_peers(None)[2:])
+    without_cpp = _cpp_loop_everywhere()
     shuffler = random.Random(0)  # the same order on every rank: they must make the same calls
     results = []
     for nbytes in CPU_SIZES:
         t = torch.zeros(nbytes // 4)
         fns = {v: (lambda t=t: dist.all_reduce(t)) if v == "dist.all_reduce"
                else (lambda t=t, a=v: all_reduce(t, algorithm=a, check=False)) for v in CPU_VARIANTS}
+        if without_cpp is None:
+            fns[CPP_LOOP] = lambda t=t: cpp_loop.segmented_ring(t)
         calls = max(4, (16 << 20) // nbytes)
         for fn in fns.values():
             fn(), fn()
@@ -288,8 +307,12 @@ def cpu(config: Config, json_path: Path | None) -> dict:
                             "cpu_over_dist": statistics.median(ratios),
                             "cpu_over_dist_ci": list(median_ci(ratios) or ()) or None,
                             "rounds_time_us": wall, "rounds_cpu_us": totals[v], "rounds_cpu_us_by_thread": by_thread})
+            if v == CPP_LOOP:  # paired with the Python loop it repeats, round by round
+                ratios = [a / b for a, b in zip(totals[v], totals["segmented_ring"])]
+                results[-1].update(cpu_over_python_loop=statistics.median(ratios),
+                                   cpu_over_python_loop_ci=list(median_ci(ratios) or ()) or None)
     record = {**_header(config, "cpu"), "cores": os.cpu_count(), "rounds": CPU_ROUNDS,
-              "thread_kinds": list(THREAD_KINDS), "results": results}
+              "thread_kinds": list(THREAD_KINDS), "without_cpp_loop": without_cpp, "results": results}
     return {"output_errors": _write(record, json_path, cpu_table(record))}
 
 
@@ -303,6 +326,13 @@ def cpu_table(record: dict) -> str:
         rows.append(f"| {size_label(r['bytes'])} | {r['variant']} | {r['time_us']:.0f} | {r['cpu_us']:.0f} | "
                     + " | ".join(f"{r['cpu_us_by_thread'][k]:.0f}" for k in kinds)
                     + f" | {r['cpu_over_dist']:.2f} ({ci[0]:.2f}–{ci[1]:.2f}) | {r['cores_busy']:.2f} |")
+    loops = [(r["bytes"], r["cpu_over_python_loop"], r["cpu_over_python_loop_ci"] or [math.nan, math.nan])
+             for r in record["results"] if "cpu_over_python_loop" in r]
+    if loops:
+        rows.append("\nThe segmented ring's CPU time with its loop in C++ over the Python loop's (paired, 95% CI): "
+                    + ", ".join(f"{size_label(b)} {x:.2f} ({lo:.2f}–{hi:.2f})" for b, x, (lo, hi) in loops) + ".")
+    elif record.get("without_cpp_loop"):
+        rows.append(f"\nWithout the C++ loop: {record['without_cpp_loop']}.")
     rows.append(f"\nPer call: the slowest rank's wall time and the CPU time of each kind of thread, summed over the "
                 f"ranks (from /proc/self/task/*/schedstat), medians over {record['rounds']} rounds; cores busy: "
                 f"all ranks' CPU time over the wall time. {record['world_size']} ranks on {record['backend']} on "
