@@ -199,13 +199,14 @@ def check_before_launch(args: argparse.Namespace, config: Config, world_size: in
         modes.stage(args.mode)
     except RuntimeError as e:
         raise cli.UserError(f"mode {args.mode!r} could not be loaded: {str(e).strip()[:500]}", code=1) from None
-    if args.bench == "cpu":  # and the C++ loop it measures beside the Python one
-        reason = modes.available()["cpp"]
-        if reason is not None:
-            print(f"distributed.py: --bench cpu runs without the C++ loop: {reason}", file=sys.stderr, flush=True)
-        else:
-            from parallel import cpp_loop
+    if args.bench in ("allreduce", "cpu") and config.backend == "gloo":  # and the C++ loop they run
+        from parallel import cpp_loop
 
+        reason = cpp_loop.unavailable()
+        if reason is not None:
+            print(f"distributed.py: --bench {args.bench} runs without the C++ loop: {reason}", file=sys.stderr,
+                  flush=True)
+        else:
             try:
                 cpp_loop.build()
             except RuntimeError as e:

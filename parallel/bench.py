@@ -1,7 +1,8 @@
 """Benchmarks of the distributed part, run on every rank by distributed.py --bench.
 
 allreduce: our all_reduce (auto, and each algorithm it chooses from) against dist.all_reduce on
-           the same backend, 4 KiB to 64 MiB.
+           the same backend, 4 KiB to 64 MiB (from 1 MiB on gloo also the segmented ring with its
+           loop in C++, where a compiler is at hand).
 cpu:       where a call's CPU time goes (our main thread, gloo's I/O and worker threads), summed
            over the ranks, for the ring, two-shot, the segmented ring (also with its loop in C++,
            where a compiler is at hand) and dist.all_reduce, 1-16 MiB.
@@ -206,10 +207,28 @@ def _against_dist(samples: list[float], ref: list[float]) -> dict:
             "ratio_ci": list(median_ci(ratios) or ()) or None}
 
 
+CPP_LOOP = "segmented ring, loop in C++"  # parallel/cpp_loop.py: the same messages without the interpreter
+
+
+def _cpp_loop_everywhere() -> str | None:
+    """None where every rank can run the C++ loop (distributed.py built it before the ranks
+    started), else why not. Every rank must call it: they must all run the same variants."""
+    from parallel import cpp_loop
+
+    reason = cpp_loop.unavailable()
+    agreed = _every_rank(torch.tensor(0 if reason is None else 1, dtype=torch.int64))
+    if reason is None and not agreed.any():
+        return None
+    return reason or f"ranks {[r for r, bad in enumerate(agreed.tolist()) if bad]} cannot build C++ extensions"
+
+
 def allreduce(config: Config, json_path: Path | None) -> dict:
+    from parallel import cpp_loop
+
     rank, n = world()
     device = config.device if dist.get_backend() == "nccl" else "cpu"
     warm_up(*_peers(None)[2:])  # a fresh gloo pair is slow for its first messages
+    without_cpp = "it runs on gloo only" if dist.get_backend() != "gloo" else _cpp_loop_everywhere()
     results = []
     for nbytes in SIZES:
         t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # zeros: the sums stay finite
@@ -226,6 +245,8 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
         if nbytes >= 16 << 20:
             for seg in (1, 8):
                 fns[f"segmented ring, {seg} MiB segments"] = lambda t=t, b=seg << 20: _segmented_at(t, b)
+        if nbytes >= 1 << 20 and without_cpp is None:  # where auto picks among the large-message algorithms
+            fns[CPP_LOOP] = lambda t=t: cpp_loop.segmented_ring(t, check=False)
         number = _calls_per_sample(nbytes)  # same on every rank: they must make the same calls
         stats = measure(fns, device=device, rounds=_rounds(nbytes), warmup=2, number=number, order="shuffle",
                         sync=dist.barrier)
@@ -237,31 +258,20 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
                 before_over_now = [b / m for b, m in zip(samples, slowest[BEFORE[variant][0]])]
                 row["time_over_now"] = statistics.median(before_over_now)
                 row["time_over_now_ci"] = list(median_ci(before_over_now) or ()) or None
+            if variant == CPP_LOOP:  # paired with the Python loop it repeats
+                over_python = [c / p for c, p in zip(samples, slowest["segmented_ring"])]
+                row["time_over_python_loop"] = statistics.median(over_python)
+                row["time_over_python_loop_ci"] = list(median_ci(over_python) or ()) or None
             results.append({"bytes": nbytes, "variant": variant, **row,
                             "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (n - 1) / n,
                             **({"algorithm": choose(nbytes // 4, 4, n)} if variant == "auto" else {})})
-    record = {**_header(config, "allreduce"), "results": results}
+    record = {**_header(config, "allreduce"), "without_cpp_loop": without_cpp, "results": results}
     return {"output_errors": _write(record, json_path, allreduce_table(record))}
 
 
 CPU_SIZES = [1 << 20, 4 << 20, 16 << 20]
 CPU_VARIANTS = ("ring", "two_shot", "segmented_ring", "dist.all_reduce")
 CPU_ROUNDS = 30
-CPP_LOOP = "segmented ring, loop in C++"  # parallel/cpp_loop.py: the same messages without the interpreter
-
-
-def _cpp_loop_everywhere() -> str | None:
-    """None where every rank can run the C++ loop (distributed.py built it before the ranks
-    started), else why not. Every rank must call it: they must all run the same variants."""
-    import modes
-
-    reason = modes.available()["cpp"]
-    agreed = _every_rank(torch.tensor(0 if reason is None else 1, dtype=torch.int64))
-    if reason is None and not agreed.any():
-        return None
-    return reason or f"ranks {[r for r, bad in enumerate(agreed.tolist()) if bad]} cannot build C++ extensions"
-
-
 def cpu(config: Config, json_path: Path | None) -> dict:
     """Where a call's CPU time goes: per call, the CPU time of every thread kind (main, gloo's
     I/O threads, gloo's worker threads; launch.thread_cpu_s), summed over the ranks, next to
@@ -280,7 +290,7 @@ def cpu(config: Config, json_path: Path | None) -> dict:
         fns = {v: (lambda t=t: dist.all_reduce(t)) if v == "dist.all_reduce"
                else (lambda t=t, a=v: all_reduce(t, algorithm=a, check=False)) for v in CPU_VARIANTS}
         if without_cpp is None:
-            fns[CPP_LOOP] = lambda t=t: cpp_loop.segmented_ring(t)
+            fns[CPP_LOOP] = lambda t=t: cpp_loop.segmented_ring(t, check=False)
         calls = max(4, (16 << 20) // nbytes)
         for fn in fns.values():
             fn(), fn()
@@ -627,6 +637,15 @@ def allreduce_table(record: dict) -> str:
             cells = [by[(nbytes, v)] for v in ("segmented ring, 1 MiB segments", "segmented_ring",
                                                "segmented ring, 8 MiB segments")]
             rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
+    loops = [r for r in record["results"] if r["variant"] == CPP_LOOP]
+    if loops:
+        rows.append(f"\n| size | segmented ring, loop in C++ / all_reduce ({how}) | Python loop / all_reduce "
+                    "| C++ loop's time / Python loop's (paired, 95% CI) |\n|---:|---:|---:|---:|")
+        for r in loops:
+            ci = r.get("time_over_python_loop_ci") or [math.nan, math.nan]
+            python = by[(r["bytes"], "segmented_ring")]
+            rows.append(f"| {size_label(r['bytes'])} | {_ratio_text(r)} | {_ratio_text(python)} "
+                        f"| {r['time_over_python_loop']:.2f} ({ci[0]:.2f}–{ci[1]:.2f}) |")
     befores = [r for r in record["results"] if r["variant"] in BEFORE]
     if befores:
         rows.append(f"\n| size | as before | its busbw / all_reduce's ({how}) | present code's "

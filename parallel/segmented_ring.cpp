@@ -1,10 +1,11 @@
 // The segmented ring of parallel/collectives.py with its loop in C++: the op
-// dense_collectives::segmented_ring_, an experiment of the CPU benchmark, not an algorithm of
+// dense_collectives::segmented_ring_, an experiment of the benchmarks, not an algorithm of
 // all_reduce. It asks "how much of the gap to gloo's own all_reduce is the interpreter?".
 //
 // Build and check:  python -m pytest tests/test_collectives_cpp.py     (JIT build, cached in
 //                   build/jit/dense_collectives; parallel/cpp_loop.py loads it)
-// Measure:          python distributed.py --bench cpu --world-size 4
+// Measure:          python distributed.py --bench cpu --world-size 4       (CPU time by thread)
+//                   python distributed.py --bench allreduce --world-size 4 (busbw against gloo's)
 //
 // Everything else is the Python version's, so that only the interpreter differs: the same
 // segments, the same messages through the same process group's send and recv (c10d, gloo), in
@@ -16,8 +17,8 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <algorithm>
 #include <deque>
-#include <optional>
 #include <vector>
 
 namespace {
@@ -53,9 +54,7 @@ void segmented_ring_(at::Tensor flat, const std::string& group_name, int64_t seg
   TORCH_CHECK(flat.dim() == 1 && flat.is_contiguous() && flat.device().is_cpu(),
               "segmented_ring_ needs a contiguous 1-D CPU tensor");
   TORCH_CHECK(segment_bytes > 0, "segment_bytes must be positive");
-  // The wait()s block for milliseconds: let other Python threads of the rank run meanwhile.
-  std::optional<pybind11::gil_scoped_release> no_gil;
-  if (Py_IsInitialized() && PyGILState_Check()) no_gil.emplace();
+  // No GIL to release: a call through torch.ops runs the kernel without it.
 
   auto pg = c10d::resolve_process_group(group_name);
   const int64_t r = pg->getRank(), n = pg->getSize();

@@ -460,6 +460,11 @@ def test_allreduce_table_judges_the_goal_with_intervals():
                  "time_over_now": 1.12, "time_over_now_ci": [1.05, 1.2]}]
     assert "| 64 KiB | two_shot, a wait per send | 0.80 (0.75–0.85) | 0.90 (0.85–0.95) | 1.12 (1.05–1.20) |" in \
         allreduce_table(record)
+    assert "loop in C++" not in allreduce_table(record)
+    results += [row(65536, "segmented_ring", 0.8, [0.7, 0.9]),
+                {**row(65536, "segmented ring, loop in C++", 0.88, [0.8, 0.95]),
+                 "time_over_python_loop": 0.91, "time_over_python_loop_ci": [0.85, 0.99]}]
+    assert "| 64 KiB | 0.88 (0.80–0.95) | 0.80 (0.70–0.90) | 0.91 (0.85–0.99) |" in allreduce_table(record)
     for r in results:  # a record from before intervals: IQRs, and no significance claimed
         r.pop("ratio_ci")
     old = allreduce_table(record)
