@@ -595,6 +595,33 @@ def _ratio_text(r: dict) -> str:
     return f"{r['busbw_ratio_to_dist']:.2f} ({r['ratio_spread']:.2f})"
 
 
+def _cpp_loop_rows(record: dict, how: str) -> list[str]:
+    """The segmented ring with its loop in C++ against gloo's and against the Python loop."""
+    by = {(r["bytes"], r["variant"]): r for r in record["results"]}
+    loops = [r for r in record["results"] if r["variant"] == CPP_LOOP]
+    if not loops:
+        return []
+    rows = [f"\n| size | segmented ring, loop in C++ / all_reduce ({how}) | Python loop / all_reduce "
+            "| C++ loop's time / Python loop's (paired, 95% CI) |\n|---:|---:|---:|---:|"]
+    for r in loops:
+        ci = r.get("time_over_python_loop_ci") or [math.nan, math.nan]
+        python = by[(r["bytes"], "segmented_ring")]
+        rows.append(f"| {size_label(r['bytes'])} | {_ratio_text(r)} | {_ratio_text(python)} "
+                    f"| {r['time_over_python_loop']:.2f} ({ci[0]:.2f}–{ci[1]:.2f}) |")
+    return rows
+
+
+def cpp_loop_table(record: dict) -> str:
+    """An allreduce record's C++-loop table alone, with the run's line (the chapter shows the rest elsewhere)."""
+    rows = _cpp_loop_rows(record, "95% CI")
+    if not rows:
+        raise ValueError("this allreduce record has no C++ loop (it was run without one)")
+    rows.append(f"\nbusbw over gloo's all_reduce's, paired round by round. {record['world_size']} ranks on "
+                f"{record['backend']}, {record['threads_per_rank']} thread(s) each, {record['device']}, "
+                f"torch {record['torch']}, {record['date']}: `{record['command']}`")
+    return "\n".join(rows).lstrip("\n")
+
+
 def allreduce_table(record: dict) -> str:
     intervals = any(r.get("ratio_ci") for r in record["results"])
     how = "95% CI" if intervals else "IQR"
@@ -637,15 +664,7 @@ def allreduce_table(record: dict) -> str:
             cells = [by[(nbytes, v)] for v in ("segmented ring, 1 MiB segments", "segmented_ring",
                                                "segmented ring, 8 MiB segments")]
             rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
-    loops = [r for r in record["results"] if r["variant"] == CPP_LOOP]
-    if loops:
-        rows.append(f"\n| size | segmented ring, loop in C++ / all_reduce ({how}) | Python loop / all_reduce "
-                    "| C++ loop's time / Python loop's (paired, 95% CI) |\n|---:|---:|---:|---:|")
-        for r in loops:
-            ci = r.get("time_over_python_loop_ci") or [math.nan, math.nan]
-            python = by[(r["bytes"], "segmented_ring")]
-            rows.append(f"| {size_label(r['bytes'])} | {_ratio_text(r)} | {_ratio_text(python)} "
-                        f"| {r['time_over_python_loop']:.2f} ({ci[0]:.2f}–{ci[1]:.2f}) |")
+    rows += _cpp_loop_rows(record, how)
     befores = [r for r in record["results"] if r["variant"] in BEFORE]
     if befores:
         rows.append(f"\n| size | as before | its busbw / all_reduce's ({how}) | present code's "
@@ -879,5 +898,5 @@ def tp_table(record: dict) -> str:
 
 
 JOBS = {"allreduce": allreduce, "cpu": cpu, "burst": burst, "step": step, "overhead": overhead, "zero": zero, "tp": tp}
-RENDERERS = {"allreduce": allreduce_table, "cpu": cpu_table, "burst": burst_table, "step": step_table,
-             "overhead": overhead_table, "zero": zero_table, "tp": tp_table, "tpbytes": bytes_table}
+RENDERERS = {"allreduce": allreduce_table, "cpploop": cpp_loop_table, "cpu": cpu_table, "burst": burst_table,
+             "step": step_table, "overhead": overhead_table, "zero": zero_table, "tp": tp_table, "tpbytes": bytes_table}

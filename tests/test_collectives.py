@@ -435,7 +435,7 @@ def test_zero_and_plain_checkpoints_are_interchangeable(tmp_path):
 
 
 def test_allreduce_table_judges_the_goal_with_intervals():
-    from parallel.bench import allreduce_table
+    from parallel.bench import allreduce_table, cpp_loop_table
 
     def row(nbytes: int, variant: str, ratio: float, ci: list[float] | None) -> dict:
         return {"bytes": nbytes, "variant": variant, "time_us": 100.0, "spread_us": 5.0, "busbw_gbs": 1.0,
@@ -465,6 +465,11 @@ def test_allreduce_table_judges_the_goal_with_intervals():
                 {**row(65536, "segmented ring, loop in C++", 0.88, [0.8, 0.95]),
                  "time_over_python_loop": 0.91, "time_over_python_loop_ci": [0.85, 0.99]}]
     assert "| 64 KiB | 0.88 (0.80–0.95) | 0.80 (0.70–0.90) | 0.91 (0.85–0.99) |" in allreduce_table(record)
+    alone = cpp_loop_table(record)  # the chapter's marker "cpploop": that table and the run's line only
+    assert alone.startswith("| size | segmented ring, loop in C++") and "auto picks" not in alone
+    assert "| 64 KiB | 0.88 (0.80–0.95) | 0.80 (0.70–0.90) | 0.91 (0.85–0.99) |" in alone and "`c`" in alone
+    with pytest.raises(ValueError, match="no C\\+\\+ loop"):
+        cpp_loop_table({**record, "results": [r for r in results if "C++" not in r["variant"]]})
     for r in results:  # a record from before intervals: IQRs, and no significance claimed
         r.pop("ratio_ci")
     old = allreduce_table(record)
