@@ -162,6 +162,27 @@ def test_the_cpu_benchmark_refuses_what_it_cannot_read(monkeypatch, backend, pla
         distributed.check_before_launch(args, Config(backend=backend, device="cuda" if backend == "nccl" else "cpu"), 2)
 
 
+@pytest.mark.parametrize("bench", ["allreduce", "cpu"])
+def test_the_benchmarks_build_the_cpp_loop_first_or_say_why_not(monkeypatch, capsys, bench):
+    """Without a compiler the benchmark runs without the C++ loop and says so; a build that
+    fails is one clear error, before any rank starts."""
+    import modes
+    from parallel import cpp_loop
+    from parallel.trainer import Config
+
+    args = distributed.build_parser().parse_args(["--bench", bench, "--world-size", "2"])
+    monkeypatch.setattr(cpp_loop, "unavailable", lambda: "needs a C++ compiler (test)")
+    distributed.check_before_launch(args, Config(), 2)
+    assert f"--bench {bench} runs without the C++ loop: needs a C++ compiler (test)" in capsys.readouterr().err
+
+    def broken() -> str:
+        raise modes.BuildError("building the dense_collectives extension failed; the compiler said: (test)")
+    monkeypatch.setattr(cpp_loop, "unavailable", lambda: None)
+    monkeypatch.setattr(cpp_loop, "build", broken)
+    with pytest.raises(cli.UserError, match="C\\+\\+ loop could not be built.*compiler said"):
+        distributed.check_before_launch(args, Config(), 2)
+
+
 def test_numeric_nonsense_starts_no_rank():
     result = run_script("distributed.py", "--lr", "nan", timeout=60)
     assert result.returncode == 2 and "--lr" in result.stderr and "finite" in result.stderr
