@@ -272,6 +272,8 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
 CPU_SIZES = [1 << 20, 4 << 20, 16 << 20]
 CPU_VARIANTS = ("ring", "two_shot", "segmented_ring", "dist.all_reduce")
 CPU_ROUNDS = 30
+
+
 def cpu(config: Config, json_path: Path | None) -> dict:
     """Where a call's CPU time goes: per call, the CPU time of every thread kind (main, gloo's
     I/O threads, gloo's worker threads; launch.thread_cpu_s), summed over the ranks, next to
@@ -612,7 +614,8 @@ def _cpp_loop_rows(record: dict, how: str) -> list[str]:
 
 
 def cpp_loop_table(record: dict) -> str:
-    """An allreduce record's C++-loop table alone, with the run's line (the chapter shows the rest elsewhere)."""
+    """An allreduce record's C++-loop table alone, with the run's line (the chapter shows the
+    rest of the record elsewhere)."""
     rows = _cpp_loop_rows(record, "95% CI")
     if not rows:
         raise ValueError("this allreduce record has no C++ loop (it was run without one)")
