@@ -66,6 +66,5 @@ def segmented_ring(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | N
     s = collectives._segments_per_chunk(chunk * flat.element_size())
     scratch = _buffer(2 * -(-chunk // s), flat, "segmented_cpp")
     pg = group if group is not None else dist.group.WORLD
-    torch.ops.dense_collectives.segmented_ring_(flat, pg.group_name, collectives.SEGMENT_BYTES, op == "avg",
-                                                scratch)
+    torch.ops.dense_collectives.segmented_ring_(flat, pg.group_name, s, op == "avg", scratch)
     return tensor

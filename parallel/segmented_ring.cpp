@@ -17,7 +17,6 @@
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <algorithm>
 #include <deque>
 #include <vector>
 
@@ -49,11 +48,10 @@ struct Step {
   bool last = false;         // the reduce-scatter's last step: divide here for "avg"
 };
 
-void segmented_ring_(at::Tensor flat, const std::string& group_name, int64_t segment_bytes, bool avg,
-                     at::Tensor scratch) {
+void segmented_ring_(at::Tensor flat, const std::string& group_name, int64_t s, bool avg, at::Tensor scratch) {
   TORCH_CHECK(flat.dim() == 1 && flat.is_contiguous() && flat.device().is_cpu(),
               "segmented_ring_ needs a contiguous 1-D CPU tensor");
-  TORCH_CHECK(segment_bytes > 0, "segment_bytes must be positive");
+  TORCH_CHECK(s >= 1, "segmented_ring_ needs at least one segment per chunk");
   // No GIL to release: a call through torch.ops runs the kernel without it.
 
   auto pg = c10d::resolve_process_group(group_name);
@@ -62,10 +60,8 @@ void segmented_ring_(at::Tensor flat, const std::string& group_name, int64_t seg
   const auto mod = [n](int64_t x) { return ((x % n) + n) % n; };
   const int right = static_cast<int>(mod(r + 1)), left = static_cast<int>(mod(r - 1));
 
-  // collectives._segments_per_chunk: at least two, at most segment_bytes each
+  // s segments per chunk: the caller's collectives._segments_per_chunk, as in the Python loop
   const auto chunks = at::tensor_split(flat, n);
-  const int64_t longest = chunks[0].numel() * flat.element_size();
-  const int64_t s = std::max<int64_t>(2, (longest + segment_bytes - 1) / segment_bytes);
   std::vector<std::vector<at::Tensor>> segments;
   for (const auto& c : chunks) segments.push_back(at::tensor_split(c, s));
   const int64_t longest_segment = segments[0][0].numel();
@@ -124,7 +120,7 @@ void segmented_ring_(at::Tensor flat, const std::string& group_name, int64_t seg
 }  // namespace
 
 TORCH_LIBRARY(dense_collectives, m) {
-  m.def("segmented_ring_(Tensor(a!) flat, str group_name, int segment_bytes, bool avg, Tensor(b!) scratch) -> ()");
+  m.def("segmented_ring_(Tensor(a!) flat, str group_name, int segments_per_chunk, bool avg, Tensor(b!) scratch) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(dense_collectives, CPU, m) { m.impl("segmented_ring_", &segmented_ring_); }
