@@ -65,7 +65,11 @@ def render(text: str) -> str:
         source = ROOT / path
         if not source.exists():
             raise SystemExit(f"{path} is named by a marker but does not exist; run the command that writes it")
-        return head + kinds[kind](json.loads(source.read_text())) + "\n" + m.group(5)
+        try:
+            table = kinds[kind](json.loads(source.read_text()))
+        except (KeyError, ValueError, TypeError) as e:  # a record of another kind, or without that part
+            raise SystemExit(f"{path} cannot be shown as {kind!r} (marker {head.strip()}): {e!r}") from None
+        return head + table + "\n" + m.group(5)
 
     return MARK.sub(fill, text)
 

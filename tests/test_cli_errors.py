@@ -566,6 +566,22 @@ def test_old_records_still_render():
     assert "| reference | 1.0 (0.1) | 2.0 (0.2) | – |" in benchmark.table(old)
 
 
+def test_a_marker_on_a_record_it_cannot_show_is_one_line():
+    """docs/render.py: a marker whose record lacks what its table needs (here a C++-loop table
+    on an allreduce run from before the C++ loop) stops with the marker named, not a traceback."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_under_test", ROOT / "docs" / "render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    text = "<!-- cpploop: docs/results/allreduce_gloo_w2_epyc.json -->\n<!-- end cpploop -->\n"
+    with pytest.raises(SystemExit, match="allreduce_gloo_w2_epyc.json cannot be shown as 'cpploop'.*no C\\+\\+ loop"):
+        render.render(text)
+    wrong_kind = "<!-- cpu: docs/results/allreduce_gloo_w2_epyc.json -->\n<!-- end cpu -->\n"
+    with pytest.raises(SystemExit, match="cannot be shown as 'cpu'"):
+        render.render(wrong_kind)
+
+
 def test_sweep_record_table_and_goals():
     record = benchmark.run_sweep(["reference", "py"], [(1, 64, 64), (2, 8, 4)], "cpu", torch.float32,
                                  min_rounds=6, ci_target=0.5, budget_s=1.0)
