@@ -23,7 +23,7 @@ Examples:
 
 Every flag is checked before any rank starts: numbers, output paths (their folder must exist;
 none is created), matplotlib for --plot, the MNIST files, the stage (a build that fails is
-reported here; --bench allreduce and cpu also build the segmented ring's C++ loop,
+reported here; --bench allreduce, cpu and burst also build the segmented ring's C++ loop,
 parallel/segmented_ring.cpp, where a compiler is found), and for --resume that the checkpoint
 was written with the same --seed, --batch-size, --data, mode and --hidden (anything else would
 train on other data or another model). The committed results under docs/results/ are
@@ -183,6 +183,8 @@ def check_before_launch(args: argparse.Namespace, config: Config, world_size: in
                                 or not Path(f"/proc/self/task/{os.getpid()}/schedstat").is_file()):
         raise cli.UserError("--bench cpu reads the CPU time of gloo's threads from Linux's /proc (schedstat): it "
                             "runs on the gloo backend on Linux only (--device cpu), with /proc/self/task/*/schedstat")
+    if args.bench == "burst" and config.backend != "gloo":
+        raise cli.UserError("--bench burst times CPU tensors: it runs on the gloo backend only (--device cpu)")
     if args.bench and (args.plot or args.checkpoint or args.resume):
         raise cli.UserError("--plot, --checkpoint and --resume belong to training, not to --bench")
     cli.check_output(args.json, "--json")
@@ -200,7 +202,7 @@ def check_before_launch(args: argparse.Namespace, config: Config, world_size: in
         modes.stage(args.mode)
     except RuntimeError as e:
         raise cli.UserError(f"mode {args.mode!r} could not be loaded: {str(e).strip()[:500]}", code=1) from None
-    if args.bench in ("allreduce", "cpu") and config.backend == "gloo":  # and the C++ loop they run
+    if args.bench in ("allreduce", "cpu", "burst") and config.backend == "gloo":  # and the C++ loop they run
         from parallel import cpp_loop
 
         reason = cpp_loop.unavailable()

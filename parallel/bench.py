@@ -354,52 +354,78 @@ def cpu_table(record: dict) -> str:
 
 
 BURSTS = (1, 2, 8)
-BURST_SIZES = [4 << 20, 16 << 20, 64 << 20]
-BURST_VARIANTS = ("ring", "two_shot", "dist.all_reduce")
+BURST_SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20]
+BURST_VARIANTS = ("ring", "two_shot", "segmented_ring", CPP_LOOP, "dist.all_reduce")  # the reference last
+BURST_LABELS = {"ring": "ring", "two_shot": "two-shot", "segmented_ring": "segmented ring", CPP_LOOP: "C++ loop",
+                "dist.all_reduce": "all_reduce"}
+
+
+def _burst_rounds(nbytes: int) -> int:
+    """Rounds of the burst benchmark at one size: with 30 at 1 and 4 MiB (2 ranks), the paired
+    ratios' 95% intervals were 0.3 to 0.5 wide (the first runs of the segmented ring here, not
+    committed); a round there costs tens of milliseconds, so 100."""
+    return 100 if nbytes <= 4 << 20 else 30 if nbytes < 64 << 20 else 12
 
 
 def burst(config: Config, json_path: Path | None) -> dict:
-    """The ring and two-shot against dist.all_reduce, k = 1, 2 or 8 calls in a row after a
-    barrier: the first call starts with all ranks together, as the cost model assumes; the
-    later ones start as each rank finishes the one before."""
+    """Our algorithms against dist.all_reduce, k = 1, 2 or 8 calls in a row after a barrier:
+    the first call starts with all ranks together, as the cost model assumes; the later ones
+    start as each rank finishes the one before. The segmented ring runs twice, its loop in
+    Python and in C++ (where distributed.py built it): does a loop that starts its next call
+    sooner gain or lose when calls follow each other?"""
+    from parallel import cpp_loop
+
     n = world()[1]
     warm_up(*_peers(None)[2:])
+    without_cpp = _cpp_loop_everywhere()
+    variants = [v for v in BURST_VARIANTS if v != CPP_LOOP or without_cpp is None]
     results = []
     for nbytes in BURST_SIZES:
         t = torch.zeros(nbytes // 4)  # zeros: the sums stay finite
-        calls = {"ring": lambda t=t: all_reduce(t, algorithm="ring", check=False),
-                 "two_shot": lambda t=t: all_reduce(t, algorithm="two_shot", check=False),
-                 "dist.all_reduce": lambda t=t: dist.all_reduce(t)}
-        fns = {f"{name} x{k}": (lambda fn=fn, k=k: [fn() for _ in range(k)])
-               for name, fn in calls.items() for k in BURSTS}
-        rounds = 30 if nbytes < 64 << 20 else 12
-        stats = measure(fns, rounds=rounds, warmup=1, number=1, order="shuffle", sync=dist.barrier)
+        calls = {name: (lambda t=t, a=name: all_reduce(t, algorithm=a, check=False))
+                 for name in ("ring", "two_shot", "segmented_ring")}
+        calls[CPP_LOOP] = lambda t=t: cpp_loop.segmented_ring(t, check=False)
+        calls["dist.all_reduce"] = lambda t=t: dist.all_reduce(t)
+        fns = {f"{name} x{k}": (lambda fn=calls[name], k=k: [fn() for _ in range(k)])
+               for name in variants for k in BURSTS}
+        stats = measure(fns, rounds=_burst_rounds(nbytes), warmup=1, number=1, order="shuffle", sync=dist.barrier)
         for k in BURSTS:
-            per_call = {v: [s / k for s in _slowest_rank(stats[f"{v} x{k}"].samples)] for v in BURST_VARIANTS}
+            per_call = {v: [s / k for s in _slowest_rank(stats[f"{v} x{k}"].samples)] for v in variants}
             for v, samples in per_call.items():
                 results.append({"bytes": nbytes, "calls_in_a_row": k, "variant": v,
                                 **_against_dist(samples, per_call["dist.all_reduce"]),
                                 **({"predicted_us": PREDICT[v](n, nbytes, link_for(n)) * 1e6} if v in PREDICT else {})})
-    record = {**_header(config, "burst"), "results": results}
+    record = {**_header(config, "burst"), "without_cpp_loop": without_cpp, "results": results}
     return {"output_errors": _write(record, json_path, burst_table(record))}
 
 
 def burst_table(record: dict) -> str:
-    rows = ["| size | calls in a row | ring µs per call | two-shot µs per call | all_reduce µs per call "
-            "| ring / all_reduce busbw (paired, 95% CI) | two-shot / all_reduce |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]
+    """Per size and burst length: each variant's time per call, then each one's busbw over
+    all_reduce's. The columns are the variants the record holds (an older record: ring and
+    two-shot only)."""
+    held = {r["variant"] for r in record["results"]}
+    variants = [v for v in BURST_VARIANTS if v in held]
+    ours = variants[:-1]
+    rows = ["| size | calls in a row | " + " | ".join(f"{BURST_LABELS[v]} µs per call" for v in variants) + " | "
+            + " | ".join(f"{BURST_LABELS[v]} / all_reduce" + (" busbw (paired, 95% CI)" if i == 0 else "")
+                         for i, v in enumerate(ours)) + " |",
+            "|---:|---:|" + "---:|" * (len(variants) + len(ours))]
     by = {(r["bytes"], r["calls_in_a_row"], r["variant"]): r for r in record["results"]}
     model = []
     for nbytes in sorted({r["bytes"] for r in record["results"]}):
         for k in sorted({r["calls_in_a_row"] for r in record["results"]}):
-            ring, two, ref = (by[(nbytes, k, v)] for v in BURST_VARIANTS)
-            rows.append(f"| {size_label(nbytes)} | {k} | {ring['time_us']:.0f} | {two['time_us']:.0f} "
-                        f"| {ref['time_us']:.0f} | {_ratio_text(ring)} | {_ratio_text(two)} |")
-        ring, two = by[(nbytes, BURSTS[0], "ring")], by[(nbytes, BURSTS[0], "two_shot")]
-        model.append(f"{size_label(nbytes)}: ring {ring['predicted_us']:.0f}, two-shot {two['predicted_us']:.0f}")
+            cells = [by[(nbytes, k, v)] for v in variants]
+            rows.append(f"| {size_label(nbytes)} | {k} | " + " | ".join(f"{c['time_us']:.0f}" for c in cells)
+                        + " | " + " | ".join(_ratio_text(c) for c in cells[:-1]) + " |")
+        first = min(r["calls_in_a_row"] for r in record["results"])
+        predicted = [f"{BURST_LABELS[v]} {by[(nbytes, first, v)]['predicted_us']:.0f}" for v in ours
+                     if "predicted_us" in by[(nbytes, first, v)]]
+        model.append(f"{size_label(nbytes)}: {', '.join(predicted)}")
+    why = record.get("without_cpp_loop")
     rows.append(f"\nThe cost model's time of one call: {'; '.join(model)} µs. Per call: the slowest rank's time "
-                f"of k calls from a barrier, over k; "
-                f"median over rounds. {record['world_size']} ranks on {record['backend']}, "
+                f"of k calls from a barrier, over k; median over rounds. "
+                + (f"Without the C++ loop: {why}. " if why else "")
+                + f"{record['world_size']} ranks on {record['backend']}, "
                 f"{record['threads_per_rank']} thread(s) each, {record['device']}, torch {record['torch']}, "
                 f"{record['date']}: `{record['command']}`")
     return "\n".join(rows)

@@ -162,7 +162,16 @@ def test_the_cpu_benchmark_refuses_what_it_cannot_read(monkeypatch, backend, pla
         distributed.check_before_launch(args, Config(backend=backend, device="cuda" if backend == "nccl" else "cpu"), 2)
 
 
-@pytest.mark.parametrize("bench", ["allreduce", "cpu"])
+def test_the_burst_benchmark_refuses_nccl():
+    """--bench burst times CPU tensors: on NCCL, a clear error before any rank starts."""
+    from parallel.trainer import Config
+
+    args = distributed.build_parser().parse_args(["--bench", "burst", "--world-size", "2"])
+    with pytest.raises(cli.UserError, match="gloo backend only"):
+        distributed.check_before_launch(args, Config(backend="nccl", device="cuda"), 2)
+
+
+@pytest.mark.parametrize("bench", ["allreduce", "cpu", "burst"])
 def test_the_benchmarks_build_the_cpp_loop_first_or_say_why_not(monkeypatch, capsys, bench):
     """Without a compiler the benchmark runs without the C++ loop and says so; a build that
     fails is one clear error, before any rank starts."""

@@ -476,19 +476,42 @@ def test_allreduce_table_judges_the_goal_with_intervals():
     assert "(paired, IQR)" in old and "significantly" not in old
 
 
-def test_burst_table_shows_every_size_and_burst_with_the_models_time():
-    from parallel.bench import BURST_VARIANTS, BURSTS, burst_table
+def _burst_record(variants: tuple[str, ...], why: str | None = None) -> dict:
+    from parallel.bench import BURSTS
 
     results = [{"bytes": nbytes, "calls_in_a_row": k, "variant": v, "time_us": 1000.0 * k + i, "spread_us": 1.0,
                 "busbw_ratio_to_dist": 0.9 + i / 100, "ratio_ci": [0.8, 1.0],
-                **({"predicted_us": 777.0 + i} if v != "dist.all_reduce" else {})}
-               for nbytes in (4 << 20, 16 << 20) for k in BURSTS for i, v in enumerate(BURST_VARIANTS)]
-    record = {"results": results, "world_size": 4, "backend": "gloo", "threads_per_rank": 1, "device": "cpu",
-              "torch": "x", "date": "d", "command": "c"}
-    text = burst_table(record)
+                **({"predicted_us": 777.0 + i} if v in ("ring", "two_shot", "segmented_ring") else {})}
+               for nbytes in (4 << 20, 16 << 20) for k in BURSTS for i, v in enumerate(variants)]
+    return {"results": results, "world_size": 4, "backend": "gloo", "threads_per_rank": 1, "device": "cpu",
+            "torch": "x", "date": "d", "command": "c", **({"without_cpp_loop": why} if why else {})}
+
+
+def test_burst_table_shows_every_size_and_burst_with_the_models_time():
+    """A record from before the segmented ring was timed (ring and two-shot only) renders as it did."""
+    from parallel.bench import BURSTS, burst_table
+
+    text = burst_table(_burst_record(("ring", "two_shot", "dist.all_reduce")))
+    assert text.splitlines()[0] == ("| size | calls in a row | ring µs per call | two-shot µs per call "
+                                    "| all_reduce µs per call | ring / all_reduce busbw (paired, 95% CI) "
+                                    "| two-shot / all_reduce |")
     assert "| 16 MiB | 8 | 8000 | 8001 | 8002 | 0.90 (0.80–1.00) | 0.91 (0.80–1.00) |" in text
     assert "4 MiB: ring 777, two-shot 778; 16 MiB: ring 777, two-shot 778 µs" in text
     assert len([line for line in text.splitlines() if line.startswith("| 4 MiB |")]) == len(BURSTS)
+
+
+def test_burst_table_shows_the_segmented_ring_and_its_cpp_loop_or_why_not():
+    from parallel.bench import BURST_VARIANTS, CPP_LOOP, burst_table
+
+    text = burst_table(_burst_record(BURST_VARIANTS))
+    header = text.splitlines()[0]
+    assert "| segmented ring µs per call | C++ loop µs per call | all_reduce µs per call |" in header
+    assert header.endswith("| segmented ring / all_reduce | C++ loop / all_reduce |")
+    assert "| 4 MiB | 2 | 2000 | 2001 | 2002 | 2003 | 2004 | 0.90 (0.80–1.00) | 0.91 (0.80–1.00) " \
+           "| 0.92 (0.80–1.00) | 0.93 (0.80–1.00) |" in text
+    assert "4 MiB: ring 777, two-shot 778, segmented ring 779;" in text  # the C++ loop is not a model's algorithm
+    without = burst_table(_burst_record(tuple(v for v in BURST_VARIANTS if v != CPP_LOOP), why="no compiler (test)"))
+    assert "C++ loop" not in without.splitlines()[0] and "Without the C++ loop: no compiler (test)." in without
 
 
 def test_predict_validation_shows_the_models_communication_and_the_all_reduce_inside_the_step(tmp_path, capsys):
