@@ -598,6 +598,39 @@ def test_thread_cpu_puts_each_threads_time_under_its_kind():
         assert alive[kind] - middle[kind] < 0.1
 
 
+def small_burst(path: str) -> None:
+    """Inside a rank: bench.burst at two small sizes and three rounds (the real one takes minutes)."""
+    from parallel import bench
+
+    bench.BURST_SIZES = [4 << 10, 64 << 10]
+    bench._burst_rounds = lambda nbytes: 3
+    bench.burst(Config(), Path(path))
+
+
+def test_burst_benchmark_times_every_variant_at_every_size_and_burst(tmp_path):
+    """--bench burst: one row per size, burst length and variant, the C++ loop included where it
+    builds (and why not where it does not), the model's time for the model's algorithms, and
+    all_reduce as the reference of the pairing."""
+    from parallel import cpp_loop
+    from parallel.bench import BURST_VARIANTS, BURSTS, CPP_LOOP
+
+    with_cpp = cpp_loop.unavailable() is None
+    if with_cpp:
+        cpp_loop.build()  # before the ranks start, as distributed.py does
+    out = tmp_path / "burst.json"
+    launch(small_burst, 2, (str(out),), deadline_s=240)
+    record = json.loads(out.read_text())
+    variants = [v for v in BURST_VARIANTS if with_cpp or v != CPP_LOOP]
+    rows = {(r["bytes"], r["calls_in_a_row"], r["variant"]): r for r in record["results"]}
+    assert set(rows) == {(b, k, v) for b in (4 << 10, 64 << 10) for k in BURSTS for v in variants}
+    assert (record["without_cpp_loop"] is None) == with_cpp
+    for r in record["results"]:
+        v = r["variant"]
+        assert r["time_us"] > 0 and ("predicted_us" in r) == (v in ("ring", "two_shot", "segmented_ring"))
+        if v == "dist.all_reduce":
+            assert r["busbw_ratio_to_dist"] == 1.0
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU time comes from Linux's /proc")
 def test_cpu_benchmark_finds_gloos_work_on_its_worker_threads_and_ours_on_the_main_thread(tmp_path):
