@@ -360,6 +360,15 @@ BURST_LABELS = {"ring": "ring", "two_shot": "two-shot", "segmented_ring": "segme
                 "dist.all_reduce": "all_reduce"}
 
 
+def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile, interpolated between the two nearest of the sorted values."""
+    ordered = sorted(values)
+    at = q * (len(ordered) - 1)
+    low = int(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
 def _burst_rounds(nbytes: int) -> int:
     """Rounds of the burst benchmark at one size: with 30 at 1 and 4 MiB (2 ranks), the paired
     ratios' 95% intervals were 0.3 to 0.5 wide (the first runs of the segmented ring here, not
@@ -394,6 +403,8 @@ def burst(config: Config, json_path: Path | None) -> dict:
             for v, samples in per_call.items():
                 results.append({"bytes": nbytes, "calls_in_a_row": k, "variant": v,
                                 **_against_dist(samples, per_call["dist.all_reduce"]),
+                                # the median hides a tail that the mean over k calls takes in
+                                "mean_us": statistics.mean(samples), "p90_us": _quantile(samples, 0.9),
                                 **({"predicted_us": PREDICT[v](n, nbytes, link_for(n)) * 1e6} if v in PREDICT else {})})
     record = {**_header(config, "burst"), "without_cpp_loop": without_cpp, "results": results}
     return {"output_errors": _write(record, json_path, burst_table(record))}
@@ -421,6 +432,16 @@ def burst_table(record: dict) -> str:
         predicted = [f"{BURST_LABELS[v]} {by[(nbytes, first, v)]['predicted_us']:.0f}" for v in ours
                      if "predicted_us" in by[(nbytes, first, v)]]
         model.append(f"{size_label(nbytes)}: {', '.join(predicted)}")
+    if all("mean_us" in r for r in record["results"]):  # records from before them have no tails
+        first = min(r["calls_in_a_row"] for r in record["results"])
+        rows += [f"\nOne call at a time ({first} in a row), the slowest rank's time over the rounds, median / mean / "
+                 f"90th percentile in µs:\n",
+                 "| size | " + " | ".join(BURST_LABELS[v] for v in variants) + " |",
+                 "|---:|" + "---:|" * len(variants)]
+        for nbytes in sorted({r["bytes"] for r in record["results"]}):
+            cells = [by[(nbytes, first, v)] for v in variants]
+            text = [f"{c['time_us']:.0f} / {c['mean_us']:.0f} / {c['p90_us']:.0f}" for c in cells]
+            rows.append(f"| {size_label(nbytes)} | " + " | ".join(text) + " |")
     why = record.get("without_cpp_loop")
     rows.append(f"\nThe cost model's time of one call: {'; '.join(model)} µs. Per call: the slowest rank's time "
                 f"of k calls from a barrier, over k; median over rounds. "

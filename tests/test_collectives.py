@@ -487,6 +487,15 @@ def _burst_record(variants: tuple[str, ...], why: str | None = None) -> dict:
             "torch": "x", "date": "d", "command": "c", **({"without_cpp_loop": why} if why else {})}
 
 
+def test_quantile_interpolates_between_the_nearest_values():
+    from parallel.bench import _quantile
+
+    assert _quantile([4.0, 1.0, 3.0, 2.0, 5.0], 0.5) == 3.0
+    assert _quantile(list(range(11)), 0.9) == 9.0
+    assert _quantile([1.0, 2.0], 0.9) == pytest.approx(1.9)
+    assert _quantile([7.0], 0.9) == 7.0
+
+
 def test_burst_table_shows_every_size_and_burst_with_the_models_time():
     """A record from before the segmented ring was timed (ring and two-shot only) renders as it did."""
     from parallel.bench import BURSTS, burst_table
@@ -510,6 +519,13 @@ def test_burst_table_shows_the_segmented_ring_and_its_cpp_loop_or_why_not():
     assert "| 4 MiB | 2 | 2000 | 2001 | 2002 | 2003 | 2004 | 0.90 (0.80–1.00) | 0.91 (0.80–1.00) " \
            "| 0.92 (0.80–1.00) | 0.93 (0.80–1.00) |" in text
     assert "4 MiB: ring 777, two-shot 778, segmented ring 779;" in text  # the C++ loop is not a model's algorithm
+    assert "median / mean" not in text  # a record without the tails shows no tails table
+    record = _burst_record(BURST_VARIANTS)
+    for r in record["results"]:
+        r.update(mean_us=r["time_us"] + 500, p90_us=r["time_us"] + 3000)
+    tails = burst_table(record).split("One call at a time (1 in a row)")[1]
+    assert "| 4 MiB | 1000 / 1500 / 4000 | 1001 / 1501 / 4001 | 1002 / 1502 / 4002 | 1003 / 1503 / 4003 " \
+           "| 1004 / 1504 / 4004 |" in tails
     without = burst_table(_burst_record(tuple(v for v in BURST_VARIANTS if v != CPP_LOOP), why="no compiler (test)"))
     assert "C++ loop" not in without.splitlines()[0] and "Without the C++ loop: no compiler (test)." in without
 

@@ -627,6 +627,7 @@ def test_burst_benchmark_times_every_variant_at_every_size_and_burst(tmp_path):
     for r in record["results"]:
         v = r["variant"]
         assert r["time_us"] > 0 and ("predicted_us" in r) == (v in ("ring", "two_shot", "segmented_ring"))
+        assert r["mean_us"] > 0 and r["p90_us"] >= r["time_us"]  # the 90th percentile is not below the median
         if v == "dist.all_reduce":
             assert r["busbw_ratio_to_dist"] == 1.0
 
