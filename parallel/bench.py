@@ -44,7 +44,7 @@ from parallel import collectives, ring
 from parallel import data as data_mod
 from parallel.collectives import ALGORITHMS, all_reduce, choose
 from parallel.costmodel import PREDICT, link_for, size_label, warm_up
-from parallel.launch import THREAD_KINDS, io_nice, io_thread_nices, thread_cpu_s
+from parallel.launch import IDLE, THREAD_KINDS, io_nice, io_thread_nices, thread_cpu_s
 from parallel.reducer import GradReducer, world
 from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
 from parallel.tp_report import bytes_table
@@ -94,13 +94,14 @@ def _arrivals(calls: list[tuple[float, float]]) -> dict[str, list[float]] | None
 
 
 def _io_thread_nices() -> dict[str, int]:
-    """How many of gloo's I/O threads, over all ranks, have each niceness now: the setting
-    (``io_nice()``) as it took effect. A thread that ``lower_io_priority`` missed shows here."""
-    counts = torch.zeros(40, dtype=torch.int64)  # niceness -20 … 19
+    """How many of gloo's I/O threads, over all ranks, have each setting now (niceness, or
+    "idle" for SCHED_IDLE): the setting (``io_nice()``) as it took effect. A thread that
+    ``lower_io_priority`` missed shows here."""
+    counts = torch.zeros(41, dtype=torch.int64)  # niceness -20 … 19, then SCHED_IDLE
     for nice in io_thread_nices():
-        counts[nice + 20] += 1
+        counts[40 if nice == IDLE else nice + 20] += 1
     ring_all_reduce_host(counts)  # every rank calls _header, so every rank takes part
-    return {str(i - 20): int(c) for i, c in enumerate(counts.tolist()) if c}
+    return {(IDLE if i == 40 else str(i - 20)): int(c) for i, c in enumerate(counts.tolist()) if c}
 
 
 def _header(config: Config, kind: str) -> dict:

@@ -351,7 +351,7 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "add_points": [{"bytes": m, "measured_us": t * 1e6} for m, t in adds],
             # how many of gloo's I/O threads, over all ranks, had each niceness (as in the
             # benchmarks' records: parallel/launch.py, lower_io_priority)
-            "gloo_io_thread_nices": {str(v): nices[v] for v in sorted(nices)},
+            "gloo_io_thread_nices": {str(v): nices[v] for v in sorted(nices, key=str)},
         }
         text = ""
         if w > 2:  # with 2 ranks a direct step is a ring step: one message each way
@@ -376,6 +376,11 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "fits": fits}
 
 
+def _io_text(setting: int | str) -> str:
+    """A record's gloo_io_nice in words ("idle" is parallel/launch.py's SCHED_IDLE setting)."""
+    return "under SCHED_IDLE" if setting == "idle" else f"at niceness {setting}"
+
+
 def fit_table(record: dict) -> str:
     rows = ["| ranks | α µs | β ns/byte (GB/s) | γ ns/byte | worst residual | residuals 4 KiB … 64 MiB "
             "| direct step: α_d µs | β_d ns/byte | worst residual |",
@@ -393,7 +398,7 @@ def fit_table(record: dict) -> str:
     rows.append(f"\nOne step = one ring._exchange between neighbours; a direct step sends the same bytes to the "
                 f"n − 1 others at once (with 2 ranks it is a ring step); slowest rank, median; on gloo, "
                 f"{record['threads_per_rank']} thread per rank"
-                + (f", gloo's I/O threads at niceness {record['gloo_io_nice']}" if "gloo_io_nice" in record else "")
+                + (f", gloo's I/O threads {_io_text(record['gloo_io_nice'])}" if "gloo_io_nice" in record else "")
                 + f", {record['device']}, torch {record['torch']}, "
                 f"{record['date']}: `{record['command']}`")
     return "\n".join(rows)

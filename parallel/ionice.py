@@ -1,17 +1,19 @@
-"""Gloo's I/O threads at normal and at lowest priority, side by side: the before and after of
+"""Gloo's I/O threads at two priorities, side by side: the before and after of
 parallel/launch.py's ``lower_io_priority``.
 
-Launches the ranks again and again, alternately with $DENSE_GLOO_IO_NICE = 0 (gloo's threads
-left alone) and 19 (the default), and in each launch times single calls of our all-reduce
-(``auto``) and of dist.all_reduce at 4 KiB and 1 MiB, interleaved round by round. Priority
-can only be lowered without privilege, never raised back, so the two settings need separate
-processes; alternating them pairs each launch at 0 with the next at 19, and the spread over
-the pairs says how much of a difference is the machine's mood. Each launch also reports the
-CPU time gloo's I/O threads used while it timed, as a share of the wall time: while they
-spin it is large.
+Launches the ranks again and again, alternately with two settings of $DENSE_GLOO_IO_NICE
+(--settings; by default 0, gloo's threads left alone, then 19, the lowest niceness; "idle" is
+Linux's SCHED_IDLE policy, the launcher's default), and in each launch times single calls of
+our all-reduce (``auto``) and of dist.all_reduce at 4 KiB and 1 MiB, interleaved round by
+round. Priority can only be lowered without privilege, never raised back, so the two settings
+need separate processes; alternating them pairs each launch at the first setting with the next
+at the second, and the spread over the pairs says how much of a difference is the machine's
+mood. Each launch also reports the CPU time gloo's I/O threads used while it timed, as a share
+of the wall time: while they spin it is large.
 
 Examples:
   python -m parallel.ionice --world-size 2 --pairs 2 --rounds 200      # about half a minute
+  python -m parallel.ionice --world-size 2 --pairs 2 --rounds 200 --settings 19,idle
   python -m parallel.ionice --world-size 4 --json /tmp/ionice_w4.json
 (docs/results/ionice_gloo_w*.json record the commands that wrote them.)
 """
@@ -27,7 +29,7 @@ import time
 import cli
 
 SIZES = (4 << 10, 1 << 20)
-SETTINGS = (0, 19)  # $DENSE_GLOO_IO_NICE of the two launches of a pair, in this order
+SETTINGS = (0, 19)  # $DENSE_GLOO_IO_NICE of the two launches of a pair, in this order, unless --settings
 SLOW_US = 1000.0    # a call slower than this is one of the stalls
 
 
@@ -62,14 +64,34 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
     return {"samples": {k: s.samples for k, s in stats.items()}, "io_cpu_share": share, "io_nices": io_thread_nices()}
 
 
-def run(world_size: int, pairs: int, rounds: int) -> dict:
+def _label(setting: int | str) -> str:
+    return "SCHED_IDLE" if setting == "idle" else f"nice {setting}"
+
+
+def settings_pair(text: str) -> tuple[int | str, int | str]:
+    """--settings: two different settings of $DENSE_GLOO_IO_NICE, "idle" or 0..19, comma-separated."""
+    parts = [p.strip() for p in text.split(",")]
+    values: list[int | str] = []
+    for part in parts:
+        if part == "idle":
+            values.append(part)
+        elif part.isdigit() and 0 <= int(part) <= 19:
+            values.append(int(part))
+        else:
+            raise ValueError(f"each setting is 'idle' or an integer from 0 to 19, got {part!r}")
+    if len(values) != 2 or values[0] == values[1]:
+        raise ValueError(f"--settings takes two different settings, as in 19,idle; got {text!r}")
+    return values[0], values[1]
+
+
+def run(world_size: int, pairs: int, rounds: int, settings: tuple[int | str, int | str] = SETTINGS) -> dict:
     from parallel.launch import IO_NICE_VAR, launch
 
     launches = []
     saved = os.environ.get(IO_NICE_VAR)
     try:
         for pair in range(pairs):
-            for nice in SETTINGS:
+            for nice in settings:
                 os.environ[IO_NICE_VAR] = str(nice)  # spawned ranks inherit it
                 print(f"pair {pair + 1}/{pairs}: {IO_NICE_VAR}={nice} ...", file=sys.stderr, flush=True)
                 ranks = launch(_job, world_size, (SIZES, rounds), threads_per_rank=1, timeout_s=120,
@@ -88,46 +110,48 @@ def run(world_size: int, pairs: int, rounds: int) -> dict:
             os.environ.pop(IO_NICE_VAR, None)
         else:
             os.environ[IO_NICE_VAR] = saved
+    first, second = settings
     summary = []
     for name in launches[0]["variants"]:
-        before = [la["variants"][name] for la in launches if la["nice"] == SETTINGS[0]]
-        after = [la["variants"][name] for la in launches if la["nice"] == SETTINGS[1]]
+        before = [la["variants"][name] for la in launches if la["nice"] == first]
+        after = [la["variants"][name] for la in launches if la["nice"] == second]
         ratios = [a["mean_us"] / b["mean_us"] for a, b in zip(after, before)]  # paired: one launch each
-        summary.append({"variant": name,
-                        "mean_us_nice0": statistics.median(b["mean_us"] for b in before),
-                        "mean_us_nice19": statistics.median(a["mean_us"] for a in after),
-                        "median_us_nice0": statistics.median(b["median_us"] for b in before),
-                        "median_us_nice19": statistics.median(a["median_us"] for a in after),
-                        "slow_share_nice0": statistics.median(b["slow_share"] for b in before),
-                        "slow_share_nice19": statistics.median(a["slow_share"] for a in after),
-                        "mean_ratio_19_to_0": statistics.median(ratios),
+        row = {"variant": name}
+        for key in ("mean_us", "median_us", "slow_share"):  # the keys of the first records: mean_us_nice0 …
+            row[f"{key}_nice{first}"] = statistics.median(b[key] for b in before)
+            row[f"{key}_nice{second}"] = statistics.median(a[key] for a in after)
+        summary.append({**row, f"mean_ratio_{second}_to_{first}": statistics.median(ratios),
                         "mean_ratio_range": [min(ratios), max(ratios)]})
     import torch
 
     from benchmark import describe_device
 
     return {"benchmark": "ionice", "device": describe_device("cpu"), "torch": torch.__version__, "backend": "gloo",
-            "world_size": world_size, "threads_per_rank": 1,
+            "world_size": world_size, "threads_per_rank": 1, "settings": [first, second],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.ionice " + " ".join(sys.argv[1:]),
-            "method": f"{pairs} pairs of launches ({IO_NICE_VAR}=0, then =19); in each, {rounds} rounds of one call "
+            "method": f"{pairs} pairs of launches ({IO_NICE_VAR}={first}, then ={second}); in each, {rounds} rounds "
+                      f"of one call "
                       f"of every variant (in a new order each round), the slowest rank's time per call; "
-                      f"a stall is a call over {SLOW_US:.0f} µs; ratio: per pair, mean µs per call at 19 over at 0",
+                      f"a stall is a call over {SLOW_US:.0f} µs; ratio: per pair, mean µs per call at {second} over "
+                      f"at {first}",
             "summary": summary, "launches": launches}
 
 
 def table(record: dict) -> str:
-    rows = ["| variant | µs per call, mean: nice 0 → 19 | ratio (range over pairs) | median µs | "
-            "calls over 1 ms |", "|---|---:|---:|---:|---:|"]
+    first, second = record.get("settings", SETTINGS)  # the first records compared 0 and 19 only
+    rows = [f"| variant | µs per call, mean: {_label(first)} → {_label(second).removeprefix('nice ')} "
+            "| ratio (range over pairs) | median µs | calls over 1 ms |", "|---|---:|---:|---:|---:|"]
     for s in record["summary"]:
         lo, hi = s["mean_ratio_range"]
-        rows.append(f"| {s['variant']} | {s['mean_us_nice0']:.0f} → {s['mean_us_nice19']:.0f} "
-                    f"| {s['mean_ratio_19_to_0']:.2f} ({lo:.2f}–{hi:.2f}) "
-                    f"| {s['median_us_nice0']:.0f} → {s['median_us_nice19']:.0f} "
-                    f"| {100 * s['slow_share_nice0']:.1f}% → {100 * s['slow_share_nice19']:.1f}% |")
-    shares = {n: [x for la in record["launches"] if la["nice"] == n for x in la["io_cpu_share"]] for n in SETTINGS}
+        rows.append(f"| {s['variant']} | {s[f'mean_us_nice{first}']:.0f} → {s[f'mean_us_nice{second}']:.0f} "
+                    f"| {s[f'mean_ratio_{second}_to_{first}']:.2f} ({lo:.2f}–{hi:.2f}) "
+                    f"| {s[f'median_us_nice{first}']:.0f} → {s[f'median_us_nice{second}']:.0f} "
+                    f"| {100 * s[f'slow_share_nice{first}']:.1f}% → {100 * s[f'slow_share_nice{second}']:.1f}% |")
+    shares = {n: [x for la in record["launches"] if la["nice"] == n for x in la["io_cpu_share"]]
+              for n in (first, second)}
     rows.append("\nCPU time of gloo's I/O threads while timing, share of wall time per rank (median): "
-                + ", ".join(f"nice {n}: {100 * statistics.median(v):.0f}%" for n, v in shares.items())
+                + ", ".join(f"{_label(n)}: {100 * statistics.median(v):.0f}%" for n, v in shares.items())
                 + f". {record['world_size']} ranks on gloo, 1 thread each, {record['device']}, "
                 f"torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)
@@ -136,16 +160,23 @@ def table(record: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(__doc__)
     parser.add_argument("--world-size", type=int, default=2, help="ranks per launch (at least 2)")
-    parser.add_argument("--pairs", type=cli.positive(int), default=3, help="pairs of launches (nice 0, then 19)")
+    parser.add_argument("--pairs", type=cli.positive(int), default=3, help="pairs of launches (one per setting)")
+    parser.add_argument("--settings", default="0,19", metavar="A,B",
+                        help="the two settings of $DENSE_GLOO_IO_NICE each pair launches with, in this order: 'idle' "
+                             "(SCHED_IDLE) or a niceness 0-19 (default: 0,19)")
     parser.add_argument("--rounds", type=cli.positive(int), default=600, help="calls of each variant per launch")
     parser.add_argument("--json", metavar="PATH", help="write the record here")
     args = parser.parse_args(argv)
     if args.world_size < 2:
         parser.error("--world-size must be at least 2 (a collective needs a peer)")
+    try:
+        settings = settings_pair(args.settings)
+    except ValueError as e:
+        parser.error(str(e))
     if not sys.platform.startswith("linux"):
         raise cli.UserError("thread priorities and /proc are read the Linux way; this needs Linux")
     json_path = cli.check_output(args.json, "--json")  # before minutes of measuring, not after
-    record = run(args.world_size, args.pairs, args.rounds)
+    record = run(args.world_size, args.pairs, args.rounds, settings)
     return cli.publish(table(record), [(json_path, cli.json_writer(record))])
 
 

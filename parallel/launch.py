@@ -14,8 +14,11 @@ so atexit handlers registered in a rank do not run.
 Each rank also lowers the priority of gloo's I/O threads (``lower_io_priority``): on a machine
 with fewer cores than busy threads, an I/O thread woken by a message could preempt the rank's
 main thread while that thread held the connection's lock, then spin on the lock until a
-scheduler tick (every 4 ms here) let the holder run. parallel/collectives.md, "Where the
-milliseconds went", shows the trace and the before and after.
+scheduler tick (every 4 ms here) let the holder run. By default they get Linux's SCHED_IDLE
+policy, under which a woken thread never preempts a normal one; $DENSE_GLOO_IO_NICE=19 gives
+them the lowest niceness instead (the default until SCHED_IDLE was measured against it), 0
+leaves them alone. parallel/collectives.md, "Where the milliseconds went", shows the trace and
+the before and after.
 """
 
 from __future__ import annotations
@@ -45,41 +48,56 @@ class LaunchError(RuntimeError):
 
 
 IO_NICE_VAR = "DENSE_GLOO_IO_NICE"
-IO_NICE_DEFAULT = 19
+IDLE = "idle"  # the SCHED_IDLE policy: below any niceness
+IO_NICE_DEFAULT = IDLE
 IO_THREAD_NAME = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
 
+IoSetting = int | str  # a niceness 0..19, or IDLE
 
-def io_nice() -> int:
-    """The niceness for gloo's I/O threads: $DENSE_GLOO_IO_NICE (0 leaves them alone), else 19."""
-    text = os.environ.get(IO_NICE_VAR, str(IO_NICE_DEFAULT))
+
+def io_nice() -> IoSetting:
+    """The setting for gloo's I/O threads: $DENSE_GLOO_IO_NICE, "idle" (the default: the
+    SCHED_IDLE policy) or a niceness from 0 (leave them alone) to 19."""
+    text = os.environ.get(IO_NICE_VAR, IO_NICE_DEFAULT).strip()
+    if text == IDLE:
+        return IDLE
     try:
         value = int(text)
     except ValueError:
         value = -1
     if not 0 <= value <= 19:
-        raise ValueError(f"{IO_NICE_VAR} must be an integer from 0 (leave gloo's I/O threads alone) "
-                         f"to 19, got {text!r}")
+        raise ValueError(f"{IO_NICE_VAR} must be {IDLE!r} (Linux's SCHED_IDLE policy, the default) or an integer "
+                         f"from 0 (leave gloo's I/O threads alone) to 19, got {text!r}")
     return value
 
 
-def lower_io_priority(nice: int | None = None, expect: int = 0, wait_s: float = 5.0) -> int:
-    """Give this process's gloo I/O threads niceness ``nice`` (default: ``io_nice()``); returns
-    how many threads it changed. ``expect``: how many I/O threads this process has at least by
-    now. Gloo's I/O thread names itself from inside, a moment after it starts: on a busy
-    machine, a search right after ``init_process_group`` or ``new_group`` can miss a thread that
-    is not named yet (seen here: 6 of 200 new groups with two other processes spinning), and
-    that thread would keep its priority. So this first waits, up to ``wait_s``, until that many
-    carry the name.
+def _io_setting(tid: int) -> IoSetting:
+    """What a thread has now: IDLE if its policy is SCHED_IDLE, else its niceness."""
+    if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+        return IDLE
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def lower_io_priority(nice: IoSetting | None = None, expect: int = 0, wait_s: float = 5.0) -> int:
+    """Give this process's gloo I/O threads the setting ``nice`` (default: ``io_nice()``):
+    the SCHED_IDLE policy for IDLE, else that niceness. Returns how many threads it changed.
+    ``expect``: how many I/O threads this process has at least by now. Gloo's I/O thread names
+    itself from inside, a moment after it starts: on a busy machine, a search right after
+    ``init_process_group`` or ``new_group`` can miss a thread that is not named yet (seen here:
+    6 of 200 new groups with two other processes spinning), and that thread would keep its
+    priority. So this first waits, up to ``wait_s``, until that many carry the name.
 
     Why (parallel/collectives.md, "Where the milliseconds went"): a rank's main thread posts
     its sends and receives under the lock of the gloo connection (the pair), and gloo's I/O
     thread only tries that lock: when it finds data ready and the lock taken, it goes back to
     epoll_wait, which returns at once, and so spins. Traced here, in the slow calls both cores
     ran an I/O thread for milliseconds (until a scheduler tick) while the main threads waited.
-    At niceness 19 a woken I/O thread no longer takes the core from a main thread. Lowering
-    one's own threads' priority needs no privilege; raising it back does, so a process that
-    wants to compare must start with the variable at 0.
-    Every new gloo process group starts its own I/O thread: call this again after creating one.
+    At niceness 19 a woken I/O thread takes the core from a main thread less often; under
+    SCHED_IDLE, never (the scheduler does not preempt a normal thread for an idle one), and
+    the calls' slow tail went with it. Lowering one's own threads' priority needs no
+    privilege; raising it back does, so a process that wants to compare must start with the
+    variable at 0. Every new gloo process group starts its own I/O thread: call this again
+    after creating one.
     """
     nice = io_nice() if nice is None else nice
     if nice == 0 or not sys.platform.startswith("linux"):
@@ -90,9 +108,13 @@ def lower_io_priority(nice: int | None = None, expect: int = 0, wait_s: float = 
     changed = 0
     for tid in io_threads():
         try:
-            if os.getpriority(os.PRIO_PROCESS, tid) != nice:
+            if _io_setting(tid) == nice:
+                continue
+            if nice == IDLE:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            else:
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
-                changed += 1
+            changed += 1
         except OSError:  # the thread ended meanwhile; nothing to lower
             continue
     return changed
@@ -138,13 +160,13 @@ def thread_cpu_s() -> dict[str, float]:
     return totals
 
 
-def io_thread_nices() -> list[int]:
-    """The niceness each of this process's gloo I/O threads has now (``lower_io_priority`` as it
-    took effect): what the benchmark and fit records report."""
+def io_thread_nices() -> list[IoSetting]:
+    """The setting each of this process's gloo I/O threads has now (``lower_io_priority`` as it
+    took effect): IDLE, or its niceness. What the benchmark and fit records report."""
     nices = []
     for tid in io_threads():
         try:
-            nices.append(os.getpriority(os.PRIO_PROCESS, tid))
+            nices.append(_io_setting(tid))
         except OSError:  # the thread ended meanwhile
             continue
     return nices

@@ -483,31 +483,36 @@ def test_our_collectives_keep_no_destroyed_group_alive():
 # gloo's I/O threads at the lowest priority (parallel/launch.py, lower_io_priority)
 # ---------------------------------------------------------------------------
 
-def thread_priorities() -> list[tuple[str, int]]:
+def thread_priorities() -> list[tuple[str, str, int]]:
     """Inside a rank, after making tensor-parallel groups (each gloo group starts an I/O
-    thread of its own): every thread's name and niceness."""
+    thread of its own): every thread's name, scheduling policy and niceness, read from the
+    kernel directly (not through launch.py's own reader)."""
     from parallel.tp import make_layout
 
     make_layout(dist.get_world_size())
-    return [(Path(f"/proc/self/task/{tid}/comm").read_text().strip(), os.getpriority(os.PRIO_PROCESS, int(tid)))
+    policy = {os.SCHED_OTHER: "other", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}
+    return [(Path(f"/proc/self/task/{tid}/comm").read_text().strip(), policy[os.sched_getscheduler(int(tid))],
+             os.getpriority(os.PRIO_PROCESS, int(tid)))
             for tid in os.listdir("/proc/self/task")]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
-@pytest.mark.parametrize("setting", [None, "0", "7"])
+@pytest.mark.parametrize("setting", [None, "idle", "0", "19", "7"])
 def test_gloo_io_threads_and_only_they_get_the_set_priority(monkeypatch, setting):
+    """By default gloo's I/O threads run under SCHED_IDLE at their niceness (0); a number sets
+    that niceness under the normal policy instead; 0 leaves them alone."""
     from parallel.launch import IO_NICE_VAR, IO_THREAD_NAME
 
     if setting is None:
         monkeypatch.delenv(IO_NICE_VAR, raising=False)
     else:
         monkeypatch.setenv(IO_NICE_VAR, setting)  # the spawned ranks inherit it
-    want = 19 if setting is None else int(setting)
+    want = ("idle", 0) if setting in (None, "idle") else ("other", int(setting))
     for threads in launch(thread_priorities, 2, deadline_s=60):
-        io = [nice for name, nice in threads if name == IO_THREAD_NAME]
+        io = [(policy, nice) for name, policy, nice in threads if name == IO_THREAD_NAME]
         assert len(io) >= 2, threads  # the world's group and the tensor-parallel group
         assert io == [want] * len(io), threads
-        assert all(nice == 0 for name, nice in threads if name != IO_THREAD_NAME), threads
+        assert all((policy, nice) == ("other", 0) for name, policy, nice in threads if name != IO_THREAD_NAME), threads
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
@@ -530,9 +535,11 @@ def test_lowering_waits_for_an_io_thread_that_names_itself_late():
     thread.start()
     try:
         started.wait(30)
-        assert lower_io_priority(7, expect=before + 1) == 1
-        assert os.getpriority(os.PRIO_PROCESS, tid[0]) == 7
-        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # the caller is left alone
+        assert lower_io_priority("idle", expect=before + 1) == 1
+        assert os.sched_getscheduler(tid[0]) == os.SCHED_IDLE
+        assert lower_io_priority("idle", expect=before + 1) == 0  # already so: nothing changed
+        assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER  # the caller is left alone
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0
     finally:
         checked.set()
         thread.join()
@@ -540,17 +547,20 @@ def test_lowering_waits_for_an_io_thread_that_names_itself_late():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
-def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path):
+@pytest.mark.parametrize("setting, recorded", [("7", 7), (None, "idle")])
+def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path, monkeypatch, setting, recorded):
     """A record states the setting and what every rank's I/O threads had when it was written."""
     from parallel.launch import IO_NICE_VAR
 
+    monkeypatch.delenv(IO_NICE_VAR, raising=False)  # None: the default
     out = tmp_path / "overhead.json"
+    env = {IO_NICE_VAR: setting} if setting else {}
     result = run_script("distributed.py", "--bench", "overhead", "--world-size", "2", "--json", str(out),
-                        timeout=180, env={IO_NICE_VAR: "7"})
+                        timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
-    assert record["gloo_io_nice"] == 7
-    assert record["gloo_io_thread_nices"] == {"7": 2}  # one group, one I/O thread per rank
+    assert record["gloo_io_nice"] == recorded
+    assert record["gloo_io_thread_nices"] == {str(recorded): 2}  # one group, one I/O thread per rank
 
 
 @pytest.mark.slow
@@ -704,12 +714,12 @@ def test_zero_benchmark_splits_the_dp_all_reduce_into_waiting_and_the_call(tmp_p
         assert w + a == pytest.approx(i, rel=1e-6)
 
 
-@pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5"])
+@pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5", "IDLE", ""])
 def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
     from parallel.launch import IO_NICE_VAR, io_nice
 
     monkeypatch.setenv(IO_NICE_VAR, bad)
-    with pytest.raises(ValueError, match=f"{IO_NICE_VAR} must be an integer from 0"):
+    with pytest.raises(ValueError, match=f"{IO_NICE_VAR} must be 'idle' .* or an integer from 0"):
         io_nice()
     result = run_script("distributed.py", "--world-size", "2", "--epochs", "1", timeout=120,
                         env={IO_NICE_VAR: bad})
@@ -721,6 +731,30 @@ def test_ionice_needs_a_peer():
     result = run_script("-m", "parallel.ionice", "--world-size", "1", timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "--world-size must be at least 2" in result.stderr
+
+
+@pytest.mark.parametrize("bad", ["19", "19,19", "19,20", "idle,x", "0,19,idle"])
+def test_ionice_takes_two_different_settings(bad):
+    result = run_script("-m", "parallel.ionice", "--settings", bad, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "setting" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_ionice_compares_niceness_19_with_sched_idle(tmp_path):
+    from parallel import ionice
+
+    out = tmp_path / "ionice.json"
+    result = run_script("-m", "parallel.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
+                        "--settings", "19,idle", "--json", str(out), timeout=180)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    assert record["settings"] == [19, "idle"] and [la["nice"] for la in record["launches"]] == [19, "idle"]
+    assert [la["io_thread_nices"] for la in record["launches"]] == [[19], ["idle"]]  # the setting took effect
+    for s in record["summary"]:
+        assert s["mean_ratio_range"][0] <= s["mean_ratio_idle_to_19"] <= s["mean_ratio_range"][1]
+    assert "mean: nice 19 → SCHED_IDLE" in result.stdout and "SCHED_IDLE: " in result.stdout
+    assert ionice.table(record) in result.stdout
 
 
 @pytest.mark.slow
