@@ -361,15 +361,6 @@ BURST_LABELS = {"ring": "ring", "two_shot": "two-shot", "segmented_ring": "segme
                 "dist.all_reduce": "all_reduce"}
 
 
-def _quantile(values: list[float], q: float) -> float:
-    """The q-quantile, interpolated between the two nearest of the sorted values."""
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    low = int(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
-
-
 def _burst_rounds(nbytes: int) -> int:
     """Rounds of the burst benchmark at one size: with 30 at 1 and 4 MiB (2 ranks), the paired
     ratios' 95% intervals were 0.3 to 0.5 wide (the first runs of the segmented ring here, not
@@ -405,7 +396,8 @@ def burst(config: Config, json_path: Path | None) -> dict:
                 results.append({"bytes": nbytes, "calls_in_a_row": k, "variant": v,
                                 **_against_dist(samples, per_call["dist.all_reduce"]),
                                 # the median hides a tail that the mean over k calls takes in
-                                "mean_us": statistics.mean(samples), "p90_us": _quantile(samples, 0.9),
+                                "mean_us": statistics.mean(samples),
+                                "p90_us": statistics.quantiles(samples, n=10, method="inclusive")[-1],
                                 **({"predicted_us": PREDICT[v](n, nbytes, link_for(n)) * 1e6} if v in PREDICT else {})})
     record = {**_header(config, "burst"), "without_cpp_loop": without_cpp, "results": results}
     return {"output_errors": _write(record, json_path, burst_table(record))}
@@ -423,18 +415,17 @@ def burst_table(record: dict) -> str:
                          for i, v in enumerate(ours)) + " |",
             "|---:|---:|" + "---:|" * (len(variants) + len(ours))]
     by = {(r["bytes"], r["calls_in_a_row"], r["variant"]): r for r in record["results"]}
+    first = min(r["calls_in_a_row"] for r in record["results"])  # one call at a time
     model = []
     for nbytes in sorted({r["bytes"] for r in record["results"]}):
         for k in sorted({r["calls_in_a_row"] for r in record["results"]}):
             cells = [by[(nbytes, k, v)] for v in variants]
             rows.append(f"| {size_label(nbytes)} | {k} | " + " | ".join(f"{c['time_us']:.0f}" for c in cells)
                         + " | " + " | ".join(_ratio_text(c) for c in cells[:-1]) + " |")
-        first = min(r["calls_in_a_row"] for r in record["results"])
         predicted = [f"{BURST_LABELS[v]} {by[(nbytes, first, v)]['predicted_us']:.0f}" for v in ours
                      if "predicted_us" in by[(nbytes, first, v)]]
         model.append(f"{size_label(nbytes)}: {', '.join(predicted)}")
     if all("mean_us" in r for r in record["results"]):  # records from before them have no tails
-        first = min(r["calls_in_a_row"] for r in record["results"])
         rows += [f"\nOne call at a time ({first} in a row), the slowest rank's time over the rounds, median / mean / "
                  f"90th percentile in µs:\n",
                  "| size | " + " | ".join(BURST_LABELS[v] for v in variants) + " |",

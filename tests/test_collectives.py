@@ -487,15 +487,6 @@ def _burst_record(variants: tuple[str, ...], why: str | None = None) -> dict:
             "torch": "x", "date": "d", "command": "c", **({"without_cpp_loop": why} if why else {})}
 
 
-def test_quantile_interpolates_between_the_nearest_values():
-    from parallel.bench import _quantile
-
-    assert _quantile([4.0, 1.0, 3.0, 2.0, 5.0], 0.5) == 3.0
-    assert _quantile(list(range(11)), 0.9) == 9.0
-    assert _quantile([1.0, 2.0], 0.9) == pytest.approx(1.9)
-    assert _quantile([7.0], 0.9) == 7.0
-
-
 def test_burst_table_shows_every_size_and_burst_with_the_models_time():
     """A record from before the segmented ring was timed (ring and two-shot only) renders as it did."""
     from parallel.bench import BURSTS, burst_table
