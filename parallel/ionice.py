@@ -69,16 +69,11 @@ def _label(setting: int | str) -> str:
 
 
 def settings_pair(text: str) -> tuple[int | str, int | str]:
-    """--settings: two different settings of $DENSE_GLOO_IO_NICE, "idle" or 0..19, comma-separated."""
-    parts = [p.strip() for p in text.split(",")]
-    values: list[int | str] = []
-    for part in parts:
-        if part == "idle":
-            values.append(part)
-        elif part.isdigit() and 0 <= int(part) <= 19:
-            values.append(int(part))
-        else:
-            raise ValueError(f"each setting is 'idle' or an integer from 0 to 19, got {part!r}")
+    """--settings: two different settings of $DENSE_GLOO_IO_NICE, comma-separated (each as
+    parallel.launch.parse_io_setting reads it)."""
+    from parallel.launch import parse_io_setting
+
+    values = [parse_io_setting(part, "each setting of --settings") for part in text.split(",")]
     if len(values) != 2 or values[0] == values[1]:
         raise ValueError(f"--settings takes two different settings, as in 19,idle; got {text!r}")
     return values[0], values[1]
@@ -161,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(__doc__)
     parser.add_argument("--world-size", type=int, default=2, help="ranks per launch (at least 2)")
     parser.add_argument("--pairs", type=cli.positive(int), default=3, help="pairs of launches (one per setting)")
-    parser.add_argument("--settings", default="0,19", metavar="A,B",
+    parser.add_argument("--settings", default=",".join(map(str, SETTINGS)), metavar="A,B",
                         help="the two settings of $DENSE_GLOO_IO_NICE each pair launches with, in this order: 'idle' "
-                             "(SCHED_IDLE) or a niceness 0-19 (default: 0,19)")
+                             "(SCHED_IDLE) or a niceness 0-19 (default: %(default)s)")
     parser.add_argument("--rounds", type=cli.positive(int), default=600, help="calls of each variant per launch")
     parser.add_argument("--json", metavar="PATH", help="write the record here")
     args = parser.parse_args(argv)

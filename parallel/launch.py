@@ -55,10 +55,10 @@ IO_THREAD_NAME = "gloo_tcp_loop"  # the name gloo's TCP transport gives its even
 IoSetting = int | str  # a niceness 0..19, or IDLE
 
 
-def io_nice() -> IoSetting:
-    """The setting for gloo's I/O threads: $DENSE_GLOO_IO_NICE, "idle" (the default: the
-    SCHED_IDLE policy) or a niceness from 0 (leave them alone) to 19."""
-    text = os.environ.get(IO_NICE_VAR, IO_NICE_DEFAULT).strip()
+def parse_io_setting(text: str, name: str = IO_NICE_VAR) -> IoSetting:
+    """A setting for gloo's I/O threads from text: "idle" (the SCHED_IDLE policy) or a niceness
+    from 0 (leave them alone) to 19. ValueError, naming ``name``, for anything else."""
+    text = text.strip()
     if text == IDLE:
         return IDLE
     try:
@@ -66,9 +66,14 @@ def io_nice() -> IoSetting:
     except ValueError:
         value = -1
     if not 0 <= value <= 19:
-        raise ValueError(f"{IO_NICE_VAR} must be {IDLE!r} (Linux's SCHED_IDLE policy, the default) or an integer "
+        raise ValueError(f"{name} must be {IDLE!r} (Linux's SCHED_IDLE policy, the default) or an integer "
                          f"from 0 (leave gloo's I/O threads alone) to 19, got {text!r}")
     return value
+
+
+def io_nice() -> IoSetting:
+    """The setting for gloo's I/O threads: $DENSE_GLOO_IO_NICE, else "idle" (parse_io_setting)."""
+    return parse_io_setting(os.environ.get(IO_NICE_VAR, IO_NICE_DEFAULT))
 
 
 def _io_setting(tid: int) -> IoSetting:
