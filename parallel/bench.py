@@ -188,15 +188,28 @@ def _as_before(t: torch.Tensor) -> dict:
     return {name: before(calls[now], *flags) for name, (now, *flags) in BEFORE.items()}
 
 
-def _segmented_at(t: torch.Tensor, segment_bytes: int) -> None:
-    """The segmented ring with segments of at most ``segment_bytes`` (collectives.SEGMENT_BYTES
-    for this call only)."""
+def _segmented_at(t: torch.Tensor, segment_bytes: int, cpp: bool = False) -> None:
+    """The segmented ring, its loop in Python or in C++, with segments of at most
+    ``segment_bytes`` (collectives.SEGMENT_BYTES for this call only)."""
+    from parallel import cpp_loop
+
     kept = collectives.SEGMENT_BYTES
     collectives.SEGMENT_BYTES = segment_bytes
     try:
-        all_reduce(t, algorithm="segmented_ring", check=False)
+        if cpp:
+            cpp_loop.segmented_ring(t, check=False)
+        else:
+            all_reduce(t, algorithm="segmented_ring", check=False)
     finally:
         collectives.SEGMENT_BYTES = kept
+
+
+def segment_variant(segment_bytes: int, cpp: bool = False) -> str:
+    """The allreduce benchmark's name for a segmented ring with segments other than the default."""
+    return f"{CPP_LOOP if cpp else 'segmented ring'}, {size_label(segment_bytes)} segments"
+
+
+OTHER_SEGMENTS = {False: (2 << 20, 8 << 20), True: (2 << 20,)}  # beside SEGMENT_BYTES, by loop (C++?)
 
 
 def _against_dist(samples: list[float], ref: list[float]) -> dict:
@@ -230,6 +243,8 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
     device = config.device if dist.get_backend() == "nccl" else "cpu"
     warm_up(*_peers(None)[2:])  # a fresh gloo pair is slow for its first messages
     without_cpp = "it runs on gloo only" if dist.get_backend() != "gloo" else _cpp_loop_everywhere()
+    if without_cpp is None:
+        cpp_loop.build()  # in every rank, before any call: auto's segmented ring runs in C++ from here
     results = []
     for nbytes in SIZES:
         t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # zeros: the sums stay finite
@@ -241,11 +256,12 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
                 fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
                                                                                              segment_bytes=b)
             fns.update(_as_before(t))
-        # the segmented ring's largest segment against 1 and 8 MiB; below 16 MiB the chunks are
-        # too short for the size to change the cut (every chunk is two segments)
+        # the segmented ring's largest segment against others; below 16 MiB the chunks are too
+        # short for the size to change the cut much
         if nbytes >= 16 << 20:
-            for seg in (1, 8):
-                fns[f"segmented ring, {seg} MiB segments"] = lambda t=t, b=seg << 20: _segmented_at(t, b)
+            for cpp, others in OTHER_SEGMENTS.items():
+                for b in others if without_cpp is None or not cpp else ():
+                    fns[segment_variant(b, cpp)] = lambda t=t, b=b, c=cpp: _segmented_at(t, b, c)
         if nbytes >= 1 << 20 and without_cpp is None:  # where auto picks among the large-message algorithms
             fns[CPP_LOOP] = lambda t=t: cpp_loop.segmented_ring(t, check=False)
         number = _calls_per_sample(nbytes)  # same on every rank: they must make the same calls
@@ -266,7 +282,8 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
             results.append({"bytes": nbytes, "variant": variant, **row,
                             "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (n - 1) / n,
                             **({"algorithm": choose(nbytes // 4, 4, n)} if variant == "auto" else {})})
-    record = {**_header(config, "allreduce"), "without_cpp_loop": without_cpp, "results": results}
+    record = {**_header(config, "allreduce"), "segment_bytes": collectives.SEGMENT_BYTES,
+              "without_cpp_loop": without_cpp, "auto_cpp_loop": collectives._loop_in_cpp(), "results": results}
     return {"output_errors": _write(record, json_path, allreduce_table(record))}
 
 
@@ -664,6 +681,27 @@ def cpp_loop_table(record: dict) -> str:
     return "\n".join(rows).lstrip("\n")
 
 
+def _segment_rows(record: dict, how: str) -> list[str]:
+    """The segmented ring's segment sizes side by side, per loop: busbw over all_reduce's."""
+    default = record.get("segment_bytes", 2 << 20)  # records from before it was written: 2 MiB
+    by = {(r["bytes"], r["variant"]): r for r in record["results"]}
+    named = {(nbytes, cpp): {b: by[(nbytes, segment_variant(b, cpp))]
+                             for b in (1 << 20, 2 << 20, 8 << 20) if (nbytes, segment_variant(b, cpp)) in by}
+             for nbytes in sorted({r["bytes"] for r in record["results"]}) for cpp in (False, True)}
+    named = {k: v for k, v in named.items() if v}
+    if not named:
+        return []
+    sizes = sorted({default} | {b for v in named.values() for b in v})
+    heads = [f"{size_label(b)} segments{' (default)' if b == default else ''}" for b in sizes]
+    rows = [f"\n| size | loop | busbw / all_reduce's ({how}), {heads[0]} | " + " | ".join(heads[1:])
+            + f" |\n|---:|---|{'---:|' * len(sizes)}"]
+    for (nbytes, cpp), cells in named.items():
+        cells[default] = by[(nbytes, CPP_LOOP if cpp else "segmented_ring")]
+        rows.append(f"| {size_label(nbytes)} | {'C++' if cpp else 'Python'} | "
+                    + " | ".join(_ratio_text(cells[b]) if b in cells else "—" for b in sizes) + " |")
+    return rows
+
+
 def allreduce_table(record: dict) -> str:
     intervals = any(r.get("ratio_ci") for r in record["results"])
     how = "95% CI" if intervals else "IQR"
@@ -674,7 +712,9 @@ def allreduce_table(record: dict) -> str:
     for nbytes in sorted({r["bytes"] for r in record["results"]}):
         auto, ref, ring = by[(nbytes, "auto")], by[(nbytes, "dist.all_reduce")], by[(nbytes, "ring")]
         segmented = by.get((nbytes, "segmented_ring"))  # records from before it have none
-        rows.append(f"| {size_label(nbytes)} | {auto['algorithm'].replace('_', '-')} "
+        picks = auto["algorithm"].replace("_", "-") + (" (C++)" if record.get("auto_cpp_loop")
+                                                        and auto["algorithm"] == "segmented_ring" else "")
+        rows.append(f"| {size_label(nbytes)} | {picks} "
                     f"| {auto['time_us']:.0f} ({auto['spread_us']:.0f}) "
                     f"| {ref['time_us']:.0f} ({ref['spread_us']:.0f}) "
                     f"| {auto['busbw_gbs']:.3f} | {ref['busbw_gbs']:.3f} "
@@ -697,15 +737,7 @@ def allreduce_table(record: dict) -> str:
         for nbytes in pieces:
             cells = [by[(nbytes, v)] for v in ("ring, 1 MiB pieces", "ring", "ring, 16 MiB pieces")]
             rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
-    segments = sorted({r["bytes"] for r in record["results"] if r["variant"] == "segmented ring, 1 MiB segments"})
-    if segments:
-        rows.append(f"\n| size | segmented ring, 1 MiB segments / all_reduce ({how}) "
-                    f"| {size_label(collectives.SEGMENT_BYTES)} segments (default) "
-                    "| 8 MiB segments |\n|---:|---:|---:|---:|")
-        for nbytes in segments:
-            cells = [by[(nbytes, v)] for v in ("segmented ring, 1 MiB segments", "segmented_ring",
-                                               "segmented ring, 8 MiB segments")]
-            rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
+    rows += _segment_rows(record, how)
     rows += _cpp_loop_rows(record, how)
     befores = [r for r in record["results"] if r["variant"] in BEFORE]
     if befores:

@@ -47,6 +47,9 @@ gloo/allreduce.cc) runs the same steps on another schedule, and so does
                        wire, then segment i + 2 is posted. The all-gather does the same once the
                        reduce-scatter is done. The ring's bytes and additions, in the ring's
                        order (its results are the ring's, bit for bit), in more, smaller messages.
+                       Its loop also exists in C++ (parallel/cpp_loop.py), which ``auto`` runs
+                       where the process has loaded it: the interpreter's share of a call,
+                       between every pair of segments, is what 4 ranks on 2 cores could not afford.
 
 Fixed cost: a call looks up a cached plan (ranks, partners, global ranks) for its group and
 reuses a receive buffer per thread, instead of asking torch.distributed and allocating on
@@ -67,10 +70,10 @@ from parallel import costmodel, ring
 from parallel.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wait, ring_all_reduce
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot", "segmented_ring")
-# The segmented ring's largest segment (parallel/costmodel.py models the same): twice the 1 MiB
-# gloo's own segments are capped at. The allreduce benchmark times 1 and 8 MiB beside it; no
-# size was best at every size and world size (parallel/collectives.md, "The segment size").
-SEGMENT_BYTES = 2 << 20
+# The segmented ring's largest segment (parallel/costmodel.py models the same): gloo's own cap.
+# It was 2 MiB until the allreduce benchmark, timing 1, 2 and 8 MiB side by side with both loops
+# under SCHED_IDLE, measured 1 MiB higher with 4 ranks (parallel/collectives.md, "The segment size").
+SEGMENT_BYTES = 1 << 20
 # On gloo the segmented ring posts straight to the process group and keeps a scratch of its own.
 # As first written it went through dist.irecv / dist.isend (ring._post) and took its scratch
 # from the buffer the other algorithms grow (ring._buffer); the allreduce benchmark runs it
@@ -260,17 +263,27 @@ def _segments_per_chunk(longest_chunk_bytes: int) -> int:
     return max(2, -(-longest_chunk_bytes // SEGMENT_BYTES))
 
 
-def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group) -> None:
+def _loop_in_cpp() -> bool:
+    """Whether this process has loaded parallel/segmented_ring.cpp (parallel.cpp_loop.build()):
+    then ``auto``'s segmented ring runs its loop there. Nothing here builds it."""
+    return hasattr(torch.ops.dense_collectives, "segmented_ring_")
+
+
+def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group, cpp: bool = False) -> None:
     r, n = plan.rank, plan.size
     right, left = plan.glob[(r + 1) % n], plan.glob[(r - 1) % n]
     chunks = torch.tensor_split(flat, n)  # the ring's chunks; every chunk in the same number of segments
     s = _segments_per_chunk(chunks[0].numel() * flat.element_size())
+    pg = group if group is not None else dist.group.WORLD
+    if cpp:  # the loop below in C++: the same segments, messages, order and additions, the same bits
+        scratch = _buffer(2 * -(-chunks[0].numel() // s), flat, "segmented")  # two of the longest segment
+        torch.ops.dense_collectives.segmented_ring_(flat, pg.group_name, s, op == "avg", scratch)
+        return
     segments = [torch.tensor_split(c, s) for c in chunks]
     direct = SEGMENTED_DIRECT and not flat.is_cuda
     # two segments (segment 0 of chunk 0 is the longest), at most 2·SEGMENT_BYTES
     scratch = _buffer(2 * segments[0][0].numel(), flat, "segmented" if direct else "").view(2, -1)
     steps = [(step, j) for step in range(n - 1) for j in range(s)]
-    pg = group if group is not None else dist.group.WORLD
 
     def post(send: Tensor, recv: Tensor) -> tuple[list, list]:
         """A segment step's receives and sends: the receive posted first, the send waited for after the add."""
@@ -326,6 +339,8 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
     """Sum (or average) ``tensor`` over the ranks of ``group`` in place; returns it.
 
     ``algorithm="auto"`` picks by size from the fitted cost model (parallel/costmodel.py);
+    where it picks the segmented ring on CPU and this process has loaded the C++ loop
+    (parallel.cpp_loop.build()), that loop runs it: the same messages and the same bits.
     "ring" is parallel.ring.ring_all_reduce. Every rank ends with bit-identical values.
     ``check=True`` first makes the ranks agree on numel, dtype and op (a RingError on every
     rank if they differ); callers that agreed once already pass ``check=False``.
@@ -333,8 +348,10 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
     _validate(tensor, op, algorithm)
     plan = _plan(group)
     _check_device(tensor, plan.backend)
+    cpp = False
     if algorithm == "auto":
         algorithm = choose(tensor.numel(), tensor.element_size(), plan.size)
+        cpp = algorithm == "segmented_ring" and tensor.device.type == "cpu" and _loop_in_cpp()
     if algorithm == "ring":
         return ring_all_reduce(tensor, op, group, check=check)
     if check:
@@ -347,7 +364,7 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
     elif algorithm == "two_shot":
         _two_shot(flat, plan, op, group)
     elif algorithm == "segmented_ring":
-        _segmented_ring(flat, plan, op, group)
+        _segmented_ring(flat, plan, op, group, cpp)
     else:  # the exchanges need a power of two: extra ranks fold in first and get the result last
         if not _fold_in(flat, plan, group):
             if algorithm == "doubling":

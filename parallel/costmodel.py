@@ -131,7 +131,7 @@ def ring(n: int, nbytes: float, link: Link) -> float:
     return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + _ring_adds(n, nbytes, link)
 
 
-SEGMENT_BYTES = 2 << 20  # parallel.collectives.SEGMENT_BYTES (a test checks that they agree)
+SEGMENT_BYTES = 1 << 20  # parallel.collectives.SEGMENT_BYTES (a test checks that they agree)
 
 
 def ring_segments(n: int, nbytes: float) -> tuple[int, float]:

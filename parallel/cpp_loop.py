@@ -1,14 +1,16 @@
-"""The segmented ring with its loop in C++ (parallel/segmented_ring.cpp): an experiment.
+"""The segmented ring with its loop in C++ (parallel/segmented_ring.cpp).
 
-The benchmarks (``python distributed.py --bench cpu`` and ``--bench allreduce``) run it beside
-the Python version to measure how much of our calls' cost is the interpreter's: both send the
-same messages through the same process group, in the same order, and add the same segments
-(the results are equal, bit for bit). It is not one of all_reduce's algorithms: it runs on
-CPU tensors only and needs a C++ build.
+Both loops send the same messages through the same process group, in the same order, and add
+the same segments (the results are equal, bit for bit; a test compares them). The benchmarks
+(``python distributed.py --bench cpu`` and ``--bench allreduce``) run them side by side to
+measure how much of a call's cost is the interpreter's. ``all_reduce(t, algorithm="auto")``
+runs this loop wherever it picks the segmented ring for a CPU tensor in a process that has
+loaded the extension; nothing builds it implicitly: it needs a C++ compiler and a minute.
 
     from parallel import cpp_loop
     cpp_loop.unavailable()                # None, or why it cannot be built here
-    cpp_loop.build()                      # before the ranks start: a JIT build, once
+    cpp_loop.build()                      # before the ranks start: a JIT build, once; then in
+                                          # each rank, which loads the cached library
     cpp_loop.segmented_ring(t)            # in every rank of the group, like all_reduce(t, algorithm="segmented_ring")
 """
 
@@ -16,12 +18,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from parallel import collectives
-from parallel.ring import _agree, _buffer
+from parallel.ring import _agree
 
 NAME = "dense_collectives"
 SOURCE = Path(__file__).resolve().parent / "segmented_ring.cpp"
@@ -61,10 +62,5 @@ def segmented_ring(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | N
     if plan.size == 1 or tensor.numel() == 0:
         return tensor
     build()
-    flat = tensor.view(-1)
-    chunk = -(-flat.numel() // plan.size)  # the longest chunk, and its longest segment below
-    s = collectives._segments_per_chunk(chunk * flat.element_size())
-    scratch = _buffer(2 * -(-chunk // s), flat, "segmented_cpp")
-    pg = group if group is not None else dist.group.WORLD
-    torch.ops.dense_collectives.segmented_ring_(flat, pg.group_name, s, op == "avg", scratch)
+    collectives._segmented_ring(tensor.view(-1), plan, op, group, cpp=True)
     return tensor

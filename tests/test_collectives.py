@@ -329,8 +329,8 @@ def test_the_model_knows_the_segmented_rings_segments():
         assert longest / s == pytest.approx(m, abs=4)
     # at least two segments a chunk (one is added while the other travels), at most SEGMENT_BYTES each
     assert costmodel.ring_segments(2, 1 << 20) == (2, 256 << 10)
-    assert costmodel.ring_segments(2, 16 << 20) == (4, 2 << 20)
-    assert costmodel.ring_segments(3, 16 << 20) == (3, (16 << 20) / 9)
+    assert costmodel.ring_segments(2, 16 << 20) == (8, 1 << 20)
+    assert costmodel.ring_segments(3, 16 << 20) == (6, (16 << 20) / 18)
     link = costmodel.Link(alpha=1.0, beta=0.01, gamma=0.001)
     # 2 ranks, 800 bytes: 2 segments of 200 bytes, the wire's 2.0 a segment beats (α + 2.0)/2 = 1.5
     assert costmodel.segmented_ring(2, 800, link) == pytest.approx(2 * (1.0 + 2 * 2.0) + 200 * 0.001)
@@ -475,6 +475,36 @@ def test_allreduce_table_judges_the_goal_with_intervals():
     old = allreduce_table(record)
     assert "(paired, IQR)" in old and "significantly" not in old
 
+
+
+def test_allreduce_table_compares_segment_sizes_per_loop():
+    from parallel.bench import CPP_LOOP, allreduce_table, segment_variant
+
+    def row(variant: str, ratio: float, algorithm: str | None = None) -> dict:
+        return {"bytes": 16 << 20, "variant": variant, "time_us": 100.0, "spread_us": 5.0, "busbw_gbs": 1.0,
+                "busbw_ratio_to_dist": ratio, "ratio_spread": 0.1, "ratio_ci": [ratio - 0.05, ratio + 0.05],
+                **({"algorithm": algorithm} if algorithm else {})}
+
+    base = [row("auto", 0.93, "segmented_ring"), row("dist.all_reduce", 1.0), row("ring", 0.5),
+            row("segmented_ring", 0.88)]
+    header = {"world_size": 4, "backend": "gloo", "threads_per_rank": 1, "device": "cpu", "torch": "x",
+              "date": "d", "command": "c"}
+    # before "segment_bytes" was recorded the default was 2 MiB, and 1 and 8 MiB ran beside it
+    old = allreduce_table({**header, "results": base + [row(segment_variant(1 << 20), 0.90),
+                                                         row(segment_variant(8 << 20), 0.84)]})
+    assert "(95% CI), 1 MiB segments | 2 MiB segments (default) | 8 MiB segments |" in old
+    assert "| 16 MiB | Python | 0.90 (0.85–0.95) | 0.88 (0.83–0.93) | 0.84 (0.79–0.89) |" in old
+    assert "| C++ |" not in old and "(C++)" not in old
+    new = allreduce_table({**header, "segment_bytes": 1 << 20, "auto_cpp_loop": True,
+                           "results": base + [{**row(CPP_LOOP, 0.95), "time_over_python_loop": 0.9,
+                                               "time_over_python_loop_ci": [0.85, 0.95]},
+                                              row(segment_variant(2 << 20), 0.86),
+                                              row(segment_variant(8 << 20), 0.80),
+                                              row(segment_variant(2 << 20, cpp=True), 0.89)]})
+    assert "(95% CI), 1 MiB segments (default) | 2 MiB segments | 8 MiB segments |" in new
+    assert "| 16 MiB | Python | 0.88 (0.83–0.93) | 0.86 (0.81–0.91) | 0.80 (0.75–0.85) |" in new
+    assert "| 16 MiB | C++ | 0.95 (0.90–1.00) | 0.89 (0.84–0.94) | — |" in new
+    assert "| 16 MiB | segmented-ring (C++) |" in new
 
 def _burst_record(variants: tuple[str, ...], why: str | None = None) -> dict:
     from parallel.bench import BURSTS

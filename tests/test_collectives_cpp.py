@@ -97,3 +97,44 @@ def test_the_cpp_loop_refuses_what_it_cannot_do():
         assert "floating-point" in messages[1]
         assert "op must be one of" in messages[2]
         assert "6" in messages[3] and "7" in messages[3], messages[3]  # each rank's numel, named
+
+
+def auto_before_and_after_loading() -> list:
+    """``auto`` picking the segmented ring (forced here, so that small tensors take it): the
+    Python loop until this process loads the library, the C++ loop after, the same bits both
+    times, non-contiguous tensors included. The Python loop's ``_in_pairs`` counts its calls."""
+    from parallel import collectives, cpp_loop
+
+    python_loops, run_pairs = [], collectives._in_pairs
+    collectives._in_pairs = lambda *a: python_loops.append(1) or run_pairs(*a)
+    collectives.choose = lambda *a: "segmented_ring"
+    collectives.SEGMENT_BYTES = 40  # many segments a chunk
+    out = []
+    for load in (False, True):
+        if load:
+            cpp_loop.build()
+        for numel, dtype, op in ((1000, torch.float32, "sum"), (999, torch.float64, "avg"), (77, torch.int64, "sum")):
+            t, expected = all_reduce_case(numel, dtype, op, 100)
+            python = collectives.all_reduce(t.clone(), op, "segmented_ring")
+            del python_loops[:]
+            auto = collectives.all_reduce(t.clone(), op)
+            strided = torch.stack([t, t], 1)[:, 0]  # every other element of a (numel, 2) tensor
+            assert not strided.is_contiguous()
+            auto_strided = collectives.all_reduce(strided, op)
+            same = (auto.view(torch.uint8).numpy().tobytes() == python.view(torch.uint8).numpy().tobytes()
+                    and torch.equal(auto_strided, auto))
+            exact = torch.equal(auto, expected) if dtype == torch.int64 else None
+            out.append((load, str(dtype), len(python_loops), same, exact))
+    return out
+
+
+@NEEDS_BUILD
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_auto_runs_the_cpp_loop_once_the_process_has_loaded_it(built, world_size):
+    for rank, cases in enumerate(launch(auto_before_and_after_loading, world_size, deadline_s=240)):
+        for load, dtype, python_loops, same, exact in cases:
+            # two calls (auto on a contiguous and on a strided tensor), two phases each
+            assert python_loops == (0 if load else 4), (rank, load, dtype, python_loops)
+            assert same, (rank, load, dtype)
+            assert exact in (True, None), (rank, load, dtype)

@@ -180,7 +180,7 @@ def test_the_benchmarks_segment_sizes_apply_only_during_their_call():
     from parallel.collectives import SEGMENT_BYTES
 
     got = launch(segmented_at_sizes, 2, deadline_s=60)[0]
-    # 10 MiB chunks: 40 segments of 256 KiB, 10 of 1 MiB, 2 of 5 MiB (the default, 2 MiB, cuts 5)
+    # 10 MiB chunks: 40 segments of 256 KiB, 10 of 1 MiB, 2 of 5 MiB (the default, 1 MiB, cuts 10)
     assert got == {1 << 18: (40, True, SEGMENT_BYTES), 1 << 20: (10, True, SEGMENT_BYTES),
                    8 << 20: (2, True, SEGMENT_BYTES)}
 
