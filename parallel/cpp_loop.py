@@ -6,6 +6,7 @@ the same segments (the results are equal, bit for bit; a test compares them). Th
 measure how much of a call's cost is the interpreter's. ``all_reduce(t, algorithm="auto")``
 runs this loop wherever it picks the segmented ring for a CPU tensor in a process that has
 loaded the extension; nothing builds it implicitly: it needs a C++ compiler and a minute.
+A rank that has loaded it and one that has not still reduce together: the messages are the same.
 
     from parallel import cpp_loop
     cpp_loop.unavailable()                # None, or why it cannot be built here

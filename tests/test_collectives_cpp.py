@@ -138,3 +138,27 @@ def test_auto_runs_the_cpp_loop_once_the_process_has_loaded_it(built, world_size
             assert python_loops == (0 if load else 4), (rank, load, dtype, python_loops)
             assert same, (rank, load, dtype)
             assert exact in (True, None), (rank, load, dtype)
+
+
+def one_rank_loaded() -> tuple[int, bytes, bytes]:
+    """Rank 0 has loaded the library, the others have not: ``auto`` runs the C++ loop on rank 0
+    and the Python loop elsewhere. They send the same messages, so they interoperate."""
+    from parallel import collectives, cpp_loop
+
+    collectives.choose = lambda *a: "segmented_ring"
+    collectives.SEGMENT_BYTES = 40
+    if dist.get_rank() == 0:
+        cpp_loop.build()
+    t, _ = all_reduce_case(1001, torch.float32, "avg", 100)
+    auto = collectives.all_reduce(t.clone(), "avg")
+    python = collectives.all_reduce(t.clone(), "avg", "segmented_ring")
+    return int(collectives._loop_in_cpp()), auto.numpy().tobytes(), python.numpy().tobytes()
+
+
+@NEEDS_BUILD
+@pytest.mark.slow
+def test_ranks_with_and_without_the_cpp_loop_interoperate(built):
+    results = launch(one_rank_loaded, 3, deadline_s=240)
+    assert [loaded for loaded, _, _ in results] == [1, 0, 0]
+    for _, auto, python in results:
+        assert auto == python == results[0][2]
