@@ -71,8 +71,9 @@ from parallel.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wa
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot", "segmented_ring")
 # The segmented ring's largest segment (parallel/costmodel.py models the same): gloo's own cap.
-# It was 2 MiB until the allreduce benchmark, timing 1, 2 and 8 MiB side by side with both loops
-# under SCHED_IDLE, measured 1 MiB higher with 4 ranks (parallel/collectives.md, "The segment size").
+# It was 2 MiB. With 4 ranks on 2 cores the C++ loop, which auto runs where loaded, measured
+# higher with 1 MiB in all four cases the allreduce benchmark timed side by side; the Python
+# loop showed no significant difference (parallel/collectives.md, "The segment size").
 SEGMENT_BYTES = 1 << 20
 # On gloo the segmented ring posts straight to the process group and keeps a scratch of its own.
 # As first written it went through dist.irecv / dist.isend (ring._post) and took its scratch
