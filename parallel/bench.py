@@ -44,7 +44,7 @@ from parallel import collectives, ring
 from parallel import data as data_mod
 from parallel.collectives import ALGORITHMS, all_reduce, choose
 from parallel.costmodel import PREDICT, link_for, size_label, warm_up
-from parallel.launch import IDLE, THREAD_KINDS, io_nice, io_thread_nices, thread_cpu_s
+from parallel.launch import POLICIES, THREAD_KINDS, io_nice, io_thread_nices, thread_cpu_s
 from parallel.reducer import GradReducer, world
 from parallel.ring import _peers, ring_all_reduce, ring_all_reduce_host
 from parallel.tp_report import bytes_table
@@ -95,13 +95,14 @@ def _arrivals(calls: list[tuple[float, float]]) -> dict[str, list[float]] | None
 
 def _io_thread_nices() -> dict[str, int]:
     """How many of gloo's I/O threads, over all ranks, have each setting now (niceness, or
-    "idle" for SCHED_IDLE): the setting (``io_nice()``) as it took effect. A thread that
+    "idle" / "batch" for SCHED_IDLE / SCHED_BATCH): the setting (``io_nice()``) as it took effect. A thread that
     ``lower_io_priority`` missed shows here."""
-    counts = torch.zeros(41, dtype=torch.int64)  # niceness -20 … 19, then SCHED_IDLE
+    policies = list(POLICIES)  # after the nicenesses: SCHED_IDLE, SCHED_BATCH
+    counts = torch.zeros(40 + len(policies), dtype=torch.int64)  # niceness -20 … 19, then the policies
     for nice in io_thread_nices():
-        counts[40 if nice == IDLE else nice + 20] += 1
+        counts[40 + policies.index(nice) if nice in POLICIES else nice + 20] += 1
     ring_all_reduce_host(counts)  # every rank calls _header, so every rank takes part
-    return {(IDLE if i == 40 else str(i - 20)): int(c) for i, c in enumerate(counts.tolist()) if c}
+    return {(policies[i - 40] if i >= 40 else str(i - 20)): int(c) for i, c in enumerate(counts.tolist()) if c}
 
 
 def _header(config: Config, kind: str) -> dict:

@@ -377,8 +377,10 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
 
 
 def _io_text(setting: int | str) -> str:
-    """A record's gloo_io_nice in words ("idle" is parallel/launch.py's SCHED_IDLE setting)."""
-    return "under SCHED_IDLE" if setting == "idle" else f"at niceness {setting}"
+    """A record's gloo_io_nice in words ("idle" and "batch" are parallel/launch.py's policies)."""
+    from parallel.launch import POLICIES
+
+    return f"under {POLICIES[setting]}" if setting in POLICIES else f"at niceness {setting}"
 
 
 def fit_table(record: dict) -> str:

@@ -2,19 +2,22 @@
 parallel/launch.py's ``lower_io_priority``.
 
 Launches the ranks again and again, alternately with two settings of $DENSE_GLOO_IO_NICE
-(--settings; by default 0, gloo's threads left alone, then 19, the lowest niceness; "idle" is
-Linux's SCHED_IDLE policy, the launcher's default), and in each launch times single calls of
+(--settings; by default 0, gloo's threads left alone, then 19, the lowest niceness; "batch"
+is Linux's SCHED_BATCH policy, the launcher's default, and "idle" SCHED_IDLE), and in each
+launch times single calls of
 our all-reduce (``auto``) and of dist.all_reduce at 4 KiB and 1 MiB, interleaved round by
 round. Priority can only be lowered without privilege, never raised back, so the two settings
 need separate processes; alternating them pairs each launch at the first setting with the next
 at the second, and the spread over the pairs says how much of a difference is the machine's
 mood. Each launch also reports the CPU time gloo's I/O threads used while it timed, as a share
-of the wall time: while they spin it is large.
+of the wall time: while they spin it is large. --busy N keeps N other processes spinning on the
+CPU throughout (a machine loaded by other jobs): a lowered thread then waits for them too.
 
 Examples:
   python -m parallel.ionice --world-size 2 --pairs 2 --rounds 200      # about half a minute
   python -m parallel.ionice --world-size 2 --pairs 2 --rounds 200 --settings 19,idle
   python -m parallel.ionice --world-size 4 --json /tmp/ionice_w4.json
+  python -m parallel.ionice --world-size 2 --pairs 2 --rounds 50 --settings 0,batch --busy 2
 (docs/results/ionice_gloo_w*.json record the commands that wrote them.)
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import datetime
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -65,7 +69,9 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
 
 
 def _label(setting: int | str) -> str:
-    return "SCHED_IDLE" if setting == "idle" else f"nice {setting}"
+    from parallel.launch import POLICIES
+
+    return POLICIES.get(setting, f"nice {setting}")
 
 
 def settings_pair(text: str) -> tuple[int | str, int | str]:
@@ -79,11 +85,14 @@ def settings_pair(text: str) -> tuple[int | str, int | str]:
     return values[0], values[1]
 
 
-def run(world_size: int, pairs: int, rounds: int, settings: tuple[int | str, int | str] = SETTINGS) -> dict:
+def run(world_size: int, pairs: int, rounds: int, settings: tuple[int | str, int | str] = SETTINGS,
+        busy: int = 0) -> dict:
     from parallel.launch import IO_NICE_VAR, launch
 
     launches = []
     saved = os.environ.get(IO_NICE_VAR)
+    # other jobs on the machine: processes at normal priority that never block
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     try:
         for pair in range(pairs):
             for nice in settings:
@@ -101,6 +110,9 @@ def run(world_size: int, pairs: int, rounds: int, settings: tuple[int | str, int
                                  "io_cpu_share": [r["io_cpu_share"] for r in ranks],
                                  "io_thread_nices": sorted({v for r in ranks for v in r["io_nices"]})})
     finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
         if saved is None:
             os.environ.pop(IO_NICE_VAR, None)
         else:
@@ -122,7 +134,7 @@ def run(world_size: int, pairs: int, rounds: int, settings: tuple[int | str, int
     from benchmark import describe_device
 
     return {"benchmark": "ionice", "device": describe_device("cpu"), "torch": torch.__version__, "backend": "gloo",
-            "world_size": world_size, "threads_per_rank": 1, "settings": [first, second],
+            "world_size": world_size, "threads_per_rank": 1, "settings": [first, second], "busy": busy,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.ionice " + " ".join(sys.argv[1:]),
             "method": f"{pairs} pairs of launches ({IO_NICE_VAR}={first}, then ={second}); in each, {rounds} rounds "
@@ -147,7 +159,9 @@ def table(record: dict) -> str:
               for n in (first, second)}
     rows.append("\nCPU time of gloo's I/O threads while timing, share of wall time per rank (median): "
                 + ", ".join(f"{_label(n)}: {100 * statistics.median(v):.0f}%" for n, v in shares.items())
-                + f". {record['world_size']} ranks on gloo, 1 thread each, {record['device']}, "
+                + f". {record['world_size']} ranks on gloo, 1 thread each"
+                + (f", {record['busy']} other processes spinning on the CPU meanwhile" if record.get("busy") else "")
+                + f", {record['device']}, "
                 f"torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)
 
@@ -158,8 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=cli.positive(int), default=3, help="pairs of launches (one per setting)")
     parser.add_argument("--settings", default=",".join(map(str, SETTINGS)), metavar="A,B",
                         help="the two settings of $DENSE_GLOO_IO_NICE each pair launches with, in this order: 'idle' "
-                             "(SCHED_IDLE) or a niceness 0-19 (default: %(default)s)")
+                             "(SCHED_IDLE), 'batch' (SCHED_BATCH) or a niceness 0-19 (default: %(default)s)")
     parser.add_argument("--rounds", type=cli.positive(int), default=600, help="calls of each variant per launch")
+    parser.add_argument("--busy", type=cli.positive(int, allow_zero=True), default=0, metavar="N",
+                        help="keep N other processes spinning on the CPU meanwhile, as other jobs would (default: 0)")
     parser.add_argument("--json", metavar="PATH", help="write the record here")
     args = parser.parse_args(argv)
     if args.world_size < 2:
@@ -171,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if not sys.platform.startswith("linux"):
         raise cli.UserError("thread priorities and /proc are read the Linux way; this needs Linux")
     json_path = cli.check_output(args.json, "--json")  # before minutes of measuring, not after
-    record = run(args.world_size, args.pairs, args.rounds, settings)
+    record = run(args.world_size, args.pairs, args.rounds, settings, args.busy)
     return cli.publish(table(record), [(json_path, cli.json_writer(record))])
 
 

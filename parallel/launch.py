@@ -14,11 +14,13 @@ so atexit handlers registered in a rank do not run.
 Each rank also lowers the priority of gloo's I/O threads (``lower_io_priority``): on a machine
 with fewer cores than busy threads, an I/O thread woken by a message could preempt the rank's
 main thread while that thread held the connection's lock, then spin on the lock until a
-scheduler tick (every 4 ms here) let the holder run. By default they get Linux's SCHED_IDLE
-policy, under which a woken thread never preempts a normal one; $DENSE_GLOO_IO_NICE=19 gives
-them the lowest niceness instead (the default until SCHED_IDLE was measured against it), 0
-leaves them alone. parallel/collectives.md, "Where the milliseconds went", shows the trace and
-the before and after.
+scheduler tick (every 4 ms here) let the holder run. By default they get Linux's SCHED_BATCH
+policy: a woken batch thread does not preempt the running one, yet keeps a normal thread's
+share of a core when other jobs keep the cores busy. $DENSE_GLOO_IO_NICE=idle gives them
+SCHED_IDLE (the default before SCHED_BATCH: as fast on an otherwise idle machine, but with two
+other busy processes on 2 cores it made calls 20 to 50 times slower), a number that niceness
+(19 was the first default), and 0 leaves them alone. parallel/collectives.md, "Where the
+milliseconds went" and "Under load", shows the trace and the before and after.
 """
 
 from __future__ import annotations
@@ -49,43 +51,56 @@ class LaunchError(RuntimeError):
 
 IO_NICE_VAR = "DENSE_GLOO_IO_NICE"
 IDLE = "idle"  # the SCHED_IDLE policy: below any niceness
-IO_NICE_DEFAULT = IDLE
+BATCH = "batch"  # the SCHED_BATCH policy: niceness 0's share of a core, but no preemption on waking
+POLICIES = {IDLE: "SCHED_IDLE", BATCH: "SCHED_BATCH"}  # the settings that are a policy, not a niceness
+IO_NICE_DEFAULT = BATCH
 IO_THREAD_NAME = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
 
-IoSetting = int | str  # a niceness 0..19, or IDLE
+IoSetting = int | str  # a niceness 0..19, IDLE or BATCH
 
 
 def parse_io_setting(text: str, name: str = IO_NICE_VAR) -> IoSetting:
-    """A setting for gloo's I/O threads from text: "idle" (the SCHED_IDLE policy) or a niceness
-    from 0 (leave them alone) to 19. ValueError, naming ``name``, for anything else."""
+    """A setting for gloo's I/O threads from text: "idle" (the SCHED_IDLE policy), "batch"
+    (SCHED_BATCH) or a niceness from 0 (leave them alone) to 19. ValueError, naming ``name``,
+    for anything else."""
     text = text.strip()
-    if text == IDLE:
-        return IDLE
+    if text in POLICIES:
+        return text
     try:
         value = int(text)
     except ValueError:
         value = -1
     if not 0 <= value <= 19:
-        raise ValueError(f"{name} must be {IDLE!r} (Linux's SCHED_IDLE policy, the default) or an integer "
-                         f"from 0 (leave gloo's I/O threads alone) to 19, got {text!r}")
+        raise ValueError(f"{name} must be {BATCH!r} (Linux's SCHED_BATCH policy, the default), {IDLE!r} "
+                         f"(SCHED_IDLE) or an integer from 0 (leave gloo's I/O threads alone) to 19, "
+                         f"got {text!r}")
     return value
 
 
 def io_nice() -> IoSetting:
-    """The setting for gloo's I/O threads: $DENSE_GLOO_IO_NICE, else "idle" (parse_io_setting)."""
+    """The setting for gloo's I/O threads: $DENSE_GLOO_IO_NICE, else "batch" (parse_io_setting)."""
     return parse_io_setting(os.environ.get(IO_NICE_VAR, IO_NICE_DEFAULT))
 
 
+def _policy(setting: IoSetting) -> int:
+    """os.SCHED_IDLE or os.SCHED_BATCH for IDLE or BATCH."""
+    return getattr(os, POLICIES[setting])
+
+
 def _io_setting(tid: int) -> IoSetting:
-    """What a thread has now: IDLE if its policy is SCHED_IDLE, else its niceness."""
-    if os.sched_getscheduler(tid) == os.SCHED_IDLE:
-        return IDLE
+    """What a thread has now: IDLE or BATCH if its policy is SCHED_IDLE or SCHED_BATCH, else
+    its niceness."""
+    policy = os.sched_getscheduler(tid)
+    for setting in POLICIES:
+        if policy == _policy(setting):
+            return setting
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 
 def lower_io_priority(nice: IoSetting | None = None, expect: int = 0, wait_s: float = 5.0) -> int:
     """Give this process's gloo I/O threads the setting ``nice`` (default: ``io_nice()``):
-    the SCHED_IDLE policy for IDLE, else that niceness. Returns how many threads it changed.
+    the SCHED_BATCH or SCHED_IDLE policy for BATCH or IDLE, else that niceness. Returns how
+    many threads it changed.
     ``expect``: how many I/O threads this process has at least by now. Gloo's I/O thread names
     itself from inside, a moment after it starts: on a busy machine, a search right after
     ``init_process_group`` or ``new_group`` can miss a thread that is not named yet (seen here:
@@ -98,10 +113,12 @@ def lower_io_priority(nice: IoSetting | None = None, expect: int = 0, wait_s: fl
     epoll_wait, which returns at once, and so spins. Traced here, in the slow calls both cores
     ran an I/O thread for milliseconds (until a scheduler tick) while the main threads waited.
     At niceness 19 a woken I/O thread takes the core from a main thread less often; under
-    SCHED_IDLE, never (the scheduler does not preempt a normal thread for an idle one), and
-    the calls' slow tail went with it. Lowering one's own threads' priority needs no
-    privilege; raising it back does, so a process that wants to compare must start with the
-    variable at 0. Every new gloo process group starts its own I/O thread: call this again
+    SCHED_IDLE or SCHED_BATCH, never (a woken idle or batch thread does not preempt the running
+    one), and the calls' slow tail went with it. SCHED_IDLE also runs the thread only when
+    nothing else wants the core, which starves it behind other jobs; SCHED_BATCH keeps its fair
+    share. Lowering one's own threads' priority needs no privilege; raising a niceness back, or
+    leaving SCHED_IDLE, may not be allowed, so a process that wants to compare must start with
+    the variable at 0. Every new gloo process group starts its own I/O thread: call this again
     after creating one.
     """
     nice = io_nice() if nice is None else nice
@@ -115,8 +132,8 @@ def lower_io_priority(nice: IoSetting | None = None, expect: int = 0, wait_s: fl
         try:
             if _io_setting(tid) == nice:
                 continue
-            if nice == IDLE:
-                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            if nice in POLICIES:
+                os.sched_setscheduler(tid, _policy(nice), os.sched_param(0))
             else:
                 os.setpriority(os.PRIO_PROCESS, tid, nice)
             changed += 1

@@ -497,17 +497,17 @@ def thread_priorities() -> list[tuple[str, str, int]]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
-@pytest.mark.parametrize("setting", [None, "idle", "0", "19", "7"])
+@pytest.mark.parametrize("setting", [None, "batch", "idle", "0", "19", "7"])
 def test_gloo_io_threads_and_only_they_get_the_set_priority(monkeypatch, setting):
-    """By default gloo's I/O threads run under SCHED_IDLE at their niceness (0); a number sets
-    that niceness under the normal policy instead; 0 leaves them alone."""
+    """By default gloo's I/O threads run under SCHED_BATCH at their niceness (0); "idle" gives
+    SCHED_IDLE; a number sets that niceness under the normal policy instead; 0 leaves them alone."""
     from parallel.launch import IO_NICE_VAR, IO_THREAD_NAME
 
     if setting is None:
         monkeypatch.delenv(IO_NICE_VAR, raising=False)
     else:
         monkeypatch.setenv(IO_NICE_VAR, setting)  # the spawned ranks inherit it
-    want = ("idle", 0) if setting in (None, "idle") else ("other", int(setting))
+    want = {None: ("batch", 0), "batch": ("batch", 0), "idle": ("idle", 0)}.get(setting) or ("other", int(setting))
     for threads in launch(thread_priorities, 2, deadline_s=60):
         io = [(policy, nice) for name, policy, nice in threads if name == IO_THREAD_NAME]
         assert len(io) >= 2, threads  # the world's group and the tensor-parallel group
@@ -547,7 +547,7 @@ def test_lowering_waits_for_an_io_thread_that_names_itself_late():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
-@pytest.mark.parametrize("setting, recorded", [("7", 7), (None, "idle")])
+@pytest.mark.parametrize("setting, recorded", [("7", 7), ("idle", "idle"), (None, "batch")])
 def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path, monkeypatch, setting, recorded):
     """A record states the setting and what every rank's I/O threads had when it was written."""
     from parallel.launch import IO_NICE_VAR
@@ -714,12 +714,12 @@ def test_zero_benchmark_splits_the_dp_all_reduce_into_waiting_and_the_call(tmp_p
         assert w + a == pytest.approx(i, rel=1e-6)
 
 
-@pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5", "IDLE", ""])
+@pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5", "IDLE", "Batch", ""])
 def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
     from parallel.launch import IO_NICE_VAR, io_nice
 
     monkeypatch.setenv(IO_NICE_VAR, bad)
-    with pytest.raises(ValueError, match=f"{IO_NICE_VAR} must be 'idle' .* or an integer from 0"):
+    with pytest.raises(ValueError, match=f"{IO_NICE_VAR} must be 'batch' .* 'idle' .* or an integer from 0"):
         io_nice()
     result = run_script("distributed.py", "--world-size", "2", "--epochs", "1", timeout=120,
                         env={IO_NICE_VAR: bad})
@@ -738,6 +738,39 @@ def test_ionice_takes_two_different_settings(bad):
     result = run_script("-m", "parallel.ionice", "--settings", bad, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "setting" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread priorities come from Linux's /proc")
+def test_ionice_keeps_other_processes_busy_and_stops_them(tmp_path):
+    """--busy N: N spinning processes run throughout the launches (counted from /proc while the
+    script runs) and are gone when it ends; the record and the table say so."""
+    from parallel import ionice
+
+    def spinners() -> int:
+        count = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                count += Path(f"/proc/{pid}/cmdline").read_bytes().endswith(b"while True: pass\0")
+            except OSError:  # ended meanwhile
+                continue
+        return count
+
+    out, before = tmp_path / "busy.json", spinners()
+    script = subprocess.Popen([sys.executable, "-m", "parallel.ionice", "--world-size", "2", "--pairs", "1",
+                               "--rounds", "5", "--settings", "0,batch", "--busy", "2", "--json", str(out)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, deadline = 0, time.monotonic() + 60
+    while script.poll() is None and time.monotonic() < deadline:
+        seen = max(seen, spinners() - before)
+        time.sleep(0.05)
+    stdout, stderr = script.communicate(timeout=180)
+    assert script.returncode == 0, stderr
+    assert seen == 2 and spinners() == before
+    record = json.loads(out.read_text())
+    assert record["busy"] == 2 and [la["io_thread_nices"] for la in record["launches"]] == [[0], ["batch"]]
+    assert "2 other processes spinning on the CPU meanwhile" in ionice.table(record)
+    assert "mean: nice 0 → SCHED_BATCH" in stdout
 
 
 @pytest.mark.slow
