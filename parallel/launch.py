@@ -18,7 +18,7 @@ scheduler tick (every 4 ms here) let the holder run. By default they get Linux's
 policy: a woken batch thread does not preempt the running one, yet keeps a normal thread's
 share of a core when other jobs keep the cores busy. $DENSE_GLOO_IO_NICE=idle gives them
 SCHED_IDLE (the default before SCHED_BATCH: as fast on an otherwise idle machine, but with two
-other busy processes on 2 cores it made calls 20 to 50 times slower), a number that niceness
+other busy processes on 2 cores it made calls 19 to 56 times slower), a number that niceness
 (19 was the first default), and 0 leaves them alone. parallel/collectives.md, "Where the
 milliseconds went" and "Under load", shows the trace and the before and after.
 """
