@@ -95,8 +95,8 @@ def _arrivals(calls: list[tuple[float, float]]) -> dict[str, list[float]] | None
 
 def _io_thread_nices() -> dict[str, int]:
     """How many of gloo's I/O threads, over all ranks, have each setting now (niceness, or
-    "idle" / "batch" for SCHED_IDLE / SCHED_BATCH): the setting (``io_nice()``) as it took effect. A thread that
-    ``lower_io_priority`` missed shows here."""
+    "idle" / "batch" for SCHED_IDLE / SCHED_BATCH): the setting (``io_nice()``) as it took
+    effect. A thread that ``lower_io_priority`` missed shows here."""
     policies = list(POLICIES)  # after the nicenesses: SCHED_IDLE, SCHED_BATCH
     counts = torch.zeros(40 + len(policies), dtype=torch.int64)  # niceness -20 … 19, then the policies
     for nice in io_thread_nices():
@@ -211,6 +211,7 @@ def segment_variant(segment_bytes: int, cpp: bool = False) -> str:
 
 
 OTHER_SEGMENTS = {False: (2 << 20, 8 << 20), True: (2 << 20,)}  # beside SEGMENT_BYTES, by loop (C++?)
+RECORDED_SEGMENTS = (1 << 20, 2 << 20, 8 << 20)  # every size a record holds beside its default, old ones too
 
 
 def _against_dist(samples: list[float], ref: list[float]) -> dict:
@@ -261,7 +262,9 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
         # short for the size to change the cut much
         if nbytes >= 16 << 20:
             for cpp, others in OTHER_SEGMENTS.items():
-                for b in others if without_cpp is None or not cpp else ():
+                if cpp and without_cpp is not None:
+                    continue
+                for b in others:
                     fns[segment_variant(b, cpp)] = lambda t=t, b=b, c=cpp: _segmented_at(t, b, c)
         if nbytes >= 1 << 20 and without_cpp is None:  # where auto picks among the large-message algorithms
             fns[CPP_LOOP] = lambda t=t: cpp_loop.segmented_ring(t, check=False)
@@ -687,7 +690,7 @@ def _segment_rows(record: dict, how: str) -> list[str]:
     default = record.get("segment_bytes", 2 << 20)  # records from before it was written: 2 MiB
     by = {(r["bytes"], r["variant"]): r for r in record["results"]}
     named = {(nbytes, cpp): {b: by[(nbytes, segment_variant(b, cpp))]
-                             for b in (1 << 20, 2 << 20, 8 << 20) if (nbytes, segment_variant(b, cpp)) in by}
+                             for b in RECORDED_SEGMENTS if (nbytes, segment_variant(b, cpp)) in by}
              for nbytes in sorted({r["bytes"] for r in record["results"]}) for cpp in (False, True)}
     named = {k: v for k, v in named.items() if v}
     if not named:

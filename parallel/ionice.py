@@ -2,16 +2,16 @@
 parallel/launch.py's ``lower_io_priority``.
 
 Launches the ranks again and again, alternately with two settings of $DENSE_GLOO_IO_NICE
-(--settings; by default 0, gloo's threads left alone, then 19, the lowest niceness; "batch"
-is Linux's SCHED_BATCH policy, the launcher's default, and "idle" SCHED_IDLE), and in each
-launch times single calls of
-our all-reduce (``auto``) and of dist.all_reduce at 4 KiB and 1 MiB, interleaved round by
-round. Priority can only be lowered without privilege, never raised back, so the two settings
-need separate processes; alternating them pairs each launch at the first setting with the next
-at the second, and the spread over the pairs says how much of a difference is the machine's
-mood. Each launch also reports the CPU time gloo's I/O threads used while it timed, as a share
-of the wall time: while they spin it is large. --busy N keeps N other processes spinning on the
-CPU throughout (a machine loaded by other jobs): a lowered thread then waits for them too.
+(--settings; by default 0, gloo's threads left alone, then 19, the lowest niceness; "batch" is
+Linux's SCHED_BATCH policy, the launcher's default, and "idle" SCHED_IDLE), and in each launch
+times single calls of our all-reduce (``auto``) and of dist.all_reduce at 4 KiB and 1 MiB,
+interleaved round by round. Priority can only be lowered without privilege, never raised back,
+so the two settings need separate processes; alternating them pairs each launch at the first
+setting with the next at the second, and the spread over the pairs says how much of a
+difference is the machine's mood. Each launch also reports the CPU time gloo's I/O threads used
+while it timed, as a share of the wall time: while they spin it is large. --busy N keeps N
+other processes spinning on the CPU throughout (a machine loaded by other jobs): a lowered
+thread then waits for them too.
 
 Examples:
   python -m parallel.ionice --world-size 2 --pairs 2 --rounds 200      # about half a minute
@@ -91,9 +91,10 @@ def run(world_size: int, pairs: int, rounds: int, settings: tuple[int | str, int
 
     launches = []
     saved = os.environ.get(IO_NICE_VAR)
-    # other jobs on the machine: processes at normal priority that never block
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    spinners = []
     try:
+        for _ in range(busy):  # other jobs on the machine: processes at normal priority that never block
+            spinners.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
         for pair in range(pairs):
             for nice in settings:
                 os.environ[IO_NICE_VAR] = str(nice)  # spawned ranks inherit it

@@ -15,8 +15,8 @@ Each rank also lowers the priority of gloo's I/O threads (``lower_io_priority``)
 with fewer cores than busy threads, an I/O thread woken by a message could preempt the rank's
 main thread while that thread held the connection's lock, then spin on the lock until a
 scheduler tick (every 4 ms here) let the holder run. By default they get Linux's SCHED_BATCH
-policy: a woken batch thread does not preempt the running one, yet keeps a normal thread's
-share of a core when other jobs keep the cores busy. $DENSE_GLOO_IO_NICE=idle gives them
+policy: a woken batch thread is disfavoured against the running one (sched(7)), yet keeps a
+normal thread's share of a core when other jobs keep the cores busy. $DENSE_GLOO_IO_NICE=idle gives them
 SCHED_IDLE (the default before SCHED_BATCH: as fast on an otherwise idle machine, but with two
 other busy processes on 2 cores it made calls 19 to 56 times slower), a number that niceness
 (19 was the first default), and 0 leaves them alone. parallel/collectives.md, "Where the
@@ -51,7 +51,7 @@ class LaunchError(RuntimeError):
 
 IO_NICE_VAR = "DENSE_GLOO_IO_NICE"
 IDLE = "idle"  # the SCHED_IDLE policy: below any niceness
-BATCH = "batch"  # the SCHED_BATCH policy: niceness 0's share of a core, but no preemption on waking
+BATCH = "batch"  # the SCHED_BATCH policy: niceness 0's share of a core, disfavoured on waking
 POLICIES = {IDLE: "SCHED_IDLE", BATCH: "SCHED_BATCH"}  # the settings that are a policy, not a niceness
 IO_NICE_DEFAULT = BATCH
 IO_THREAD_NAME = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread
@@ -113,10 +113,12 @@ def lower_io_priority(nice: IoSetting | None = None, expect: int = 0, wait_s: fl
     epoll_wait, which returns at once, and so spins. Traced here, in the slow calls both cores
     ran an I/O thread for milliseconds (until a scheduler tick) while the main threads waited.
     At niceness 19 a woken I/O thread takes the core from a main thread less often; under
-    SCHED_IDLE or SCHED_BATCH, never (a woken idle or batch thread does not preempt the running
-    one), and the calls' slow tail went with it. SCHED_IDLE also runs the thread only when
-    nothing else wants the core, which starves it behind other jobs; SCHED_BATCH keeps its fair
-    share. Lowering one's own threads' priority needs no privilege; raising a niceness back, or
+    SCHED_IDLE never (a waking idle thread does not preempt a normal one), and the calls' slow
+    tail went with it. SCHED_IDLE also runs the thread only when nothing else wants the core,
+    which starves it behind other jobs. SCHED_BATCH disfavours the thread on waking ("a small
+    scheduling penalty with respect to wakeup behavior", sched(7)) but keeps its fair share; it
+    measured close to SCHED_IDLE on a quiet machine (parallel/collectives.md, "Under load").
+    Lowering one's own threads' priority needs no privilege; raising a niceness back, or
     leaving SCHED_IDLE, may not be allowed, so a process that wants to compare must start with
     the variable at 0. Every new gloo process group starts its own I/O thread: call this again
     after creating one.
@@ -184,7 +186,7 @@ def thread_cpu_s() -> dict[str, float]:
 
 def io_thread_nices() -> list[IoSetting]:
     """The setting each of this process's gloo I/O threads has now (``lower_io_priority`` as it
-    took effect): IDLE, or its niceness. What the benchmark and fit records report."""
+    took effect): IDLE, BATCH, or its niceness. What the benchmark and fit records report."""
     nices = []
     for tid in io_threads():
         try:
