@@ -733,6 +733,13 @@ def test_ionice_needs_a_peer():
     assert "--world-size must be at least 2" in result.stderr
 
 
+@pytest.mark.parametrize("bad, says", [("-1", "must be at least 0"), ("x", "expected a whole number")])
+def test_ionice_refuses_a_bad_busy_count(bad, says):
+    result = run_script("-m", "parallel.ionice", "--busy", bad, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "--busy" in result.stderr and says in result.stderr
+
+
 @pytest.mark.parametrize("bad", ["19", "19,19", "19,20", "idle,x", "0,19,idle"])
 def test_ionice_takes_two_different_settings(bad):
     result = run_script("-m", "parallel.ionice", "--settings", bad, timeout=60)
