@@ -39,10 +39,6 @@ class DenseFunction(torch.autograd.Function):
         x, weight, bias = inputs
         # sigmoid'(z) = y (1 - y): keeping y means z never has to be stored or recomputed.
         ctx.save_for_backward(x, weight, output)
-        if forward_ad._current_level >= 0:
-            # For jvp. Only inside a dual_level (forward_ad, torch.func.jvp), where jvp can run:
-            # saving costs about 4 µs a call, a third of this forward at B=1, I=O=64.
-            ctx.save_for_forward(x, weight, output)
         ctx.has_bias = bias is not None
 
     @staticmethod
@@ -70,6 +66,22 @@ class DenseFunction(torch.autograd.Function):
             grad_w = grad_b = None
         return grad_x, grad_w, grad_b
 
+
+class DenseFunctionForwardAD(DenseFunction):
+    """DenseFunction plus its forward-mode rule, used only while forward-mode AD is active.
+
+    torch.compile's tracer (Dynamo) refuses every Function that defines a custom ``jvp``, so the
+    rule cannot live on DenseFunction itself without costing torch.compile its single graph.
+    ``dense`` picks this subclass only inside forward-mode AD (``forward_ad.dual_level``,
+    ``torch.func.jvp``/``jacfwd``, any torch.func transform), where ``jvp`` can run.
+    """
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        DenseFunction.setup_context(ctx, inputs, output)
+        x, weight, _ = inputs
+        ctx.save_for_forward(x, weight, output)
+
     @staticmethod
     def jvp(ctx, x_t: Tensor | None, weight_t: Tensor | None, bias_t: Tensor | None) -> Tensor:
         # Forward-mode AD: with tangents dx, dW, db of the inputs,
@@ -94,7 +106,9 @@ _apply_direct = super(torch.autograd.Function, DenseFunction).apply
 
 
 def dense(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    if torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():
         return DenseFunction.apply(x, weight, bias)
+    if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
+        return DenseFunctionForwardAD.apply(x, weight, bias)
     # What apply does next for us (private helper): unwrap tensors that escaped a torch.func transform.
     return _apply_direct(*unwrap_dead_wrappers((x, weight, bias)))
