@@ -629,8 +629,8 @@ def test_replicated_ratio_widens_with_disagreeing_replicates():
 
 def test_set_malloc_is_recorded():
     # In a child process: "retain" cannot be undone, and the test process keeps glibc's defaults.
-    code = ("import benchmark, torch; print(benchmark._header('cpu', torch.float32)['malloc']); "
-            "print(benchmark.set_malloc('retain')); print(benchmark._header('cpu', torch.float32)['malloc'])")
+    code = ("import benchmark, torch; print(benchmark.record_header('cpu', torch.float32)['malloc']); "
+            "print(benchmark.set_malloc('retain')); print(benchmark.record_header('cpu', torch.float32)['malloc'])")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     before, done, recorded = result.stdout.split("\n")[:3]
     assert before == "default" and recorded == done
