@@ -691,6 +691,28 @@ def sweep_table(record: dict) -> str:
     return "\n".join(rows)
 
 
+def sweep_summary(record: dict) -> str:
+    """The sweep in a chapter's space: per point, the reference's time, its elementwise share and
+    each variant's ratio; then the goals in one line (docs/render.py, marker kind `sweep_summary`)."""
+    cols = [v for v in record["variants"] if v != "reference"]
+    rows = ["| B | I | O | reference µs | elementwise | " + " | ".join(f"{c} / ref." for c in cols) + " |",
+            "|---:|---:|---:|---:|---:|" + "---:|" * len(cols)]
+    for p in record["points"]:
+        rows.append(f"| {p['batch']} | {p['in']} | {p['out']} | {p['fwd_bwd_us']['reference']:.0f} | "
+                    f"{100 * p['elementwise_share']:.0f}% | "
+                    + " | ".join(_ratio_cell(p["ratios"].get(c)) for c in cols) + " |")
+    goals: dict[str, list[bool]] = {}
+    for p in record["points"]:
+        for g in p["goals"]:
+            goals.setdefault(g["goal"], []).append(g["met"])
+    met = "; ".join(f"{name}: {sum(m)} of {len(m)}" for name, m in goals.items())
+    rows.append(f"\nfwd+bwd, paired ratios over the reference, {record.get('replicates', 1)} replicates; "
+                f"≈: the interval holds 1. Goals met (on the median): {met}. {record['device']}"
+                f"{conditions(record)}, torch {record['torch']}, {record['threads']} threads, {record['dtype']}, "
+                f"{record['date'][:10]}: `{record['command']}`")
+    return "\n".join(rows)
+
+
 def sweep_plot(record: dict, path: Path) -> None:
     plt = pyplot()
     points = record["points"]

@@ -197,7 +197,7 @@ def test_a_live_build_is_waited_for_not_broken(ops):
 @pytest.mark.parametrize("held_s, quiet_s, says", [(0.3, 2.0, False), (0.6, 0.2, True)])
 def test_the_build_lock_is_announced_only_when_held_for_long(tmp_path, capsys, monkeypatch, held_s, quiet_s, says):
     """Ranks loading a built extension at once hold the build lock in turn, for a moment each:
-    none should announce a build in progress (distributed.py -m cpp printed it three times).
+    none should announce a build in progress (distributed.py -m cpp would print it once per rank).
     A lock held longer than modes.QUIET_WAIT_S is announced."""
     import fcntl
     import threading
