@@ -34,7 +34,7 @@ import cli  # noqa: E402
 import modes  # noqa: E402
 
 SCRATCH = "dense_cpp_pyautograd"  # the namespace of the op with a Python autograd formula
-PY_AUTOGRAD = "cpp, autograd from Python"
+PY_AUTOGRAD = "cpp, Python autograd"
 _scratch_lib: torch.library.Library | None = None  # kept alive: dropping it removes the op
 
 
@@ -98,33 +98,30 @@ def rows(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[str
         return torch.sigmoid(F.linear(x, w, b))
 
     out = {
-        "reference: forward, no autograd": (nograd(reference), "F.linear + sigmoid under no_grad"),
-        "reference: forward": (lambda: reference(x, w, b), "the same, recording the graph"),
-        "reference: forward + backward": (step(reference), "forward, then torch.autograd.grad"),
+        "reference: forward, no autograd": (nograd(reference), "F.linear + sigmoid, under no_grad"),
+        "reference: forward": (lambda: reference(x, w, b), "recording the graph"),
+        "reference: forward + backward": (step(reference), "then torch.autograd.grad"),
     }
     for mode in modes_:
         fn = modes.dense(mode)
         if mode == "py":
-            out["py: input checks"] = (lambda: modes.check_inputs(x, w, b), "modes.check_inputs, on py's path")
-            out["py: forward, no autograd"] = (nograd(fn), "modes.dense('py') under no_grad: checks + "
-                                                           "Function.apply + the torch ops")
+            out["py: input checks"] = (lambda: modes.check_inputs(x, w, b), "modes.check_inputs")
+            out["py: forward, no autograd"] = (nograd(fn), "under no_grad: checks, apply, torch ops")
         else:
             ops = getattr(torch.ops, f"dense_{mode}")
             y = ops.forward(xd, wd, bd)
-            out[f"{mode}: forward op, no autograd"] = (inference(ops.forward), "torch.ops call in inference_mode: "
-                                                       "dispatcher, C++ checks, kernel")
+            out[f"{mode}: forward op, no autograd"] = (inference(ops.forward), "in inference_mode: dispatcher, "
+                                                       "C++ checks, kernel")
             out[f"{mode}: backward op alone"] = (lambda ops=ops, y=y: ops.backward(g, xd, wd, y, [True, True, True]),
-                                                 "torch.ops backward call: dispatcher, C++ checks, kernel")
-        out[f"{mode}: forward"] = (lambda fn=fn: fn(x, w, b), f"modes.dense('{mode}'), recording the graph")
-        out[f"{mode}: forward + backward"] = (step(fn), "forward, then torch.autograd.grad")
+                                                 "dispatcher, C++ checks, kernel")
+        out[f"{mode}: forward"] = (lambda fn=fn: fn(x, w, b), "recording the graph")
+        out[f"{mode}: forward + backward"] = (step(fn), "then torch.autograd.grad")
         if mode == "cpp":
             scratch = python_autograd_op()
             out[f"{PY_AUTOGRAD}: forward op, no autograd"] = (
-                inference(scratch), f"{SCRATCH}::forward in inference_mode: a Python kernel calling the C++ op")
-            out[f"{PY_AUTOGRAD}: forward"] = (lambda fn=scratch: fn(x, w, b), "recording the graph: a Python "
-                                              "setup_context")
-            out[f"{PY_AUTOGRAD}: forward + backward"] = (step(scratch), "forward, then torch.autograd.grad: a "
-                                                         "Python backward calls the backward op")
+                inference(scratch), "in inference_mode: a Python kernel calls the C++ op")
+            out[f"{PY_AUTOGRAD}: forward"] = (lambda fn=scratch: fn(x, w, b), "a Python setup_context")
+            out[f"{PY_AUTOGRAD}: forward + backward"] = (step(scratch), "a Python backward calls the backward op")
     return out
 
 
@@ -148,6 +145,11 @@ def render(record: dict) -> str:
     for r in record["rows"]:
         out.append(f"| {r['name']} | {r['median_us']:.1f} ({r['spread_us']:.1f}) | "
                    f"{r['over_reference_step']:.2f} | {r['what']} |")
+    by_name = {r["name"]: r["median_us"] for r in record["rows"]}
+    if f"{PY_AUTOGRAD}: forward + backward" in by_name and "cpp: forward + backward" in by_name:
+        fwd, step = (by_name[f"{PY_AUTOGRAD}: {k}"] - by_name[f"cpp: {k}"] for k in ("forward", "forward + backward"))
+        out.append(f"\nThe same kernels with the autograd formula in Python: {fwd:+.1f} µs a forward, "
+                   f"{step:+.1f} µs a forward + backward (medians' differences).")
     s = record["shape"]
     out.append(f"\n{record['device']}{benchmark.conditions(record)}, torch {record['torch']}, "
                f"{record['threads']} threads, {record['dtype']}, B={s['batch']} I={s['in']} O={s['out']}, "

@@ -166,14 +166,20 @@ def citations(root: Path = ROOT) -> dict[str, list[str]]:
 
 def table(folder: Path) -> str:
     """The Markdown list of records (docs/render.py, marker kind `records`)."""
+    from collections import Counter
+
     cited = citations()
-    rows = ["| record | command | taken on | shown in |", "|---|---|---|---|"]
-    for r in run_order(load(folder)):
-        files = ", ".join(f"`{n}`" for n in [r.name, *(o for o in r.outputs if o != r.name)])
-        taken = ", ".join(x for x in (r.device, (r.date or "")[:10]) if x) or "–"
+    found = run_order(load(folder))
+    common = Counter(r.device for r in found if r.device).most_common(1)
+    common = common[0][0] if common else None
+    rows = ["| record | command | taken | shown in |", "|---|---|---|---|"]
+    for r in found:
+        taken = ", ".join(x for x in ((r.date or "")[:10], r.device if r.device != common else "") if x) or "–"
         shown = ", ".join(sorted({md for n in [r.name, *r.outputs] for md in cited.get(n, [])})) or "nowhere"
-        rows.append(f"| {files} | `{r.command}` | {taken} | {shown} |" if r.command else
-                    f"| {files} | no command recorded | {taken} | {shown} |")
+        command = f"`{r.command}`" if r.command else "no command recorded"
+        rows.append(f"| `{r.name}` | {command} | {taken} | {shown} |")
+    if common:
+        rows.append(f"\nTaken on {common} unless the row names another device.")
     return "\n".join(rows)
 
 

@@ -251,7 +251,7 @@ def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
     record = json.loads((tmp_path / "o.json").read_text())
     names = [r["name"] for r in record["rows"]]
     for name in ("reference: forward + backward", "cpp: forward + backward",
-                 "cpp, autograd from Python: forward + backward"):
+                 "cpp, Python autograd: forward + backward"):
         assert name in names and f"| {name} |" in result.stdout
     assert all(r["median_us"] > 0 for r in record["rows"])
     assert {"cpu_model", "kernel", "threads", "malloc"} <= record.keys() and record["malloc"].startswith(
