@@ -422,8 +422,8 @@ def _inputs(batch: int, in_f: int, out_f: int, device: str, dtype: torch.dtype, 
     """x ~ N(0, 1); weight and bias ~ N(0, 1/I), the scale of nn.Linear's initialisation, so that
     x Wᵀ + b ~ N(0, 1) as in a working layer. Unscaled N(0, 1) weights would give pre-activations
     of standard deviation √I (64 at I = 4096): the sigmoid saturates, its gradient underflows to
-    subnormal numbers, and a GEMM over those runs about twice as slowly (measured here), which
-    is a property of the data, not of the code being compared."""
+    subnormal numbers, and many CPUs compute on those far more slowly: a property of the data,
+    not of the code being compared."""
     gen = torch.Generator().manual_seed(seed)
     scale = (1.0, in_f ** -0.5, in_f ** -0.5)
     tensors = [(torch.randn(s, generator=gen, dtype=dtype) * k).to(device).requires_grad_()
