@@ -175,17 +175,18 @@ def describe_machine() -> dict:
     """What every record says about the machine it was taken on, whatever the device: the host's
     CPU model, its logical CPU count and the operating system's kernel (scheduling, page faults
     and the cost of waking a thread all depend on it)."""
-    return {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "kernel": f"{platform.system()} {platform.release()}"}
+    return {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "os_kernel": f"{platform.system()} {platform.release()}"}
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The command as typed from the repository root: ``python script.py ARGS`` or, for a module
-    run with -m, ``python -m package.module ARGS``. Records keep it so that it can be run again
-    (docs/records.py reads it back with shlex.split)."""
+    run with -m, ``python -m package.module ARGS`` (``argv`` given: always a script). Records
+    keep it so that it can be run again (docs/records.py reads it back with shlex.split)."""
     import shlex
 
+    # This process's own command: a module run with -m has a __spec__ on __main__, a script none.
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None) if argv is None else None
     argv = list(sys.argv if argv is None else argv)
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name not in (None, "__main__"):
         head = ["python", "-m", spec.name.removesuffix(".__main__")]
     else:
@@ -825,8 +826,9 @@ def table(record: dict) -> str:
 
 
 def conditions(record: dict) -> str:
-    """The kernel and the allocator of a record, for a table's footer ("" where not recorded)."""
-    parts = [record[k] for k in ("kernel",) if record.get(k)]
+    """The operating system's kernel and the allocator of a record, for a table's footer ("" where
+    not recorded). ("kernel" in a benchmark record is the GEMM version of the cuda and ptx modes.)"""
+    parts = [record[k] for k in ("os_kernel",) if record.get(k)]
     if record.get("malloc"):
         parts.append("malloc " + record["malloc"].split(" ")[0])
     return "".join(", " + p for p in parts)

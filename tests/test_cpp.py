@@ -254,7 +254,7 @@ def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
                  "cpp, Python autograd: forward + backward"):
         assert name in names and f"| {name} |" in result.stdout
     assert all(r["median_us"] > 0 for r in record["rows"])
-    assert {"cpu_model", "kernel", "threads", "malloc"} <= record.keys() and record["malloc"].startswith(
+    assert {"cpu_model", "os_kernel", "threads", "malloc"} <= record.keys() and record["malloc"].startswith(
         ("retain", "default ("))
     bad = run_script("cpp/overhead.py", "--rounds", "1", "--json", str(tmp_path / "missing" / "o.json"))
     assert bad.returncode == 2 and "does not exist (create it first)" in bad.stderr
