@@ -132,9 +132,9 @@ def replicated_ratio(mine: Sequence[Sequence[float]], ref: Sequence[Sequence[flo
     """The paired ratio over several replicates of one measurement (fresh tensors each).
 
     Rounds of one replicate share whatever state its process and tensors are in, and at small
-    sizes that state moves the ratio by more than one replicate's interval (docs/results/
-    cpu_sweep.json: compile over the reference at B=1, I=O=512 gave 2.58, 2.98, 2.42, 2.53 and
-    2.45 in five fresh processes). So the interval must come from the replicates, not only the
+    sizes that state moves the ratio by more than one replicate's interval (the sweep's table
+    shows each replicate's ratio: see docs/results/cpu_sweep.json). So the interval must come
+    from the replicates, not only the
     rounds: a two-level bootstrap resamples the replicates, then the rounds within each, and
     takes the median of the pooled ratios; the interval is the central 95% of ``resamples``
     such medians. The ratio itself is the median of all rounds' ratios. One replicate:
@@ -155,16 +155,54 @@ def replicated_ratio(mine: Sequence[Sequence[float]], ref: Sequence[Sequence[flo
             "replicate_ratios": [statistics.median(rep) for rep in per_rep]}
 
 
-def describe_device(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return "cpu: " + line.split(":", 1)[1].strip()
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return "cpu: " + (platform.processor() or platform.machine())
+    return platform.processor() or platform.machine()
+
+
+def describe_device(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return "cpu: " + cpu_model()
+
+
+def describe_machine() -> dict:
+    """What every record says about the machine it was taken on, whatever the device: the host's
+    CPU model, its logical CPU count and the operating system's kernel (scheduling, page faults
+    and the cost of waking a thread all depend on it)."""
+    return {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "os_kernel": f"{platform.system()} {platform.release()}"}
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as typed from the repository root: ``python script.py ARGS`` or, for a module
+    run with -m, ``python -m package.module ARGS`` (``argv`` given: always a script). Records
+    keep it so that it can be run again (docs/records.py reads it back with shlex.split)."""
+    import shlex
+
+    # This process's own command: a module run with -m has a __spec__ on __main__, a script none.
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None) if argv is None else None
+    argv = list(sys.argv if argv is None else argv)
+    if spec is not None and spec.name not in (None, "__main__"):
+        head = ["python", "-m", spec.name.removesuffix(".__main__")]
+    else:
+        script = Path(argv[0]).resolve() if argv and argv[0] else None
+        root = Path(__file__).resolve().parent
+        head = ["python", script.relative_to(root).as_posix() if script and script.is_relative_to(root)
+                else (argv[0] if argv else "?")]
+    return shlex.join([*head, *argv[1:]]) if argv[1:] else " ".join(head)
+
+
+def save_figure(fig, path: Path, dpi: int = 120) -> None:
+    """fig.savefig, with the command that drew it in the file (PNG text chunk "Command", SVG
+    description): docs/render.py lists every picture with it, and docs/records.py redraws it."""
+    key = "Description" if Path(path).suffix.lower() == ".svg" else "Command"
+    fig.savefig(path, dpi=dpi, metadata={key: command_line()} if Path(path).suffix.lower() in (".png", ".svg")
+                else None)
 
 
 def pin_threads(threads: int | None) -> list[int] | None:
@@ -184,9 +222,8 @@ def pin_threads(threads: int | None) -> list[int] | None:
 # What glibc's malloc does with a freed block decides whether the next allocation of that size
 # costs nothing or a page fault per 4 KiB page. By default it hands large blocks back to the
 # OS: always above 32 MiB, and below that depending on thresholds that move as the program
-# runs, so the cost depends on what the process allocated before. At B=1, I=O=4096 the
-# reference's fwd+bwd took 18.8 ms with glibc's defaults and 6.1 ms without the faults
-# (docs/results/cpu_sweep_glibc.json, written with --malloc default, against cpu_sweep.json).
+# runs, so the cost depends on what the process allocated before (docs/README.md: compare
+# docs/results/cpu_sweep_glibc.json, written with --malloc default, with cpu_sweep.json).
 # "retain" keeps freed memory in the process, as PyTorch's CUDA caching allocator, jemalloc
 # and tcmalloc do: every variant then pays for its work, not for the allocator's history.
 MALLOC_CHOICES = ("retain", "default")
@@ -227,7 +264,8 @@ def measure(fns: dict[str, Callable[[], object]], device: str = "cpu", rounds: i
     variant always follows the same neighbour. ``order="shuffle"`` draws a new order each
     round instead, from a generator seeded alike in every process (ranks that time
     collectives together make the same calls): the distributed benchmarks use it, because
-    the call right after gloo's all_reduce ran slower (parallel/collectives.md). On the CPU a
+    a call straight after a collective can inherit its after-effects (gloo's threads still
+    finishing), and under rotation the same variant would always pay for them. On the CPU a
     sample averages enough calls to last ``min_sample_s``, or exactly ``number`` calls: ranks that
     time a collective together must all make the same calls, so they give ``number`` and
     no ``enough``, ``budget_s`` or ``min_rounds`` (each rank would judge those by its own
@@ -385,8 +423,8 @@ def _inputs(batch: int, in_f: int, out_f: int, device: str, dtype: torch.dtype, 
     """x ~ N(0, 1); weight and bias ~ N(0, 1/I), the scale of nn.Linear's initialisation, so that
     x Wᵀ + b ~ N(0, 1) as in a working layer. Unscaled N(0, 1) weights would give pre-activations
     of standard deviation √I (64 at I = 4096): the sigmoid saturates, its gradient underflows to
-    subnormal numbers, and a GEMM over those runs about twice as slowly (measured here), which
-    is a property of the data, not of the code being compared."""
+    subnormal numbers, and many CPUs compute on those far more slowly: a property of the data,
+    not of the code being compared."""
     gen = torch.Generator().manual_seed(seed)
     scale = (1.0, in_f ** -0.5, in_f ** -0.5)
     tensors = [(torch.randn(s, generator=gen, dtype=dtype) * k).to(device).requires_grad_()
@@ -441,7 +479,7 @@ def run(variants: Sequence[str], batch: int, in_f: int, out_f: int, device: str 
             "samples_us": {part: stats[f"{name}/{part}"].samples for part in ("forward", "backward", "fwd+bwd")},
         })
     return {
-        **_header(device, dtype),
+        **record_header(device, dtype),
         "shape": {"batch": batch, "in": in_f, "out": out_f},
         "rounds": len(ref),
         "ci_level": CI_LEVEL,
@@ -451,16 +489,19 @@ def run(variants: Sequence[str], batch: int, in_f: int, out_f: int, device: str 
     }
 
 
-def _header(device: str, dtype: torch.dtype) -> dict:
+def record_header(device: str, dtype: torch.dtype) -> dict:
+    """The fields every timing record of a single process starts with: what was measured on,
+    under which conditions (threads, the CPUs pinned, the allocator), when, and the command."""
     return {
         "device": describe_device(device),
+        **describe_machine(),
         "malloc": MALLOC,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "dtype": str(dtype).removeprefix("torch."),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmark.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
     }
 
 
@@ -470,7 +511,7 @@ def _header(device: str, dtype: torch.dtype) -> dict:
 
 SWEEP_BATCHES = (1, 32, 1024, 8192)
 SWEEP_FEATURES = ((32, 512), (512, 512), (1024, 1024), (4096, 4096))
-# The goals of issue 10 name one shape outside the grid: B=1, I=O=64.
+# One goal names a shape outside the grid: B=1, I=O=64, where the overhead is most of the time.
 SWEEP_EXTRA = ((1, 64, 64),)
 SWEEP = [(b, i, o) for b in SWEEP_BATCHES for i, o in SWEEP_FEATURES] + list(SWEEP_EXTRA)
 # Goals as (variant, over, bound, where): the paired ratio variant/over at most bound.
@@ -570,7 +611,7 @@ def run_sweep(variants: Sequence[str], points: Sequence[tuple[int, int, int]], d
             progress(f"B={b} I={i} O={o}: " + ", ".join(
                 f"{key} {r['ratio']:.3f} (" + " ".join(f"{v:.2f}" for v in r["replicate_ratios"]) + ")"
                 for key, r in out[-1]["ratios"].items()))
-    return {**_header(device, dtype), "benchmark": "sweep", "variants": list(variants),
+    return {**record_header(device, dtype), "benchmark": "sweep", "variants": list(variants),
             "ci_level": CI_LEVEL, "min_rounds": min_rounds, "ci_target": ci_target, "budget_s_per_point": budget_s,
             "replicates": replicates, "replicate_in": "a fresh process each" if processes else "this process",
             "ratio": "median over all rounds of all replicates of (variant fwd+bwd / reference fwd+bwd in the "
@@ -644,10 +685,32 @@ def sweep_table(record: dict) -> str:
     rows.append(f"\nRatios: median over rounds of the per-round fwd+bwd time over the reference's (or over "
                 f"compile's), {how}; ≈ marks an interval that contains 1 (no significant difference). "
                 f"Elementwise share: 1 − (F.linear fwd+bwd) / (reference fwd+bwd), paired the same way. Goals "
-                f"are judged on the median. {record['device']}, torch {record['torch']}, {record['threads']} "
-                f"threads, {record['dtype']}, malloc {record.get('malloc', 'default').split(' ')[0]}, at least "
+                f"are judged on the median. {record['device']}{conditions(record)}, torch {record['torch']}, "
+                f"{record['threads']} threads, {record['dtype']}, at least "
                 f"{record['min_rounds']} rounds and up to {record['budget_s_per_point']:g} s per point, "
                 f"{record['total_s'] / 60:.0f} min in all, {record['date']}: `{record['command']}`")
+    return "\n".join(rows)
+
+
+def sweep_summary(record: dict) -> str:
+    """The sweep in a chapter's space: per point, the reference's time, its elementwise share and
+    each variant's ratio; then the goals in one line (docs/render.py, marker kind `sweep_summary`)."""
+    cols = [v for v in record["variants"] if v != "reference"]
+    rows = ["| B | I | O | reference µs | elementwise | " + " | ".join(f"{c} / ref." for c in cols) + " |",
+            "|---:|---:|---:|---:|---:|" + "---:|" * len(cols)]
+    for p in record["points"]:
+        rows.append(f"| {p['batch']} | {p['in']} | {p['out']} | {p['fwd_bwd_us']['reference']:.0f} | "
+                    f"{100 * p['elementwise_share']:.0f}% | "
+                    + " | ".join(_ratio_cell(p["ratios"].get(c)) for c in cols) + " |")
+    goals: dict[str, list[bool]] = {}
+    for p in record["points"]:
+        for g in p["goals"]:
+            goals.setdefault(g["goal"], []).append(g["met"])
+    met = "; ".join(f"{name}: {sum(m)} of {len(m)}" for name, m in goals.items())
+    rows.append(f"\nfwd+bwd, paired ratios over the reference, {record.get('replicates', 1)} replicates; "
+                f"≈: the interval holds 1. Goals met (on the median): {met}. {record['device']}"
+                f"{conditions(record)}, torch {record['torch']}, {record['threads']} threads, {record['dtype']}, "
+                f"{record['date'][:10]}: `{record['command']}`")
     return "\n".join(rows)
 
 
@@ -677,7 +740,7 @@ def sweep_plot(record: dict, path: Path) -> None:
     ax.set_title(f"Dense sweep, {record['dtype']}, {record['device']}, {record['threads']} threads", fontsize=9)
     ax.legend(fontsize=7, ncols=3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------
@@ -741,7 +804,8 @@ def roofline_table(record: dict) -> str:
 def table(record: dict) -> str:
     """A Markdown table of one benchmark record (docs/render.py puts these into the READMEs).
 
-    Records written before the fwd+bwd column and the interval existed show "–" there."""
+    What a record lacks shows as "–" (records of an older benchmark.py have no fwd+bwd column,
+    and fewer than 6 rounds give no interval)."""
     level = f"{100 * record.get('ci_level', CI_LEVEL):.0f}%"
     rows = ["| variant | forward µs (IQR) | backward µs (IQR) | fwd+bwd µs (IQR) | fwd GFLOP/s | bwd GFLOP/s "
             f"| fwd+bwd / reference ({level} CI) | verdict |",
@@ -755,10 +819,19 @@ def table(record: dict) -> str:
                     f"| {r['backward_us']:.1f} ({r['backward_spread_us']:.1f}) | {both} "
                     f"| {r['forward_gflops']:.1f} | {r['backward_gflops']:.1f} | {ratio} | {verdict} |")
     s = record["shape"]
-    rows.append(f"\n{record['device']}, torch {record['torch']}, {record['threads']} threads, "
+    rows.append(f"\n{record['device']}{conditions(record)}, torch {record['torch']}, {record['threads']} threads, "
                 f"{record['dtype']}, B={s['batch']} I={s['in']} O={s['out']}, {record['rounds']} rounds, "
                 f"{record['date']}: `{record['command']}`")
     return "\n".join(rows)
+
+
+def conditions(record: dict) -> str:
+    """The operating system's kernel and the allocator of a record, for a table's footer ("" where
+    not recorded). ("kernel" in a benchmark record is the GEMM version of the cuda and ptx modes.)"""
+    parts = [record[k] for k in ("os_kernel",) if record.get(k)]
+    if record.get("malloc"):
+        parts.append("malloc " + record["malloc"].split(" ")[0])
+    return "".join(", " + p for p in parts)
 
 
 def pyplot():
@@ -793,7 +866,7 @@ def plot(record: dict, path: Path) -> None:
     ax.set_ylim(0, 1.25 * top)  # room for the legend above the bars
     ax.legend(ncols=2, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------

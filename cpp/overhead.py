@@ -5,18 +5,21 @@ Python checks, the autograd machinery, the dispatcher. Each row times one layer 
 alone (benchmark.measure, the repository's one timing harness, all rows interleaved), so the
 differences between rows say what each layer costs.
 
+It also times the cpp stage's own kernels with their autograd formula registered from Python
+(torch.library.register_autograd, on an op of a scratch namespace made here) beside the same
+kernels with the formula in C++ (dense::DenseFunction, what the stage uses): chapter 2's lesson.
+
 Examples:
   python cpp/overhead.py                              # print the table
   python cpp/overhead.py --rounds 10 -b 32            # another size
   python cpp/overhead.py --json /tmp/overhead.json    # also write the JSON record
-(docs/results/cpp_overhead.json records the command that wrote it; docs/README.md lists them all.)
+(docs/README.md lists the command that wrote docs/results/cpp_overhead.json.)
 """
 
 from __future__ import annotations
 
-import datetime
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,10 +27,47 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch import Tensor  # noqa: E402
 
 import benchmark  # noqa: E402
 import cli  # noqa: E402
 import modes  # noqa: E402
+
+SCRATCH = "dense_cpp_pyautograd"  # the namespace of the op with a Python autograd formula
+PY_AUTOGRAD = "cpp, Python autograd"
+_scratch_lib: torch.library.Library | None = None  # kept alive: dropping it removes the op
+
+
+def python_autograd_op() -> Callable[..., Tensor]:
+    """The cpp stage's forward and backward kernels behind a scratch op whose autograd formula is
+    Python, registered with torch.library.register_autograd: every call with autograd then runs
+    a Python setup_context (and a Python backward), where dense::DenseFunction runs C++.
+
+    The scratch op's kernel is a Python function that calls torch.ops.dense_cpp.forward (a
+    Python-defined op cannot have a C++ kernel without a build of its own); the row
+    "forward op, no autograd" of this variant shows what that frame costs alone."""
+    global _scratch_lib
+    ops = torch.ops.dense_cpp
+    if _scratch_lib is None:
+        lib = torch.library.Library(SCRATCH, "DEF")
+        lib.define("forward(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+        # Called below the Autograd key, so the C++ op runs its CPU kernel and no autograd of its own.
+        lib.impl("forward", lambda x, weight, bias: ops.forward(x, weight, bias), "CPU")
+
+        def setup_context(ctx, inputs, output) -> None:
+            x, weight, bias = inputs
+            ctx.save_for_backward(x, weight, output)
+            ctx.has_bias = bias is not None
+
+        def backward(ctx, grad_out: Tensor):
+            x, weight, out = ctx.saved_tensors
+            need_x, need_w, need_b = ctx.needs_input_grad
+            gx, gw, gb = ops.backward(grad_out, x, weight, out, [need_x, need_w, need_b and ctx.has_bias])
+            return (gx if need_x else None, gw if need_w else None, gb if need_b and ctx.has_bias else None)
+
+        torch.library.register_autograd(f"{SCRATCH}::forward", backward, setup_context=setup_context, lib=lib)
+        _scratch_lib = lib
+    return getattr(torch.ops, SCRATCH).forward.default
 
 
 def rows(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[str]) -> dict[str, tuple]:
@@ -48,33 +88,40 @@ def rows(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[str
                 return fn(xd, wd, bd)
         return call
 
+    def inference(fn):
+        def call():
+            with torch.inference_mode():  # no Autograd kernel runs at all
+                return fn(xd, wd, bd)
+        return call
+
     def reference(x, w, b):
         return torch.sigmoid(F.linear(x, w, b))
 
     out = {
-        "reference: forward, no autograd": (nograd(reference), "F.linear + sigmoid under no_grad"),
-        "reference: forward": (lambda: reference(x, w, b), "the same, recording the graph"),
-        "reference: forward + backward": (step(reference), "forward, then torch.autograd.grad"),
+        "reference: forward, no autograd": (nograd(reference), "F.linear + sigmoid, under no_grad"),
+        "reference: forward": (lambda: reference(x, w, b), "recording the graph"),
+        "reference: forward + backward": (step(reference), "then torch.autograd.grad"),
     }
     for mode in modes_:
         fn = modes.dense(mode)
         if mode == "py":
-            out["py: input checks"] = (lambda: modes.check_inputs(x, w, b), "modes.check_inputs, on py's path")
-            out["py: forward, no autograd"] = (nograd(fn), "modes.dense('py') under no_grad: checks + "
-                                                           "Function.apply + the torch ops")
+            out["py: input checks"] = (lambda: modes.check_inputs(x, w, b), "modes.check_inputs")
+            out["py: forward, no autograd"] = (nograd(fn), "under no_grad: checks, apply, torch ops")
         else:
             ops = getattr(torch.ops, f"dense_{mode}")
             y = ops.forward(xd, wd, bd)
-
-            def kernel(ops=ops):
-                with torch.inference_mode():  # no Autograd kernel at all
-                    return ops.forward(xd, wd, bd)
-            out[f"{mode}: forward op, no autograd"] = (kernel, "torch.ops call in inference_mode: dispatcher, "
+            out[f"{mode}: forward op, no autograd"] = (inference(ops.forward), "in inference_mode: dispatcher, "
                                                        "C++ checks, kernel")
             out[f"{mode}: backward op alone"] = (lambda ops=ops, y=y: ops.backward(g, xd, wd, y, [True, True, True]),
-                                                 "torch.ops backward call: dispatcher, C++ checks, kernel")
-        out[f"{mode}: forward"] = (lambda fn=fn: fn(x, w, b), f"modes.dense('{mode}'), recording the graph")
-        out[f"{mode}: forward + backward"] = (step(fn), "forward, then torch.autograd.grad")
+                                                 "dispatcher, C++ checks, kernel")
+        out[f"{mode}: forward"] = (lambda fn=fn: fn(x, w, b), "recording the graph")
+        out[f"{mode}: forward + backward"] = (step(fn), "then torch.autograd.grad")
+        if mode == "cpp":
+            scratch = python_autograd_op()
+            out[f"{PY_AUTOGRAD}: forward op, no autograd"] = (
+                inference(scratch), "in inference_mode: a Python kernel calls the C++ op")
+            out[f"{PY_AUTOGRAD}: forward"] = (lambda fn=scratch: fn(x, w, b), "a Python setup_context")
+            out[f"{PY_AUTOGRAD}: forward + backward"] = (step(scratch), "a Python backward calls the backward op")
     return out
 
 
@@ -83,42 +130,30 @@ def measure(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[
     stats = benchmark.measure({k: v[0] for k, v in table.items()}, rounds=rounds)
     ref = stats["reference: forward + backward"].median
     return {
-        "device": benchmark.describe_device("cpu"),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "dtype": str(dtype).removeprefix("torch."),
+        **benchmark.record_header("cpu", dtype),
+        "benchmark": "cpp_overhead",
         "shape": {"batch": batch, "in": in_f, "out": out_f},
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "rounds": rounds,
-        "command": "python cpp/overhead.py " + " ".join(sys.argv[1:]),
-        "commit": _commit(),
         "rows": [{"name": k, "what": table[k][1], "median_us": s.median, "spread_us": s.spread,
                   "over_reference_step": s.median / ref} for k, s in stats.items()],
     }
 
 
-def _commit() -> str | None:
-    """The code measured: HEAD, marked "+changes" if tracked files differ from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("+changes" if dirty else "")) or None
-
-
 def render(record: dict) -> str:
-    """A Markdown table of one record (docs/render.py, marker kind `overhead`)."""
+    """A Markdown table of one record (docs/render.py, marker kind `cpp_overhead`)."""
     out = ["| what is timed | µs per call (IQR) | / reference fwd+bwd | how |", "|---|---:|---:|---|"]
     for r in record["rows"]:
         out.append(f"| {r['name']} | {r['median_us']:.1f} ({r['spread_us']:.1f}) | "
                    f"{r['over_reference_step']:.2f} | {r['what']} |")
+    by_name = {r["name"]: r["median_us"] for r in record["rows"]}
+    if f"{PY_AUTOGRAD}: forward + backward" in by_name and "cpp: forward + backward" in by_name:
+        fwd, step = (by_name[f"{PY_AUTOGRAD}: {k}"] - by_name[f"cpp: {k}"] for k in ("forward", "forward + backward"))
+        out.append(f"\nThe same kernels with the autograd formula in Python: {fwd:+.1f} µs a forward, "
+                   f"{step:+.1f} µs a forward + backward (medians' differences).")
     s = record["shape"]
-    out.append(f"\n{record['device']}, torch {record['torch']}, {record['threads']} threads, {record['dtype']}, "
-               f"B={s['batch']} I={s['in']} O={s['out']}, {record['rounds']} rounds, {record['date']}: "
-               f"`{record['command']}`" + (f" (code: {record['commit']})" if record.get("commit") else ""))
+    out.append(f"\n{record['device']}{benchmark.conditions(record)}, torch {record['torch']}, "
+               f"{record['threads']} threads, {record['dtype']}, B={s['batch']} I={s['in']} O={s['out']}, "
+               f"{record['rounds']} rounds, {record['date']}: `{record['command']}`")
     return "\n".join(out)
 
 
@@ -129,11 +164,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--out-features", type=int, default=64)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved samples per row")
+    parser.add_argument("--malloc", choices=benchmark.MALLOC_CHOICES, default="retain",
+                        help="as benchmark.py's --malloc (default retain: freed memory stays in the process)")
     parser.add_argument("--json", metavar="PATH", help="also write the record as JSON to PATH")
     args = parser.parse_args(argv)
     if min(args.batch, args.in_features, args.out_features, args.rounds) < 1:
         parser.error("sizes and --rounds must be at least 1")
     json_path = cli.check_output(args.json, "--json")  # before minutes of work, not after
+    benchmark.set_malloc(args.malloc)
     reasons = modes.available()
     selected = [m for m in ("py", "cpp") if reasons[m] is None]
     for m in ("py", "cpp"):

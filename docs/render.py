@@ -7,8 +7,13 @@ A chapter marks where a table goes:
     <!-- end table -->
 
 Kinds: table (benchmark.py), roofline (benchmark.py --roofline), sweep (benchmark.py --sweep),
-run (distributed.py), allreduce, burst and step (distributed.py --bench). docs/README.md lists the
-command that writes each file.
+run (distributed.py), allreduce, burst and step (distributed.py --bench). Each record names the
+command that wrote it. One more kind takes a folder, not a file:
+
+    <!-- records: docs/results -->
+
+lists every record there with its command, where it was taken and the chapters that show it
+(docs/records.py: the same commands, run again).
 
 Examples:
   python docs/render.py            # rewrite every table
@@ -39,7 +44,8 @@ def renderers() -> dict[str, Callable[[dict], str]]:
     return {"table": benchmark.table, "roofline": benchmark.roofline_table, "sweep": benchmark.sweep_table,
             "run": trainer.table, **bench.RENDERERS, **costmodel.RENDERERS, "ionice": ionice.table,
             "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table,
-            "cpp_overhead": _script("cpp/overhead.py").render}
+            "cpp_overhead": _script("cpp/overhead.py").render,
+            "sweep_summary": benchmark.sweep_summary}
 
 
 def _script(path: str):
@@ -60,6 +66,8 @@ def render(text: str) -> str:
 
     def fill(m: re.Match) -> str:
         head, kind, path = m.group(1), m.group(2), m.group(3)
+        if kind == "records":  # a folder of records, listed from their own commands
+            return head + _script("docs/records.py").table(ROOT / path) + "\n" + m.group(5)
         if kind not in kinds:
             raise SystemExit(f"unknown table kind {kind!r} in marker {head.strip()}")
         source = ROOT / path

@@ -395,7 +395,7 @@ def test_fast_gradcheck_runs_where_the_full_one_is_refused():
 
 
 # ---------------------------------------------------------------------------
-# --help examples never overwrite a tracked file; the committed results have a documented command
+# --help examples never overwrite a tracked file (tests/test_records.py: the committed records)
 # ---------------------------------------------------------------------------
 
 OUTPUT_FLAGS = ("--json", "--plot", "--checkpoint")
@@ -419,6 +419,7 @@ def help_examples(*invocation: str) -> list[list[str]]:
 
 # Every script and subcommand that has --help: the commands of the chapters and docs/README.md.
 INVOCATIONS = [(s,) for s in SCRIPTS] + [
+    ("docs/records.py",),
     ("-m", "parallel.ionice"), ("cpp/overhead.py",), ("cuda/static_report.py",), ("ptx/sass_report.py",),
     *[("-m", "parallel.costmodel", c) for c in ("fit", "show", "plot", "predict")],
     *[("parallel/tp_report.py", c) for c in ("bytes", "shards", "timeline")]]
@@ -442,24 +443,6 @@ def test_help_examples_never_write_a_tracked_file(invocation):
             assert not rel.startswith("docs/results"), f"{script} --help example writes into docs/results: {out}"
 
 
-def test_every_committed_result_names_a_documented_command():
-    doc = (ROOT / "docs" / "README.md").read_text()
-    results = sorted((ROOT / "docs" / "results").glob("*.json"))
-    assert results
-    for path in results:
-        record = json.loads(path.read_text())
-        command = record["command"]
-        if f"docs/results/{path.name}" not in command:
-            # A before/after record of older code: it names the commit it measured, and the doc
-            # lists the file with that commit and the command (run there, then copied here).
-            assert "commit" in record, f"{path.name} was not written by its own command and names no commit"
-            row = next((line for line in doc.splitlines() if f"`{path.name}`" in line), "")
-            assert record["commit"] in row and command in row, \
-                f"docs/README.md has no row for {path.name} naming commit {record['commit']} and `{command}`"
-            continue
-        assert command in doc, f"docs/README.md does not list the command that wrote {path.name}: {command}"
-
-
 # ---------------------------------------------------------------------------
 # Honest statistics
 # ---------------------------------------------------------------------------
@@ -467,7 +450,7 @@ def test_every_committed_result_names_a_documented_command():
 def test_collective_warm_up_makes_exactly_the_calls_asked_for():
     # With number given, every rank must make the same calls whatever its clock says: a rank
     # that cut its warm-up short (the calls took over a second) would desynchronise the
-    # others' messages. 0.6 s per call: the old rule stopped after the second of three.
+    # others' messages. 0.6 s per call: a warm-up cut at one second would stop after the second of three.
     counts = {}
     for name, seconds in (("fast", 0.0), ("slow", 0.6)):
         calls = counts[name] = []
@@ -575,22 +558,6 @@ def test_old_records_still_render():
     assert "| reference | 1.0 (0.1) | 2.0 (0.2) | – |" in benchmark.table(old)
 
 
-def test_a_marker_on_a_record_it_cannot_show_is_one_line():
-    """docs/render.py: a marker whose record lacks what its table needs (here a C++-loop table
-    on an allreduce run from before the C++ loop) stops with the marker named, not a traceback."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("render_under_test", ROOT / "docs" / "render.py")
-    render = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render)
-    text = "<!-- cpploop: docs/results/allreduce_gloo_w2_epyc.json -->\n<!-- end cpploop -->\n"
-    with pytest.raises(SystemExit, match="allreduce_gloo_w2_epyc.json cannot be shown as 'cpploop'.*no C\\+\\+ loop"):
-        render.render(text)
-    wrong_kind = "<!-- cpu: docs/results/allreduce_gloo_w2_epyc.json -->\n<!-- end cpu -->\n"
-    with pytest.raises(SystemExit, match="cannot be shown as 'cpu'"):
-        render.render(wrong_kind)
-
-
 def test_sweep_record_table_and_goals():
     record = benchmark.run_sweep(["reference", "py"], [(1, 64, 64), (2, 8, 4)], "cpu", torch.float32,
                                  min_rounds=6, ci_target=0.5, budget_s=1.0)
@@ -629,8 +596,8 @@ def test_replicated_ratio_widens_with_disagreeing_replicates():
 
 def test_set_malloc_is_recorded():
     # In a child process: "retain" cannot be undone, and the test process keeps glibc's defaults.
-    code = ("import benchmark, torch; print(benchmark._header('cpu', torch.float32)['malloc']); "
-            "print(benchmark.set_malloc('retain')); print(benchmark._header('cpu', torch.float32)['malloc'])")
+    code = ("import benchmark, torch; print(benchmark.record_header('cpu', torch.float32)['malloc']); "
+            "print(benchmark.set_malloc('retain')); print(benchmark.record_header('cpu', torch.float32)['malloc'])")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     before, done, recorded = result.stdout.split("\n")[:3]
     assert before == "default" and recorded == done

@@ -54,6 +54,25 @@ def test_torch_compile_fullgraph_matches_eager(ops, device):
         torch.testing.assert_close(p.grad, g)
 
 
+def test_torch_export_keeps_the_op_and_the_program_runs(ops, tmp_path):
+    """torch.export traces the layer to one call of dense_cpp::forward (the fake kernel gives the
+    shapes, with a dynamic batch size); the exported program, saved and loaded again, computes
+    what the layer computes, gradients included (the op keeps its Autograd kernel)."""
+    layer = modes.Dense(8, 5, mode="cpp")
+    x = torch.randn(6, 8)
+    program = torch.export.export(layer, (x,), dynamic_shapes={"x": {0: torch.export.Dim("batch")}})
+    calls = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert calls == [ops.forward.default], calls
+    torch.export.save(program, tmp_path / "dense.pt2")
+    loaded = torch.export.load(tmp_path / "dense.pt2").module()
+    for batch in (1, 3, 6):
+        xs = torch.randn(batch, 8, requires_grad=True)
+        torch.testing.assert_close(loaded(xs), layer(xs))
+        (got,) = torch.autograd.grad(loaded(xs).sum(), xs)
+        (want,) = torch.autograd.grad(layer(xs).sum(), xs)
+        torch.testing.assert_close(got, want)
+
+
 def test_backward_op_returns_empty_tensors_for_masked_grads(ops):
     x, w = torch.randn(5, 4), torch.randn(3, 4)
     y = ops.forward(x, w, None)
@@ -178,7 +197,7 @@ def test_a_live_build_is_waited_for_not_broken(ops):
 @pytest.mark.parametrize("held_s, quiet_s, says", [(0.3, 2.0, False), (0.6, 0.2, True)])
 def test_the_build_lock_is_announced_only_when_held_for_long(tmp_path, capsys, monkeypatch, held_s, quiet_s, says):
     """Ranks loading a built extension at once hold the build lock in turn, for a moment each:
-    none should announce a build in progress (distributed.py -m cpp printed it three times).
+    none should announce a build in progress (distributed.py -m cpp would print it once per rank).
     A lock held longer than modes.QUIET_WAIT_S is announced."""
     import fcntl
     import threading
@@ -231,11 +250,46 @@ def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
     assert result.returncode == 0, result.stderr
     record = json.loads((tmp_path / "o.json").read_text())
     names = [r["name"] for r in record["rows"]]
-    assert "cpp: forward + backward" in names and "reference: forward + backward" in names
+    for name in ("reference: forward + backward", "cpp: forward + backward",
+                 "cpp, Python autograd: forward + backward"):
+        assert name in names and f"| {name} |" in result.stdout
     assert all(r["median_us"] > 0 for r in record["rows"])
-    assert "| cpp: forward + backward |" in result.stdout
+    assert {"cpu_model", "os_kernel", "threads", "malloc"} <= record.keys() and record["malloc"].startswith(
+        ("retain", "default ("))
     bad = run_script("cpp/overhead.py", "--rounds", "1", "--json", str(tmp_path / "missing" / "o.json"))
     assert bad.returncode == 2 and "does not exist (create it first)" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def overhead(ops):
+    """cpp/overhead.py as a module, loaded once (it registers its scratch op once per process)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overhead_under_test", ROOT / "cpp" / "overhead.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("bias, wanted", [(True, (True, True, True)), (False, (False, True, False)),
+                                          (True, (True, False, True))])
+def test_overhead_compares_the_same_kernels_under_both_autograd_formulas(overhead, bias, wanted):
+    """cpp/overhead.py's Python-formula variant computes what the stage computes: the timing
+    difference between the two is the autograd formula's, not the maths'."""
+    scratch = overhead.python_autograd_op()
+    assert overhead.python_autograd_op() is scratch  # registered once per process
+    gen = torch.Generator().manual_seed(3)
+    x, w, b, g = (torch.randn(s, generator=gen, dtype=torch.float64) for s in ((2, 6), (5, 6), (5,), (2, 5)))
+    results = []
+    for fn in (modes.dense("cpp"), scratch):
+        ts = [t.clone().requires_grad_(need) for t, need in zip((x, w, b), wanted)]
+        y = fn(ts[0], ts[1], ts[2] if bias else None)
+        y.backward(g)
+        results.append([y.detach()] + [t.grad for t in ts])
+    for a, e in zip(*results):
+        assert (a is None) == (e is None)
+        if a is not None:
+            torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
 
 
 def assert_cpp_matches_the_reference(x, w, b, g, wanted):

@@ -74,7 +74,8 @@ def test_nan_and_inf_give_the_references_answer(mode, device, dtype, where, valu
 
 @pytest.mark.parametrize("mode, device", MODE_DEVICE)
 def test_nan_in_x_reaches_the_output(mode, device):
-    """The issue's own example: the cpp stage gave 0 where the reference gives nan."""
+    """The smallest case: a NaN input gives a NaN output (a vectorised exp that clamps its
+    argument would turn it into a number)."""
     y = modes.dense(mode)(torch.tensor([[NAN]], device=device), torch.ones(1, 1, device=device))
     assert torch.isnan(y).all()
 

@@ -68,7 +68,10 @@ def test_benchmark_json_record(tmp_path):
                         "--json", str(path))
     assert result.returncode == 0, result.stderr
     record = json.loads(path.read_text())
-    assert {"device", "torch", "threads", "dtype", "shape", "date", "results"} <= record.keys()
+    # The conditions every record states: the machine, the threads and CPUs, the allocator.
+    assert {"device", "cpu_model", "cpus", "os_kernel", "torch", "threads", "affinity", "malloc", "dtype", "shape",
+            "date", "results"} <= record.keys()
+    assert record["command"] == f"python benchmark.py -m all -b 8 -i 16 -o 4 --rounds 3 --json {path}"
     assert record["shape"] == {"batch": 8, "in": 16, "out": 4} and record["dtype"] == "float32"
     names = [r["mode"] for r in record["results"]]
     assert names == ["reference"] + [m for m in modes.MODES if REASONS[m] is None]
@@ -125,3 +128,16 @@ def test_benchmark_roofline_record(tmp_path):
         assert r["time_us"] > 0 and r["achieved"] > 0 and r["unit"] in ("TFLOP/s", "GB/s")
         assert r["fraction_of_peak"] == pytest.approx(r["achieved"] / r["peak"])
     assert "| kernel | µs | achieved |" in result.stdout
+
+
+def test_records_keep_the_command_as_typed(tmp_path):
+    """benchmark.command_line: a script by its path from the repository root, a module run with -m
+    by its name, arguments quoted so that shlex.split gives them back (docs/records.py runs them)."""
+    (tmp_path / "probe_module.py").write_text("import benchmark\nprint(benchmark.command_line())\n")
+    env = {"PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parent.parent}"}
+    as_module = run_script("-m", "probe_module", "--json", "a b.json", env=env)
+    assert as_module.stdout.strip() == "python -m probe_module --json 'a b.json'", as_module.stderr
+    import benchmark
+
+    assert benchmark.command_line([str(Path(benchmark.__file__).parent / "cpp" / "overhead.py"), "-b", "1"]) \
+        == "python cpp/overhead.py -b 1"
