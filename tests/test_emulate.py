@@ -163,6 +163,24 @@ def test_grad_check_script_emulated():
     assert bad.returncode == 2 and "--kernel must be one of" in bad.stderr
 
 
+def test_emulated_script_prints_the_slices_the_chapter_asks_for():
+    result = run_script("cuda/emulated.py", "--slices", "2", "8", "114", "132")
+    assert result.returncode == 0, result.stderr
+    got = [int(x) for x in re.findall(r"SMs: (\d+)", result.stdout)]
+    assert got == [max(1, emu.library().emu_gemm_workspace(0, 4, 32, 4096, 4096, s) // (32 * 4096))
+                   for s in (2, 8, 114, 132)] == [1, 1, 4, 5]
+
+
+@pytest.mark.slow
+def test_emulated_script_times_fibers_against_os_threads():
+    result = run_script("cuda/emulated.py", "-m", "20", "-n", "20", "-k", "20", "--versions", "1", "3")
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"^\| (\d) \| (\d+) \| [\d.]+ \| [\d.]+ \| \d+ \|$", result.stdout, re.M)
+    assert rows == [("1", "256"), ("3", "1024")], result.stdout
+    too_big = run_script("cuda/emulated.py", "-m", "1000", "-n", "1000", "-k", "1000")
+    assert too_big.returncode == 2 and "would take minutes" in too_big.stderr
+
+
 @pytest.mark.skipif(REASONS["cuda"] is None, reason="the cuda mode runs here")
 def test_grad_check_without_a_gpu_points_to_the_emulation():
     result = run_script("grad_check.py", "cuda")
