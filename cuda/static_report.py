@@ -14,7 +14,7 @@ Examples:
   python cuda/static_report.py --json /tmp/static.json          # also write the JSON
   python cuda/static_report.py --no-sass                        # ptxas figures only
   python cuda/static_report.py --sass dense_gemm_v6_nt_f32      # one kernel's SASS, nothing else
-(The committed table, cuda/README.md's "Static figures", is docs/results/cuda_static_sm90.json
+(The committed table, cuda/README.md's "The static figures", is docs/results/cuda_static_sm90.json
 rendered by docs/render.py; the record holds the command that wrote it, docs/README.md lists them all.)
 """
 
