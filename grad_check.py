@@ -15,7 +15,13 @@ Examples:
   python grad_check.py cpp -b 64 -i 128 -o 32 --no-bias
   python grad_check.py cpp -b 512 -i 256 -o 128 --fast-gradcheck
   python grad_check.py cuda --device cuda
-  python grad_check.py cuda --emulate --kernel 3   # stage 3's kernels on the CPU (cuda/emulated.py)
+  python grad_check.py cuda --emulate              # the CUDA kernels on the CPU, every version (seconds)
+  python grad_check.py cuda --emulate --kernel 3 -b 33 -i 65 -o 17 --no-bias
+
+With --emulate the CUDA chapter's kernels run on the CPU (cuda/emulated.py), one version after
+another. gradcheck makes 2·(B·I + O·I + O) forward calls and B·O backward calls per version, and
+each call costs more as B·I·O grows: before each version the script times a call at the sizes
+given and prints what the whole check will cost (it refuses one that would take over two minutes).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is 
 # isort: split
 import argparse
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +46,7 @@ from benchmark import check_stages
 RTOL, ATOL = 1e-4, 1e-5
 # Seconds of estimated gradcheck time above which the script warns, and refuses.
 GRADCHECK_WARN_S, GRADCHECK_MAX_S = 10.0, 120.0
+EMULATE_HINT = "; without a GPU the kernels run on the CPU: python grad_check.py cuda --emulate"
 
 
 @dataclass
@@ -82,6 +91,13 @@ def run_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu"
                bias: bool = True, seed: int = 0, fast: bool = False,
                fn: modes.DenseFn | None = None) -> list[Check]:
     """Run gradcheck and the reference comparison for one mode (or ``fn``); one Check per line."""
+    return list(iter_checks(mode, batch, in_f, out_f, device, bias, seed, fast, fn))
+
+
+def iter_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu",
+                bias: bool = True, seed: int = 0, fast: bool = False,
+                fn: modes.DenseFn | None = None) -> Iterator[Check]:
+    """run_checks, one Check at a time as each finishes (for printing progress)."""
     fn = fn or modes.dense(mode)
     gen = torch.Generator().manual_seed(seed)
     names = ("x", "weight", "bias")[: 3 if bias else 2]
@@ -93,13 +109,12 @@ def run_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu"
     def call(*t: torch.Tensor) -> torch.Tensor:
         return fn(t[0], t[1], t[2] if bias else None)
 
-    checks = []
     inputs64 = make(torch.float64)
     try:
         ok = torch.autograd.gradcheck(call, inputs64, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=fast)
-        checks.append(Check(mode, f"gradcheck{' (fast)' if fast else ''} float64 ({', '.join(names)})", ok))
+        yield Check(mode, f"gradcheck{' (fast)' if fast else ''} float64 ({', '.join(names)})", ok)
     except GradcheckError as e:  # raised with the mismatching Jacobian in the message
-        checks.append(Check(mode, f"gradcheck float64 ({', '.join(names)})", False, str(e).splitlines()[0]))
+        yield Check(mode, f"gradcheck float64 ({', '.join(names)})", False, str(e).splitlines()[0])
 
     inputs = make(torch.float32)
     ref_inputs = [t.detach().clone().requires_grad_() for t in inputs]
@@ -107,13 +122,12 @@ def run_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu"
     y = call(*inputs)
     y_ref = torch.sigmoid(torch.nn.functional.linear(*ref_inputs))
     ok, detail = compare(y, y_ref)
-    checks.append(Check(mode, "forward float32 vs reference", ok, detail))
+    yield Check(mode, "forward float32 vs reference", ok, detail)
     y.backward(grad_out)
     y_ref.backward(grad_out)
     for name, t, r in zip(names, inputs, ref_inputs):
         ok, detail = compare(t.grad, r.grad)
-        checks.append(Check(mode, f"grad {name} float32 vs reference", ok, detail))
-    return checks
+        yield Check(mode, f"grad {name} float32 vs reference", ok, detail)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast-gradcheck", action="store_true",
                         help="torch's fast gradcheck (random projections of the Jacobian): for big sizes")
     parser.add_argument("--emulate", action="store_true",
-                        help="mode cuda only: run stage 3's kernels on the CPU through the execution-model emulation")
+                        help="mode cuda only: run the CUDA kernels on the CPU through the execution-model emulation "
+                             "(no GPU, no nvcc)")
     parser.add_argument("--kernel", type=int, metavar="N", default=None,
                         help="with --emulate: GEMM version N only (0 = automatic; default: every version)")
     args = parser.parse_args(argv)
@@ -140,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         selected, skipped = modes.resolve(args.mode)
     except RuntimeError as e:
-        raise cli.UserError(str(e)) from None
+        raise cli.UserError(str(e) + (EMULATE_HINT if args.mode == "cuda" else "")) from None
     for m, reason in skipped.items():
-        print(f"SKIP  {m:<4}  {reason}")
+        print(f"SKIP  {m:<4}  {reason}{EMULATE_HINT if m == 'cuda' else ''}")
 
     # The cost of the work, from the sizes, before any of it starts.
     b, i, o = args.batch, args.in_features, args.out_features
@@ -176,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """grad_check.py cuda --emulate: every (or one) GEMM version of stage 3, run on the CPU."""
+    """grad_check.py cuda --emulate: every (or one) GEMM version of the CUDA chapter, run on the CPU."""
     import importlib.util
 
     if not args.emulate or args.mode != "cuda" or args.device != "cpu":
@@ -188,18 +203,55 @@ def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if any(v not in emu.versions() for v in versions):
         parser.error(f"--kernel must be one of {', '.join(map(str, emu.versions()))}")
     if emu.unavailable_reason():
-        print(f"cannot emulate: {emu.unavailable_reason()}", file=sys.stderr)
-        return 2
+        raise cli.UserError(f"cannot emulate: {emu.unavailable_reason()}")
+    b, i, o, bias = args.batch, args.in_features, args.out_features, not args.no_bias
+    _, jacobians = gradcheck_cost(b, i, o, bias, args.fast_gradcheck)
+    tensors = 4 * 8 * (b * i + o * i + o + b * o)
+    cli.check_memory(tensors + jacobians, "cpu", f"gradcheck's Jacobians at B={b} I={i} O={o}")
+    try:
+        emu.library()  # the build (seconds, once), before anything is timed
+    except RuntimeError as e:
+        raise cli.UserError(str(e)) from None
     failed = 0
     for v in versions:
-        for check in run_checks(f"v{v}", args.batch, args.in_features, args.out_features,
-                                bias=not args.no_bias, fn=emu.dense(v)):
-            print(check.line(), flush=True)
-            failed += not check.passed
+        fn = emu.dense(v)
+        try:
+            seconds = emulated_cost(fn, b, i, o, bias, args.fast_gradcheck)
+            if seconds > GRADCHECK_MAX_S:
+                raise cli.UserError(f"v{v}: gradcheck at B={b} I={i} O={o} on the emulated kernels would take about "
+                                    f"{seconds / 60:,.0f} min: use smaller sizes (the defaults -b 8 -i 16 -o 12 "
+                                    "check the same code paths)" + ("" if args.fast_gradcheck else
+                                                                    " or --fast-gradcheck"))
+            print(f"v{v}: {emu.idea(v)}; about {seconds:.1f} s", flush=True)
+            for check in iter_checks(f"v{v}", b, i, o, bias=bias, fast=args.fast_gradcheck, fn=fn):
+                print(check.line(), flush=True)
+                failed += not check.passed
+        except RuntimeError as e:  # a kernel that could not finish (the emulation said why on stderr)
+            print(Check(f"v{v}", "run the emulated kernels", False, str(e)).line(), flush=True)
+            failed += 1
     print(f"{'all checks passed' if not failed else f'{failed} check(s) FAILED'} (cuda kernels emulated on the "
-          f"CPU, versions {', '.join(map(str, versions))}; B={args.batch}, in={args.in_features}, "
-          f"out={args.out_features})")
+          f"CPU, versions {', '.join(map(str, versions))}; B={b}, in={i}, out={o})")
     return 1 if failed else 0
+
+
+def emulated_cost(fn: modes.DenseFn, batch: int, in_f: int, out_f: int, bias: bool, fast: bool) -> float:
+    """Seconds the checks of one emulated version will take, from forward and backward calls
+    timed at these sizes (in float64, as gradcheck calls them)."""
+    x = torch.randn(batch, in_f, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(out_f, in_f, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(out_f, dtype=torch.float64, requires_grad=True) if bias else None
+    times = []
+    for _ in range(3):  # the first pays for starting autograd's thread and mapping the fibers' stacks
+        start = time.perf_counter()
+        y = fn(x, w, b)
+        middle = time.perf_counter()
+        y.backward(torch.ones_like(y))
+        times.append((middle - start, time.perf_counter() - middle))
+    forward, backward = min(t[0] for t in times[1:]), min(t[1] for t in times[1:])
+    n_in, n_out = batch * in_f + out_f * in_f + (out_f if bias else 0), batch * out_f
+    calls = (12, 12) if fast else (2 * n_in, n_out)  # (forward, backward) calls; fast mode: a few per input
+    jacobians = 0 if fast else n_in * n_out * 1e-7  # gradcheck_cost's price of a Jacobian entry
+    return calls[0] * forward + calls[1] * backward + jacobians
 
 
 if __name__ == "__main__":

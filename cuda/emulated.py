@@ -1,10 +1,22 @@
-"""Stage 3's kernels on the CPU: cuda/kernels/*.cuh built by the host compiler on top of the
-execution-model emulation cuda/emulate/cuda_emu.h, loaded with ctypes, called on CPU tensors.
+"""The CUDA chapter's kernels on the CPU: cuda/kernels/*.cuh built by the host compiler on top of
+the execution-model emulation cuda/emulate/cuda_emu.h, loaded with ctypes, called on CPU tensors.
 
-No torch headers, no GPU: the library builds in seconds. Slow (one OS thread per GPU thread):
+No torch headers, no GPU: the library builds in seconds. A GPU thread is a fiber here (a
+user-space thread; cuda/emulate/fibers.h), so a call costs microseconds per thread and barrier:
 for checking kernels on small shapes, never for speed.
 
 Check it:  python grad_check.py cuda --emulate
+
+Run as a script, it times one GEMM call per version on fibers and on OS threads (the build
+ThreadSanitizer needs, -DCUDA_EMU_THREADS): the price of a barrier that wakes OS threads.
+
+With --slices it prints instead how many slices of K version 0 gives a float32 product on
+devices of that many SMs (1: no split, v8 runs), at M = 32, N = K = 4096 unless given.
+
+Examples:
+  python cuda/emulated.py                          # M = N = K = 64, every version
+  python cuda/emulated.py -m 33 -n 17 -k 65 --versions 3 5 8
+  python cuda/emulated.py --slices 2 8 114 132
 """
 
 from __future__ import annotations
@@ -12,9 +24,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOURCES = sorted([HERE / "dense_kernels.h", *(HERE / "kernels").glob("*.cuh"), *(HERE / "emulate").glob("*.h"),
                   HERE / "emulate" / "emulate.cpp"])
-CXX_FLAGS = ["-std=c++17", "-O2", "-pthread", "-shared", "-fPIC", f"-I{HERE}"]
+CXX_FLAGS = ["-std=c++17", "-O2", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{HERE}"]
 KPLAIN, KBIAS_SIGMOID = 0, 1  # dense_kernels::Epilogue
 # The emulated device's SM count: small, so that the small shapes of the tests already take
 # the paths a real GPU takes for small batches (v9's split-K, the backward's v3 row blocks).
@@ -38,6 +52,13 @@ def versions() -> range:
     """The GEMM versions (0: automatic), as many as cuda/dense_kernels.h's kVersions."""
     text = (HERE / "dense_kernels.h").read_text()
     return range(int(text.split("constexpr int kVersions = ", 1)[1].split(";", 1)[0]) + 1)
+
+
+def idea(version: int) -> str:
+    """A version's idea in one line: its entry in cuda/dense_kernels.h's kVersionIdeas."""
+    text = (HERE / "dense_kernels.h").read_text()
+    table = text.split("kVersionIdeas[kVersions + 1] = {", 1)[1].split("};", 1)[0]
+    return re.findall(r'"((?:[^"\\]|\\.)*)"', table)[version]
 
 
 def unavailable_reason() -> str | None:
@@ -71,19 +92,37 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     return out
 
 
+def load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """Build (if needed) and load the library with these extra compiler flags, e.g.
+    ("-DCUDA_EMU_THREADS",) for the OS-thread emulation that ThreadSanitizer needs."""
+    lib = ctypes.CDLL(str(build(extra_flags)))
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.emu_gemm.argtypes = [i32, ctypes.c_char_p, i32, p, p, p, p, i64, i64, i64, i32, i32, p]
+    lib.emu_gemm_workspace.argtypes = [i32, i32, i64, i64, i64, i32]
+    lib.emu_sigmoid_grad.argtypes = [i32, i32, i32, p, p, p, p, i64, i64, i32, p]
+    lib.emu_sigmoid_grad_workspace.argtypes = [i32, i64, i64, i32]
+    lib.emu_gemm.restype = lib.emu_sigmoid_grad.restype = i32
+    lib.emu_gemm_workspace.restype = lib.emu_sigmoid_grad_workspace.restype = i64
+    return lib
+
+
 def library() -> ctypes.CDLL:
+    """The default build (fibers), loaded once."""
     global _lib
     if _lib is None:
-        lib = ctypes.CDLL(str(build()))
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.emu_gemm.argtypes = [i32, ctypes.c_char_p, i32, p, p, p, p, i64, i64, i64, i32, i32, p]
-        lib.emu_gemm_workspace.argtypes = [i32, i32, i64, i64, i64, i32]
-        lib.emu_sigmoid_grad.argtypes = [i32, i32, i32, p, p, p, p, i64, i64, i32, p]
-        lib.emu_sigmoid_grad_workspace.argtypes = [i32, i64, i64, i32]
-        lib.emu_gemm.restype = lib.emu_sigmoid_grad.restype = i32
-        lib.emu_gemm_workspace.restype = lib.emu_sigmoid_grad_workspace.restype = i64
-        _lib = lib
+        _lib = load()
     return _lib
+
+
+INVALID, NEVER_FINISHED = 1, 2  # the launchers' return codes (cuda/emulate/emulate.cpp)
+
+
+def _raise_for(rc: int, what: str) -> None:
+    if rc == NEVER_FINISHED:
+        raise RuntimeError(f"{what}: a block could not finish (a barrier not every thread reaches; "
+                           "the emulation printed which on stderr)")
+    if rc != 0:
+        raise ValueError(f"no {what}")
 
 
 def _ptr(t: Tensor | None) -> int | None:
@@ -97,34 +136,32 @@ def _check(*tensors: Tensor | None) -> None:
 
 
 def gemm(version: int, layout: str, a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None,
-         m: int, n: int, k: int, epilogue: int, sm_count: int = SM_COUNT) -> None:
+         m: int, n: int, k: int, epilogue: int, sm_count: int = SM_COUNT, lib: ctypes.CDLL | None = None) -> None:
     """c[m×n] = op(a)·op(b) (+ epilogue), the layouts of cuda/dense_kernels.h; writes c."""
     _check(a, b, c, bias)
-    lib = library()
+    lib = lib or library()
     # the split-K workspace, allocated by the caller as cuda/dense_ops.h does on the GPU
     size = lib.emu_gemm_workspace(version, a.element_size(), m, n, k, sm_count)
     work = torch.empty(max(size, 0), dtype=a.dtype)
     rc = lib.emu_gemm(version, layout.encode(), a.element_size(), _ptr(a), _ptr(b), _ptr(c), _ptr(bias),
                       m, n, k, epilogue, sm_count, _ptr(work) if size > 0 else None)
-    if rc != 0:
-        raise ValueError(f"no emulated GEMM version {version} for layout {layout!r} and dtype {a.dtype}")
+    _raise_for(rc, f"emulated GEMM version {version} for layout {layout!r} and dtype {a.dtype}")
 
 
 GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions
 
 
 def sigmoid_grad(g: Tensor, y: Tensor, dz: Tensor, db: Tensor | None, version: int = 0, x4: bool = False,
-                 sm_count: int = SM_COUNT) -> None:
+                 sm_count: int = SM_COUNT, lib: ctypes.CDLL | None = None) -> None:
     """dz = g·y·(1 − y); db = Σ_rows dz when db is given (rows × cols = y's shape)."""
     _check(g, y, dz, db)
     rows, cols = y.shape
-    lib = library()
+    lib = lib or library()
     size = lib.emu_sigmoid_grad_workspace(version, rows, cols, sm_count) if db is not None else 0
     work = torch.empty(max(size, 0), dtype=y.dtype)
     rc = lib.emu_sigmoid_grad(version, y.element_size(), int(x4), _ptr(g), _ptr(y), _ptr(dz), _ptr(db), rows, cols,
                               sm_count, _ptr(work) if size > 0 else None)
-    if rc != 0:
-        raise ValueError(f"no emulated sigmoid-grad kernel v{version} for x4={x4}, dtype {y.dtype}, {cols} columns")
+    _raise_for(rc, f"emulated sigmoid-grad kernel v{version} for x4={x4}, dtype {y.dtype}, {cols} columns")
 
 
 # The two ops, step for step as cuda/dense_ops.h does them on the GPU.
@@ -186,3 +223,72 @@ def dense(version: int = 0) -> Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
     call.__name__ = f"dense_cuda_emulated_v{version}"
     return call
+
+
+def time_call(version: int, m: int, n: int, k: int, lib: ctypes.CDLL, repeats: int = 3) -> float:
+    """Seconds of one float32 nt GEMM call with the fused epilogue (the fastest of `repeats`)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    c, bias = torch.empty(m, n), torch.randn(n, generator=g)
+    best = float("inf")
+    for _ in range(repeats + 1):  # one more: the first maps the fibers' stacks / starts the threads
+        start = time.perf_counter()
+        gemm(version, "nt", a, b, c, bias, m, n, k, KBIAS_SIGMOID, lib=lib)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def threads_per_block(version: int) -> int:
+    """A float32 block's threads: BM·BN/(TM·TN) from cuda/static_report.py's TILES."""
+    import importlib.util
+
+    if "static_report" not in sys.modules:  # (its dataclasses look their module up there)
+        spec = importlib.util.spec_from_file_location("static_report", HERE / "static_report.py")
+        sys.modules["static_report"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["static_report"])
+    bm, bn, tm, tn, _ = sys.modules["static_report"].TILES[version]["f32"]
+    return bm * bn // (tm * tn)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import cli
+
+    parser = cli.parser(__doc__ or "")
+    size = cli.positive(int)
+    parser.add_argument("-m", type=size, help="rows of C, the batch (default 64; --slices: 32)")
+    parser.add_argument("-n", type=size, help="columns of C, out features (default 64; --slices: 4096)")
+    parser.add_argument("-k", type=size, help="the reduction, in features (default 64; --slices: 4096)")
+    parser.add_argument("--versions", type=int, nargs="+", metavar="N", default=list(versions())[1:])
+    parser.add_argument("--slices", type=size, nargs="+", metavar="SMS",
+                        help="print v9's slices of K on devices of these SM counts instead")
+    args = parser.parse_args(argv)
+    if any(v not in versions()[1:] for v in args.versions):
+        parser.error(f"--versions takes {versions()[1]} to {versions()[-1]}")
+    if unavailable_reason():
+        raise cli.UserError(f"cannot emulate: {unavailable_reason()}")
+    if args.slices:
+        m, n, k = args.m or 32, args.n or 4096, args.k or 4096
+        print(f"float32, M={m} N={n} K={k}: slices of K (1: no split) on")
+        for sms in args.slices:
+            work = library().emu_gemm_workspace(0, 4, m, n, k, sms)
+            print(f"  {sms:4d} SMs: {max(1, work // (m * n))}")
+        return 0
+    args.m, args.n, args.k = args.m or 64, args.n or 64, args.k or 64
+    if args.m * args.n * args.k > 1 << 21:
+        raise cli.UserError(f"M·N·K = {args.m * args.n * args.k:,} would take minutes on OS threads; "
+                            "keep it at most 2,097,152 (128×128×128)")
+    fibers, threads = library(), load(("-DCUDA_EMU_THREADS",))
+    print(f"one float32 nt GEMM, M={args.m} N={args.n} K={args.k}, ms per call (fastest of 3)")
+    print("| v | threads per block | fibers | OS threads | OS threads / fibers |")
+    print("|---|---:|---:|---:|---:|")
+    for v in args.versions:
+        f, t = time_call(v, args.m, args.n, args.k, fibers), time_call(v, args.m, args.n, args.k, threads)
+        print(f"| {v} | {threads_per_block(v)} | {1e3 * f:.2f} | {1e3 * t:.2f} | {t / f:.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # cli.py
+    import cli
+
+    cli.run(main)

@@ -13,7 +13,8 @@ Examples:
   python cuda/static_report.py                                  # print the table, write nothing
   python cuda/static_report.py --json /tmp/static.json          # also write the JSON
   python cuda/static_report.py --no-sass                        # ptxas figures only
-(The committed table, cuda/README.md's "Static figures", is docs/results/cuda_static_sm90.json
+  python cuda/static_report.py --sass dense_gemm_v6_nt_f32      # one kernel's SASS, nothing else
+(The committed table, cuda/README.md's "The static figures", is docs/results/cuda_static_sm90.json
 rendered by docs/render.py; the record holds the command that wrote it, docs/README.md lists them all.)
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import difflib
 import json
 import math
 import os
@@ -222,8 +224,9 @@ def sass_tools() -> tuple[str | None, str]:
     """cuobjdump for -sass (it needs nvdisasm too), or None and the reason."""
     cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
     if cuobjdump is None or nvdisasm is None:
-        missing = " and ".join(n for n, p in (("cuobjdump", cuobjdump), ("nvdisasm", nvdisasm)) if p is None)
-        return None, f"{missing} not found (CUDA toolkit, or: {PIP_SASS})"
+        missing = [n for n, p in (("cuobjdump", cuobjdump), ("nvdisasm", nvdisasm)) if p is None]
+        return None, (f"the SASS needs {' and '.join(missing)}, not found: install the CUDA toolkit, "
+                      f"or {PIP_SASS}")
     return cuobjdump, ""
 
 
@@ -250,6 +253,19 @@ def disassemble(cubin: Path, cuobjdump: str) -> str:
     if result.returncode != 0:
         raise SystemExit(f"cuobjdump -sass failed:\n{result.stderr[-3000:]}")
     return result.stdout
+
+
+def function_text(sass: str, name: str) -> str | None:
+    """One function's part of cuobjdump -sass output (its header to the next function's), or None."""
+    lines, inside = [], False
+    for line in sass.splitlines():
+        if m := re.match(r"\s*Function : (\S+)", line):
+            if inside:
+                break
+            inside = m.group(1) == name
+        if inside:
+            lines.append(line)
+    return "\n".join(lines) if lines else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -349,7 +365,7 @@ def callee_addresses(code: list[Instr], targets: set[int] | None = None) -> set[
 
 def calls(code: list[Instr]) -> dict:
     """How many subroutines a kernel calls, and where its MUFU.EX2 (the sigmoid's exponential)
-    is: in the kernel's own code (the sigmoid was inlined) or in a subroutine (a call per output).
+    is: in the kernel's own code (the sigmoid is inlined) or in a subroutine (a call per output).
     A subroutine spans its entry to the first RET after it."""
     targets = call_targets(code)
     inside = callee_addresses(code, targets)
@@ -562,9 +578,10 @@ def table(record: dict) -> str:
         by.setdefault((k["version"], k["dtype"]), {})[k["layout"]] = k
     times = {(t["version"], t["dtype"]): t for t in record.get("timings", [])}
     sass = record["tools"]["sass"]["available"]
+    timed = " GFLOP/s | % of cuBLAS |" if times else ""
     head = ["| v | dtype | tile BM×BN (TM×TN) | threads | FLOP/B | regs nt/nn/tn | smem B | spills | blocks/SM "
-            "(occupancy) | inner loop FMA : LDS : LDG | GFLOP/s | % of cuBLAS |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+            f"nt/nn/tn (bound by) | inner loop FMA : LDS : LDG |{timed}",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if times else "")]
     rows = []
     for (v, dt), lay in sorted(by.items()):
         nt = lay.get("nt") or next(iter(lay.values()))
@@ -573,13 +590,18 @@ def table(record: dict) -> str:
         ai = f"{nt['napkin']['flop_per_byte']:.2f}" if nt.get("napkin") else "?"
         regs = "/".join(str(lay[x]["registers"]) if x in lay else "–" for x in ("nt", "nn", "tn"))
         spills = max(x["spill_bytes"] for x in lay.values())
-        occ = (f"{nt['blocks_per_sm']} ({100 * nt['occupancy']:.0f}%, {'+'.join(nt['occupancy_limited_by'])})"
-               if nt.get("occupancy") is not None else "?")
+        blocks = "/".join(str(lay[x]["blocks_per_sm"]) if lay.get(x, {}).get("blocks_per_sm") is not None else "–"
+                          for x in ("nt", "nn", "tn"))
+        bound = sorted({b for x in lay.values() for b in x.get("occupancy_limited_by") or []})
+        occ = f"{blocks} ({'+'.join(bound)})" if bound else blocks
         loop = _mix_cell(nt.get("inner_loop")) if sass else "no SASS"
-        t = times.get((v, dt))
-        gf, share = (f"{t['gflops']:.0f}", f"{100 * t['share_of_cublas']:.1f}") if t else ("not measured",) * 2
-        rows.append(f"| {v} | {dt} | {tile_cell} | {nt['threads']} | {ai} | {regs} | {nt['shared_bytes']} | "
-                    f"{spills} | {occ} | {loop} | {gf} | {share} |")
+        row = (f"| {v} | {dt} | {tile_cell} | {nt['threads']} | {ai} | {regs} | {nt['shared_bytes']} | "
+               f"{spills} | {occ} | {loop} |")
+        if times:
+            t = times.get((v, dt))
+            gf, share = (f"{t['gflops']:.0f}", f"{100 * t['share_of_cublas']:.1f}") if t else ("not measured",) * 2
+            row += f" {gf} | {share} |"
+        rows.append(row)
     d = record["device"]
     notes = [f"\n{record['arch']}, ptxas {record['tools']['ptxas']}, {d['name']}, K={record['k']} for FLOP/B, "
              f"{record['date']}: `{record['command']}`"]
@@ -595,6 +617,8 @@ def table(record: dict) -> str:
     if record.get("timings"):
         src = sorted({f"{t['device']} ({t['file']})" for t in record["timings"]})
         notes.append("Timings: forward only, from " + ", ".join(src) + ".")
+    else:
+        notes.append("GPU timings: none joined (--timings).")
     for w in record.get("warnings", []):
         notes.append(f"Warning: {w}")
     return "\n".join(head + rows + notes + _other_table(record))
@@ -643,6 +667,24 @@ def _other_table(record: dict) -> list[str]:
     return rows
 
 
+def print_sass(sources: list[Path], arch: str, names: list[str]) -> int:
+    """--sass: compile the sources and print the named kernels' SASS."""
+    cuobjdump, why_not = sass_tools()
+    if cuobjdump is None:
+        raise cli.UserError(why_not)
+    with tempfile.TemporaryDirectory() as tmp:
+        _, _, cubins = compile_sources(sources, arch, Path(tmp))
+        sass = "\n".join(disassemble(Path(c), cuobjdump) for c in cubins)
+    found = parse_sass(sass)
+    for name in names:
+        text = function_text(sass, name)
+        if text is None:
+            near = difflib.get_close_matches(name, found, n=6, cutoff=0.5) or sorted(found)[:6]
+            raise cli.UserError(f"--sass {name}: no such kernel; for example {', '.join(near)}")
+        print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     doc = __doc__ or ""
     parser = cli.parser(doc)
@@ -654,6 +696,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sms", type=int, default=H100.sm_count,
                         help="SM count for v9's slices in the napkin maths (H100 SXM/H200: 132, H100 PCIe: 114)")
     parser.add_argument("--no-sass", action="store_true", help="skip the SASS (cuobjdump) columns")
+    parser.add_argument("--sass", action="append", metavar="KERNEL",
+                        help="print this kernel's SASS (e.g. dense_gemm_v6_nt_f32; repeatable) instead of the table")
     parser.add_argument("--timings", nargs="*", default=[], metavar="JSON",
                         help="benchmark.py records of the cuda mode (one per --kernel N) to join into the table")
     args = parser.parse_args(argv)
@@ -673,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(t).is_file():
             parser.error(f"no such timings file: {t}")
     joined = timings(args.timings)  # before the compile: a bad file fails fast
+    if args.sass:
+        return print_sass(sources, args.arch, args.sass)
     if not args.no_sass and sass_tools()[0] is None:
         print(f"note: {sass_tools()[1]}; the SASS columns are left out", file=sys.stderr)
 

@@ -1,6 +1,8 @@
-"""Stage 3's kernels run on the CPU through the execution-model emulation (cuda/emulate/): every
-GEMM version × layout × dtype × epilogue and the backward kernels against torch, NaN/±inf, and
-the same kernels under AddressSanitizer and ThreadSanitizer (plus proof that a race is caught)."""
+"""The CUDA chapter's kernels run on the CPU through the execution-model emulation (cuda/emulate/):
+every GEMM version × layout × dtype × epilogue and the backward kernels against torch, NaN/±inf,
+the emulation's three ways of running a block's threads (fibers by a hand-written switch or by
+swapcontext, OS threads), and the same kernels under AddressSanitizer and ThreadSanitizer (plus
+proof that a race is caught)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, run_script
+from conftest import REASONS, ROOT, run_script
 
 spec = importlib.util.spec_from_file_location("dense_cuda_emulated", ROOT / "cuda" / "emulated.py")
 emu = importlib.util.module_from_spec(spec)
@@ -155,8 +157,127 @@ def test_grad_check_script_emulated():
                         "-o", "4", "--no-bias")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all checks passed" in result.stdout and "FAIL" not in result.stdout
+    # before the checks, the version's idea and what they will cost, measured at these sizes
+    assert re.search(rf"^v{VERSIONS[-1]}: split-K.*; about \d+\.\d s$", result.stdout, re.M), result.stdout
     bad = run_script("grad_check.py", "cuda", "--emulate", "--kernel", "99")
     assert bad.returncode == 2 and "--kernel must be one of" in bad.stderr
+
+
+def test_emulated_script_prints_the_slices_the_chapter_asks_for():
+    result = run_script("cuda/emulated.py", "--slices", "2", "8", "114", "132")
+    assert result.returncode == 0, result.stderr
+    got = [int(x) for x in re.findall(r"SMs: (\d+)", result.stdout)]
+    assert got == [max(1, emu.library().emu_gemm_workspace(0, 4, 32, 4096, 4096, s) // (32 * 4096))
+                   for s in (2, 8, 114, 132)] == [1, 1, 4, 5]
+
+
+@pytest.mark.slow
+def test_emulated_script_times_fibers_against_os_threads():
+    result = run_script("cuda/emulated.py", "-m", "20", "-n", "20", "-k", "20", "--versions", "1", "3")
+    assert result.returncode == 0, result.stderr
+    rows = re.findall(r"^\| (\d) \| (\d+) \| [\d.]+ \| [\d.]+ \| \d+ \|$", result.stdout, re.M)
+    assert rows == [("1", "256"), ("3", "1024")], result.stdout
+    too_big = run_script("cuda/emulated.py", "-m", "1000", "-n", "1000", "-k", "1000")
+    assert too_big.returncode == 2 and "would take minutes" in too_big.stderr
+
+
+@pytest.mark.skipif(REASONS["cuda"] is None, reason="the cuda mode runs here")
+def test_grad_check_without_a_gpu_points_to_the_emulation():
+    result = run_script("grad_check.py", "cuda")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "python grad_check.py cuda --emulate" in result.stderr
+
+
+# ---- the emulation's ways of running a block's threads, on a kernel whose answer is known ----
+
+BACKENDS = {"fibers": [], "ucontext": ["-DCUDA_EMU_UCONTEXT"], "threads": ["-DCUDA_EMU_THREADS"]}
+PROGRAM = r"""
+#include "emulate/cuda_emu.h"
+// Each block sums its 256 inputs with a tree through shared memory (a barrier per level), then
+// every thread also takes its lane neighbour's value with a shuffle.
+void tree_sum(const int* in, int* out) {
+  __shared__ int s[256];
+  const unsigned t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+  s[t] = in[i];
+  __syncthreads();
+  for (unsigned stride = 128; stride > 0; stride /= 2) {
+    if (t < stride) s[t] += s[t + stride];
+    __syncthreads();
+  }
+  out[i] = s[0] * 1000 + __shfl_xor_sync(0xffffffffu, int(t), 1);
+}
+// A barrier inside a branch that only some threads take.
+void divergent(int* out) {
+  if (threadIdx.x < 5) __syncthreads();
+  out[threadIdx.x] = 1;
+}
+int main(int argc, char** argv) {
+  if (argc > 1) {  // the broken kernel: the launch must fail, not hang
+    int out[64];
+    const int rc = emu::launch(dim3{1, 1, 1}, dim3{64, 1, 1}, [&] { divergent(out); });
+    std::printf("status %d\n", rc);
+    return 0;
+  }
+  int in[3 * 256], out[3 * 256];
+  for (int i = 0; i < 3 * 256; ++i) in[i] = (i * 7919) % 101;
+  if (emu::launch(dim3{3, 1, 1}, dim3{256, 1, 1}, [&] { tree_sum(in, out); }) != 0) return 1;
+  for (int b = 0; b < 3; ++b) {
+    int sum = 0;
+    for (int t = 0; t < 256; ++t) sum += in[b * 256 + t];
+    for (int t = 0; t < 256; ++t)
+      if (out[b * 256 + t] != sum * 1000 + (t ^ 1)) return std::printf("wrong at block %d thread %d\n", b, t), 1;
+  }
+  std::printf("ok\n");
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_way_of_running_threads_gives_the_known_answer(backend, tmp_path):
+    """Barriers, shared memory, blockIdx/threadIdx and shuffles, the same in every backend; and
+    a barrier that not every thread reaches stops the launch with a message (fibers; OS
+    threads hang there, as a GPU does)."""
+    if CXX is None:
+        pytest.skip("needs a C++ compiler")
+    (tmp_path / "p.cpp").write_text(PROGRAM)
+    exe = tmp_path / "p"
+    build = subprocess.run([CXX, "-std=c++17", "-O2", "-pthread", *BACKENDS[backend], f"-I{ROOT / 'cuda'}",
+                            str(tmp_path / "p.cpp"), "-o", str(exe)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stdout + result.stderr
+    if backend == "threads":
+        return
+    broken = subprocess.run([str(exe), "broken"], capture_output=True, text=True, timeout=60)
+    assert broken.stdout.strip() == "status 2", broken.stdout + broken.stderr
+    assert "5 threads wait at __syncthreads, 0 at a warp shuffle, 59 have returned" in broken.stderr
+
+
+@pytest.mark.slow
+def test_the_kernels_give_the_same_bits_on_fibers_and_on_os_threads():
+    """The library built with OS threads (what ThreadSanitizer runs) against the default build:
+    a GEMM per version and layout and the shuffling backward kernel, bit for bit."""
+    threads = emu.load(("-DCUDA_EMU_THREADS",))
+    g = torch.Generator().manual_seed(4)
+    for version in VERSIONS:
+        for layout in ("nt", "nn", "tn"):
+            m, n, k = 33, 40, 70
+            a = torch.randn((k, m) if layout[0] == "t" else (m, k), generator=g)
+            b = torch.randn((n, k) if layout[1] == "t" else (k, n), generator=g)
+            bias = torch.randn(n, generator=g)
+            ours = run_gemm(version, layout, a, b, bias, emu.KBIAS_SIGMOID, m, n, k)
+            c = torch.full((m, n), float("nan"))
+            emu.gemm(version, layout, a, b, c, bias, m, n, k, emu.KBIAS_SIGMOID, lib=threads)
+            assert torch.equal(ours, c), (version, layout)
+    gr, y = torch.randn(300, 36, generator=g), torch.rand(300, 36, generator=g)
+    for version in emu.GRAD_VERSIONS:
+        outs = []
+        for lib in (None, threads):
+            dz, db = torch.empty_like(y), torch.empty(36)
+            emu.sigmoid_grad(gr, y, dz, db, version, lib=lib)
+            outs.append((dz, db))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1]), version
 
 
 # ---- the same kernels under the sanitizers (a standalone driver: cuda/emulate/driver.cpp) ----

@@ -1,4 +1,4 @@
-"""The static evidence of chapters 3 and 4, checked without a GPU: the occupancy calculator, the
+"""The static evidence of chapters 4 and 5, checked without a GPU: the occupancy calculator, the
 static report on today's kernels, the SASS of the PTX edits, the sigmoid's error bound, and
 that the chapters show what the scripts wrote."""
 
@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,10 @@ bound = load("ptx/sigmoid_bound.py")
 
 HAVE_NVCC = sr.find_tool("nvcc") is not None and sr.find_tool("ptxas") is not None
 HAVE_SASS = sr.sass_tools()[0] is not None
-needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc/ptxas (CUDA toolkit) not found")
-needs_sass = pytest.mark.skipif(not (HAVE_NVCC and HAVE_SASS), reason=f"needs nvcc and {sr.sass_tools()[1]}")
+NO_NVCC = "needs nvcc and ptxas (the CUDA toolkit), not found"
+NO_SASS = NO_NVCC if not HAVE_NVCC else sr.sass_tools()[1]  # e.g. "the SASS needs cuobjdump, not found: ..."
+needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason=NO_NVCC)
+needs_sass = pytest.mark.skipif(not (HAVE_NVCC and HAVE_SASS), reason=NO_SASS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -74,7 +77,8 @@ def test_occupancy_hand_worked_cases(args, blocks, limited_by):
     assert got["occupancy"] == pytest.approx(blocks * -(-threads // 32) / 64)
 
 
-@pytest.mark.parametrize("script", ["cuda/static_report.py", "ptx/sass_report.py", "ptx/sigmoid_bound.py"])
+@pytest.mark.parametrize("script", ["cuda/static_report.py", "cuda/figures.py", "cuda/emulated.py",
+                                    "ptx/sass_report.py", "ptx/sigmoid_bound.py"])
 def test_help_has_safe_examples(script):
     result = run_script(script, "--help")
     assert result.returncode == 0 and "Examples:" in result.stdout
@@ -200,6 +204,37 @@ def test_tiles_and_slices_agree_with_the_kernels_header(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
+# The chapter's figures (cuda/figures.py)
+# ---------------------------------------------------------------------------------------
+def test_the_figures_give_every_output_of_a_block_tile_to_exactly_one_thread():
+    """figures.owner is the kernels' index arithmetic: each version's threads partition its tile."""
+    figures = load("cuda/figures.py")
+    for version, tiles in sr.TILES.items():
+        bm, bn, tm, tn, _ = tiles["f32"]
+        cells = Counter(t for row in figures.ownership(version) for t in row)
+        assert -1 not in cells, f"v{version}: an output nobody computes"
+        assert len(cells) == bm * bn // (tm * tn) and set(cells.values()) == {tm * tn}, f"v{version}"
+
+
+@pytest.mark.plot
+def test_figures_script_draws_both_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = run_script("cuda/figures.py", "--out", str(tmp_path), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("cuda_gemm.png", "cuda_tiles.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_figures_script_says_what_to_install_without_matplotlib(tmp_path):
+    code = ("import runpy, sys; sys.modules['matplotlib'] = None; "
+            f"sys.argv = ['cuda/figures.py', '--out', {str(tmp_path)!r}]; "
+            "runpy.run_path('cuda/figures.py', run_name='__main__')")
+    result = run_script("-c", code)
+    assert result.returncode == 2 and "pip install matplotlib" in result.stderr, result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------------------
 # The SASS helpers, on hand-made input
 # ---------------------------------------------------------------------------------------
 SASS = """
@@ -258,7 +293,7 @@ def test_missing_sass_tools_are_named_with_the_pip_packages(monkeypatch):
 @pytest.fixture(scope="module")
 def static_record(tmp_path_factory):
     if not HAVE_NVCC:
-        pytest.skip("nvcc/ptxas (CUDA toolkit) not found")
+        pytest.skip(NO_NVCC)
     out = tmp_path_factory.mktemp("static") / "static.json"
     result = run_script("cuda/static_report.py", "--json", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -390,6 +425,9 @@ def test_chapter_claims_hold_in_the_committed_static_figures():
     # from v4 on, registers bind the occupancy; float64 does not use float32's register counts
     assert all(r["occupancy_limited_by"] == ["registers"] for r in record["kernels"] if r["version"] >= 4)
     assert all(k[v, "nt", "f32"]["registers"] != k[v, "nt", "f64"]["registers"] for v in range(4, 10))
+    # v9's nn kernel needs more registers than v8's and fits one block per SM where v8's fits two
+    assert k[9, "nn", "f32"]["registers"] > k[8, "nn", "f32"]["registers"]
+    assert (k[9, "nn", "f32"]["blocks_per_sm"], k[8, "nn", "f32"]["blocks_per_sm"]) == (1, 2)
     # split-K's partial products cost arithmetic intensity; full occupancy up to v3
     assert k[9, "nt", "f32"]["napkin"]["flop_per_byte"] < k[8, "nt", "f32"]["napkin"]["flop_per_byte"]
     assert all(k[v, lay, dt]["occupancy"] == 1 for v in (1, 2, 3) for lay, dt in every)
@@ -433,6 +471,27 @@ def test_static_report_discovers_versions_from_the_compiled_symbols(tmp_path):
     assert any("v42" in w and "TILES" in w for w in record["warnings"]) and "warning: " in result.stderr
     assert [o["name"] for o in record["other_kernels"]] == ["dense_bias_grad_f32"]
     assert "| 42 | f32 | ? | 128 | ? |" in result.stdout  # the table shows what is unknown as unknown
+
+
+@needs_sass
+@pytest.mark.slow
+def test_sass_option_prints_the_kernel_the_chapter_greps():
+    """The chapter's command: one kernel's SASS, found through the tools wherever they are
+    installed (pip puts cuobjdump off PATH), with the instructions the chapter counts."""
+    result = run_script("cuda/static_report.py", "--sass", "dense_gemm_v6_nt_f32", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    functions = re.findall(r"Function : (\S+)", result.stdout)
+    assert functions == ["dense_gemm_v6_nt_f32"]
+    assert "LDG.E.128" in result.stdout and "LDS.128" in result.stdout and "FFMA" in result.stdout
+
+
+@needs_sass
+def test_sass_option_names_kernels_that_exist(tmp_path):
+    (tmp_path / "k.cu").write_text(SYNTHETIC)
+    result = run_script("cuda/static_report.py", "--source", str(tmp_path / "k.cu"), "--sass", "dense_gemm_v41_nt_f32",
+                        timeout=600)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "no such kernel; for example dense_gemm_v42_nt_f32" in result.stderr
 
 
 @needs_nvcc
@@ -480,7 +539,7 @@ def test_static_report_refuses_bad_arguments_before_compiling(tmp_path):
 @pytest.fixture(scope="module")
 def sass_record(tmp_path_factory):
     if not (HAVE_NVCC and HAVE_SASS):
-        pytest.skip(f"needs nvcc and {sr.sass_tools()[1]}")
+        pytest.skip(NO_SASS)
     out = tmp_path_factory.mktemp("sass") / "sass.json"
     result = run_script("ptx/sass_report.py", "--json", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]

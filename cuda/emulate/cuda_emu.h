@@ -1,39 +1,61 @@
 // The CUDA execution model in plain C++, enough of it to run cuda/kernels/*.cuh on a CPU.
 //
 // Build (what cuda/emulated.py runs):
-//   c++ -std=c++17 -O2 -pthread -shared -fPIC -Icuda cuda/emulate/emulate.cpp -o /tmp/libdense_emu.so
+//   c++ -std=c++17 -O2 -pthread -shared -fPIC -fvisibility=hidden -Icuda cuda/emulate/emulate.cpp -o /tmp/libdense_emu.so
 //
-// A grid is a loop over blocks; a block is a team of real threads (pthreads) that meet at a
-// barrier. Concretely:
-//   - blocks run one after another; blockDim.x·y·z real threads (kept in a pool between
-//     launches) walk the blocks together, meeting at a pthread barrier after each block;
-//   - __syncthreads() is pthread_barrier_wait on the block's barrier (ThreadSanitizer models
-//     pthread barriers, so it sees the same happens-before edges the GPU guarantees);
+// A grid is a loop over blocks; a block is a team of threads that meet at barriers. Blocks run
+// one after another. The threads of a block are fibers (cuda/emulate/fibers.h): one OS thread
+// switches between them, a few nanoseconds a switch.
+//   - A launch starts the block's blockDim.x·y·z fibers and resumes, in thread order, every one
+//     that can run, until all have returned.
+//   - __syncthreads() is a barrier: a fiber that reaches it waits (switches away); the last of
+//     the block to reach it releases the others and goes on.
+//   - When no fiber can run and some have not returned, a thread waits at a barrier that another
+//     will never reach (a __syncthreads inside a branch that not every thread takes): the launch
+//     stops and says so. On a GPU that hangs or worse.
 //   - __shared__ becomes `static`: one copy per kernel instantiation, and since only one block
-//     runs at a time, that is one copy per block, as on the GPU;
-//   - threadIdx/blockIdx/blockDim/gridDim are thread_local variables set before the kernel runs;
+//     runs at a time, that is one copy per block, as on the GPU.
+//   - threadIdx/blockIdx/blockDim/gridDim are variables the scheduler sets before it resumes a
+//     fiber (one GPU thread runs at a time).
 //   - a warp is 32 consecutive threads (x fastest); __shfl_*_sync meet at a per-warp barrier and
 //     exchange values through a per-warp buffer, so every lane of the warp must call them.
+// With -DCUDA_EMU_THREADS, and always under ThreadSanitizer, the threads of a block are real OS
+// threads (a pool, kept between launches) meeting at pthread barriers: ThreadSanitizer models
+// pthread barriers, so it sees the happens-before edges the GPU guarantees and reports a race
+// between two threads of a block. Every barrier then wakes OS threads (microseconds, not
+// nanoseconds), and a barrier not every thread reaches hangs, as on a GPU.
 // Not modelled: warps executing in lock step (code relying on it without __syncwarp is a race
 // here, as it is on Volta and later), timing, coalescing, caches, bank conflicts, the limits of
 // registers and shared memory, and uninitialised shared memory (static storage starts at zero).
-// A __syncthreads that not every thread of the block reaches deadlocks here; on a GPU it is
-// undefined behaviour.
 #pragma once
 
 // Standard headers first: the macros below (e.g. __noinline__) would break their attributes.
 #include <pthread.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <type_traits>
 #include <vector>
+
+#if defined(__SANITIZE_THREAD__)
+#define CUDA_EMU_THREADS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CUDA_EMU_THREADS 1
+#endif
+#endif
+#ifdef CUDA_EMU_THREADS
+#define CUDA_EMU_PER_THREAD thread_local
+#else
+#include "fibers.h"
+#define CUDA_EMU_PER_THREAD
+#endif
 
 #define __global__
 #define __device__
@@ -57,11 +79,14 @@ struct alignas(16) double2 {
   double x, y;
 };
 
-inline thread_local uint3 threadIdx, blockIdx;
-inline thread_local dim3 blockDim, gridDim;
+inline CUDA_EMU_PER_THREAD uint3 threadIdx, blockIdx;
+inline CUDA_EMU_PER_THREAD dim3 blockDim, gridDim;
 constexpr int warpSize = 32;
 
 namespace emu {
+
+// What a launch returns: 0, or kBarrierNeverReached (the block could not finish).
+constexpr int kBarrierNeverReached = 2;
 
 inline void check(int rc, const char* what) {
   if (rc != 0) {
@@ -70,23 +95,39 @@ inline void check(int rc, const char* what) {
   }
 }
 
+#ifdef CUDA_EMU_THREADS
+struct Barrier {
+  pthread_barrier_t b;
+  void init(unsigned n) { check(pthread_barrier_init(&b, nullptr, n), "pthread_barrier_init"); }
+  void destroy() { pthread_barrier_destroy(&b); }
+  void wait() { pthread_barrier_wait(&b); }
+};
+#else
+struct Barrier {
+  unsigned expected = 0, arrived = 0;
+  std::vector<unsigned> waiting;  // the fibers (thread indices) that wait here
+  void init(unsigned n) {
+    expected = n;
+    waiting.reserve(n);
+  }
+  void destroy() {}
+  void wait();  // below, with the scheduler
+};
+#endif
+
 // One warp's meeting point for the shuffles.
 struct Warp {
-  pthread_barrier_t barrier;
+  Barrier barrier;
   alignas(16) unsigned char slot[32][16];
 };
 
 struct Block {
-  pthread_barrier_t barrier;
+  Barrier barrier;
   std::vector<Warp> warps;
 };
 
-inline thread_local Block* current_block = nullptr;
-inline thread_local unsigned lane_id = 0, warp_id = 0;
-
-inline unsigned linear_thread() {
-  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-}
+inline CUDA_EMU_PER_THREAD Block* current_block = nullptr;
+inline CUDA_EMU_PER_THREAD unsigned lane_id = 0, warp_id = 0;
 
 // Lane `lane` reads the value that lane `src(lane)` gave; lanes outside the warp read their own.
 template <typename T, typename Src>
@@ -94,14 +135,14 @@ T exchange(T v, Src src) {
   static_assert(sizeof(T) <= 16, "shuffle of a type wider than 16 bytes");
   Warp& w = current_block->warps[warp_id];
   std::memcpy(w.slot[lane_id], &v, sizeof(T));
-  pthread_barrier_wait(&w.barrier);
+  w.barrier.wait();
   const unsigned lanes = (warp_id + 1) * 32 <= blockDim.x * blockDim.y * blockDim.z
                              ? 32u
                              : blockDim.x * blockDim.y * blockDim.z - warp_id * 32;
   const unsigned from = src(lane_id);
   T out = v;
   if (from < lanes) std::memcpy(&out, w.slot[from], sizeof(T));
-  pthread_barrier_wait(&w.barrier);  // nobody overwrites a slot before every lane has read it
+  w.barrier.wait();  // nobody overwrites a slot before every lane has read it
   return out;
 }
 
@@ -112,12 +153,20 @@ struct Launch {
   Block shared_block;
 };
 
+// Thread i of a block: its threadIdx, lane and warp.
+inline void become_thread(const Launch& l, unsigned i) {
+  threadIdx = {i % l.block.x, (i / l.block.x) % l.block.y, i / (l.block.x * l.block.y)};
+  lane_id = i % 32;
+  warp_id = i / 32;
+}
+
+#ifdef CUDA_EMU_THREADS
 // The threads of a block, kept between launches (creating up to 1024 OS threads per launch
 // would cost more than most of the small kernels the tests run). Worker i plays thread i of
 // every block of a launch; a launch wakes workers 0..n-1 and waits until all n are done.
 class Pool {
  public:
-  void run(Launch& l, unsigned n) {
+  int run(Launch& l, unsigned n) {
     std::unique_lock<std::mutex> lock(mutex_);
     while (threads_.size() < n) {
       threads_.emplace_back();
@@ -135,6 +184,7 @@ class Pool {
     wake_.notify_all();
     done_.wait(lock, [this] { return remaining_ == 0; });
     launch_ = nullptr;
+    return 0;
   }
 
  private:
@@ -163,19 +213,17 @@ class Pool {
     }
   }
   static void run_thread(Launch& l, unsigned i) {
-    threadIdx = {i % l.block.x, (i / l.block.x) % l.block.y, i / (l.block.x * l.block.y)};
+    become_thread(l, i);
     blockDim = l.block;
     gridDim = l.grid;
     current_block = &l.shared_block;
-    lane_id = i % 32;
-    warp_id = i / 32;
     for (unsigned z = 0; z < l.grid.z; ++z)
       for (unsigned y = 0; y < l.grid.y; ++y)
         for (unsigned x = 0; x < l.grid.x; ++x) {
           blockIdx = {x, y, z};
           l.body(l.arg);
           // The block is over for everyone before the next one reuses its shared memory.
-          pthread_barrier_wait(&l.shared_block.barrier);
+          l.shared_block.barrier.wait();
         }
   }
 
@@ -187,11 +235,104 @@ class Pool {
   unsigned active_ = 0, remaining_ = 0;
   unsigned long generation_ = 0;
 };
+inline Pool& executor() {
+  static Pool* pool = new Pool;  // never destroyed: its threads live as long as the process
+  return *pool;
+}
+#else
+// Runs a launch's blocks one after another, each as blockDim.x·y·z fibers on the calling thread.
+class Scheduler {
+ public:
+  int run(Launch& l, unsigned n) {
+    while (fibers_.size() < n) fibers_.push_back({{}, fiber::new_stack(kStackBytes), false, false});
+    launch_ = &l;
+    blockDim = l.block;
+    gridDim = l.grid;
+    current_block = &l.shared_block;
+    for (unsigned z = 0; z < l.grid.z; ++z)
+      for (unsigned y = 0; y < l.grid.y; ++y)
+        for (unsigned x = 0; x < l.grid.x; ++x) {
+          blockIdx = {x, y, z};
+          for (unsigned i = 0; i < n; ++i) {
+            fiber::prepare(fibers_[i].context, fibers_[i].stack, kStackBytes, &Scheduler::thread_body, this);
+            fibers_[i].ready = true;
+            fibers_[i].done = false;
+          }
+          unsigned finished = 0;
+          while (finished < n) {
+            bool resumed = false;
+            for (unsigned i = 0; i < n; ++i) {
+              if (!fibers_[i].ready) continue;
+              resumed = true;
+              current_ = i;
+              become_thread(l, i);
+              fiber::switch_to(self_, fibers_[i].context);
+              finished += fibers_[i].done;
+            }
+            if (!resumed) return never_reached(l, n, finished);
+          }
+        }
+    return 0;
+  }
+
+  // Called by a fiber at a barrier: the last to arrive releases the others and goes on.
+  void wait(Barrier& b) {
+    if (++b.arrived == b.expected) {
+      b.arrived = 0;
+      for (unsigned i : b.waiting) fibers_[i].ready = true;
+      b.waiting.clear();
+      return;
+    }
+    const unsigned me = current_;
+    b.waiting.push_back(me);
+    fibers_[me].ready = false;
+    fiber::switch_to(fibers_[me].context, self_);
+  }
+
+ private:
+  static constexpr size_t kStackBytes = 256 << 10;  // mapped, not committed: kernels use a few KiB
+  struct Fiber {
+    fiber::Context context;
+    void* stack;
+    bool ready, done;
+  };
+
+  static void thread_body(void* self) {
+    Scheduler& s = *static_cast<Scheduler*>(self);
+    s.launch_->body(s.launch_->arg);
+    Fiber& f = s.fibers_[s.current_];
+    f.ready = false;
+    f.done = true;
+    fiber::exit_to(f.context, s.self_);
+  }
+
+  int never_reached(const Launch& l, unsigned n, unsigned finished) {
+    unsigned at_sync = static_cast<unsigned>(l.shared_block.barrier.waiting.size());
+    std::fprintf(stderr,
+                 "cuda_emu: block (%u,%u,%u) of a %u-thread launch cannot finish: %u threads wait at "
+                 "__syncthreads, %u at a warp shuffle, %u have returned. A barrier that not every thread of "
+                 "the block reaches hangs (or worse) on a GPU.\n",
+                 blockIdx.x, blockIdx.y, blockIdx.z, n, at_sync, n - finished - at_sync, finished);
+    return kBarrierNeverReached;
+  }
+
+  std::deque<Fiber> fibers_;  // (a deque: a fiber's context stays where it is as more are added)
+  fiber::Context self_;       // the launching thread, while fibers run
+  Launch* launch_ = nullptr;
+  unsigned current_ = 0;
+};
+inline Scheduler& executor() {
+  static Scheduler* scheduler = new Scheduler;  // never destroyed: it keeps the fibers' stacks
+  return *scheduler;
+}
+inline void Barrier::wait() { executor().wait(*this); }
+#endif
 
 // kernel<<<grid, block>>>(args...): `fn` is called by every thread of every block. Launches are
-// serialised (the static "shared memory" belongs to one launch at a time).
+// serialised (the static "shared memory" belongs to one launch at a time). Returns 0 or
+// kBarrierNeverReached.
 template <typename F>
-void launch(dim3 grid, dim3 block, F&& fn) {
+int launch(dim3 grid, dim3 block, F&& fn) {
   static std::mutex one_at_a_time;
   std::lock_guard<std::mutex> lock(one_at_a_time);
   const unsigned n = block.x * block.y * block.z;
@@ -199,23 +340,21 @@ void launch(dim3 grid, dim3 block, F&& fn) {
     std::fprintf(stderr, "cuda_emu: invalid block of %u threads\n", n);
     std::abort();
   }
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // an empty grid launches nothing
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return 0;  // an empty grid launches nothing
   Launch l{grid, block, [](void* f) { (*static_cast<std::remove_reference_t<F>*>(f))(); }, &fn, {}};
-  check(pthread_barrier_init(&l.shared_block.barrier, nullptr, n), "pthread_barrier_init");
+  l.shared_block.barrier.init(n);
   l.shared_block.warps = std::vector<Warp>((n + 31) / 32);
-  for (unsigned w = 0; w < l.shared_block.warps.size(); ++w) {
-    const unsigned lanes = (w + 1) * 32 <= n ? 32 : n - w * 32;
-    check(pthread_barrier_init(&l.shared_block.warps[w].barrier, nullptr, lanes), "pthread_barrier_init");
-  }
-  static Pool* pool = new Pool;  // never destroyed: its threads live as long as the process
-  pool->run(l, n);
-  for (auto& w : l.shared_block.warps) pthread_barrier_destroy(&w.barrier);
-  pthread_barrier_destroy(&l.shared_block.barrier);
+  for (unsigned w = 0; w < l.shared_block.warps.size(); ++w)
+    l.shared_block.warps[w].barrier.init((w + 1) * 32 <= n ? 32 : n - w * 32);
+  const int status = executor().run(l, n);
+  for (auto& w : l.shared_block.warps) w.barrier.destroy();
+  l.shared_block.barrier.destroy();
+  return status;
 }
 
 }  // namespace emu
 
-inline void __syncthreads() { pthread_barrier_wait(&emu::current_block->barrier); }
+inline void __syncthreads() { emu::current_block->barrier.wait(); }
 
 // Warp shuffles (all 32 lanes of the warp take part: `mask` must be the full warp).
 template <typename T>

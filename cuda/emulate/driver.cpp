@@ -3,6 +3,8 @@
 // ThreadSanitizer (races between the threads of a block). tests/test_emulate.py builds and runs:
 //   c++ -std=c++17 -O1 -g -pthread -fsanitize=thread -Icuda cuda/emulate/driver.cpp -o /tmp/emu_tsan
 //   /tmp/emu_tsan [--quick] [version ...]      (default: every GEMM version; exit status 0 iff all match)
+// Under AddressSanitizer the block's threads are fibers, as in the library; under ThreadSanitizer
+// they are OS threads (cuda_emu.h chooses them there: ThreadSanitizer models pthread barriers).
 // Buffers are allocated at their exact size, so a read one element past the end is caught.
 // Standard headers before the emulation's keyword macros (cuda_emu.h says why).
 #include <cstdio>

@@ -1,38 +1,53 @@
-// The stage-3 kernels, unchanged, run on the CPU: cuda/kernels/*.cuh compiled by the host compiler
+// The CUDA chapter's kernels, unchanged, run on the CPU: cuda/kernels/*.cuh compiled by the host compiler
 // on top of cuda_emu.h, launched by the same host code as on the GPU (cuda/kernels/launch.cuh)
 // with the geometry of cuda/dense_kernels.h. A plain shared library with a C interface, for
 // ctypes (cuda/emulated.py) and the sanitizer driver (cuda/emulate/driver.cpp).
-//   c++ -std=c++17 -O2 -pthread -shared -fPIC -Icuda cuda/emulate/emulate.cpp -o /tmp/libdense_emu.so
+//   c++ -std=c++17 -O2 -pthread -shared -fPIC -fvisibility=hidden -Icuda cuda/emulate/emulate.cpp -o /tmp/libdense_emu.so
 #include "emulate/cuda_emu.h"
 // (cuda_emu.h first: it defines what the kernels' CUDA keywords mean here)
 
-#define DENSE_LAUNCH(fn, geo, ...)                                                               \
-  emu::launch(dim3{(geo).grid.x, (geo).grid.y, (geo).grid.z}, dim3{(geo).block.x, (geo).block.y, (geo).block.z}, \
-              [&] { fn(__VA_ARGS__); })
-#define DENSE_LAUNCH_STATUS() 0
-#define DENSE_INVALID 1
+// The launch, and its status as cudaGetLastError would give it: 0, or emu::kBarrierNeverReached.
+namespace emu {
+inline thread_local int last_status = 0;
+inline int take_status() {
+  const int s = last_status;
+  last_status = 0;
+  return s;
+}
+}  // namespace emu
+#define DENSE_LAUNCH(fn, geo, ...)                                                                             \
+  (emu::last_status = emu::launch(dim3{(geo).grid.x, (geo).grid.y, (geo).grid.z},                              \
+                                  dim3{(geo).block.x, (geo).block.y, (geo).block.z}, [&] { fn(__VA_ARGS__); }))
+#define DENSE_LAUNCH_STATUS() emu::take_status()
+#define DENSE_INVALID 1  // an invalid request; 2 (emu::kBarrierNeverReached): a block could not finish
 
 #include "kernels/launch.cuh"
+
+// The library is built with -fvisibility=hidden and exports only these four functions: two
+// builds (fibers, OS threads) then load side by side in one process without sharing the
+// emulation's variables, which C++ would otherwise make one process-wide object (inline variables).
+#define EMU_API __attribute__((visibility("default")))
 
 extern "C" {
 
 // dense_kernels::launch_gemm / launch_sigmoid_grad with C linkage; the same return codes
-// (0, or 1 for an invalid request). The workspace sizes: emu_*_workspace.
-int emu_gemm(int version, const char* layout, int element_bytes, const void* A, const void* B, void* C,
+// (0; 1 for an invalid request; 2 when a block could not finish, with the reason on stderr).
+// The workspace sizes: emu_*_workspace.
+EMU_API int emu_gemm(int version, const char* layout, int element_bytes, const void* A, const void* B, void* C,
              const void* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace) {
   return dense_kernels::launch_gemm(version, layout, element_bytes, A, B, C, bias, M, N, K, epilogue, sm_count,
                                     workspace, nullptr);
 }
-int64_t emu_gemm_workspace(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
+EMU_API int64_t emu_gemm_workspace(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
   if (version == 0) version = dense_kernels::choose_version(M, N, K, element_bytes, sm_count);
   return dense_kernels::gemm_workspace_elements(version, element_bytes, M, N, K, sm_count);
 }
-int emu_sigmoid_grad(int version, int element_bytes, int x4, const void* g, const void* y, void* dz, void* db,
+EMU_API int emu_sigmoid_grad(int version, int element_bytes, int x4, const void* g, const void* y, void* dz, void* db,
                      int64_t rows, int64_t cols, int sm_count, void* workspace) {
   return dense_kernels::launch_sigmoid_grad(version, element_bytes, x4 != 0, g, y, dz, db, rows, cols, sm_count,
                                             workspace, nullptr);
 }
-int64_t emu_sigmoid_grad_workspace(int version, int64_t rows, int64_t cols, int sm_count) {
+EMU_API int64_t emu_sigmoid_grad_workspace(int version, int64_t rows, int64_t cols, int sm_count) {
   if (version == 0) version = dense_kernels::kDefaultGradVersion;
   return dense_kernels::sigmoid_grad_workspace_elements(version, rows, cols, sm_count);
 }

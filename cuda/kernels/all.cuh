@@ -1,4 +1,4 @@
-// Every kernel of stage 3 and its extern "C" entry point. nvcc builds this through
+// Every kernel of the CUDA chapter and its extern "C" entry point. nvcc builds this through
 // cuda/dense_kernels.cu; the host compiler through cuda/emulate/emulate.cpp (the CPU emulation).
 //   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
 // DENSE_ONLY_PTX_LESSON (ptx/regen.sh) keeps the versions the PTX stage carries: v8, v9 and the

@@ -8,8 +8,8 @@
 
 #include "../dense_kernels.h"
 
-// The sigmoid. Overloads, never expf/fminf on a template type: a float function silently
-// applied to a double (extension-cpp issue #27) is exactly what gradcheck catches too late.
+// The sigmoid. Overloads, never expf/fminf on a template type: a float function applied to a
+// double silently rounds it to float, and only a float64 gradcheck notices.
 // NaN in gives NaN out (exp(NaN) is NaN), as torch.sigmoid does; ±inf gives 0 or 1 (e^-z
 // saturates to inf or 0), and so does any finite z however large.
 //

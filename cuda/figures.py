@@ -1,0 +1,184 @@
+"""Draw the CUDA chapter's two figures: how a block walks a GEMM, and who computes what.
+
+cuda_gemm.png: C = A·B cut into blocks. One block owns a BM×BN tile of C; it walks K in
+steps of BK, staging a BM×BK tile of A and a BK×BN tile of B in shared memory at each step.
+
+cuda_tiles.png: one panel per GEMM version (float32), the block's tile of C at one scale:
+every warp's outputs in a colour of their own, thread 0's outputs in black. The tile sizes
+come from cuda/static_report.py's TILES (tests/test_static.py checks them against
+cuda/dense_kernels.h); which thread owns which output (`owner` below) is the kernels' own
+index arithmetic. Needs matplotlib (an optional extra: pip install matplotlib).
+
+Examples:
+  python cuda/figures.py --out /tmp            # writes /tmp/cuda_gemm.png and /tmp/cuda_tiles.png
+(The committed figures: python cuda/figures.py --out docs/figures)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+if str(ROOT) not in sys.path:  # cli.py, from any working directory
+    sys.path.insert(0, str(ROOT))
+
+import cli  # noqa: E402
+
+NAMES = ("cuda_gemm.png", "cuda_tiles.png")
+WARP_LANES_M, WARP_LANES_N = 8, 4  # dense_kernels::kWarpLanesM/N: a warp's lanes as an 8×4 grid (v7+)
+# What each version changes, in a panel's few words (cuda/README.md says it at length).
+CHANGE = {
+    1: "one output per thread;\na warp walks down a column of C",
+    2: "a warp walks along a row of C\n(neighbouring addresses)",
+    3: "32×32 tiles of A and B\nstaged in shared memory",
+    4: "a column of 8 outputs\nper thread",
+    5: "an 8×8 block of outputs\nper thread",
+    6: "the same outputs; 128-bit loads,\nA's tile stored transposed",
+    7: "each warp owns a compact\n64×32 sub-tile",
+    8: "the same outputs; two buffers:\nnext k-step loads during this one",
+    9: "the same outputs; K split over\nblocks when the batch is small",
+}
+
+
+def tiles() -> dict[int, dict]:
+    """cuda/static_report.py's TILES: per version, (BM, BN, TM, TN, staged) per dtype."""
+    if "static_report" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("static_report", HERE / "static_report.py")
+        module = sys.modules["static_report"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["static_report"].TILES
+
+
+def owner(version: int, t: int) -> tuple[range, range]:
+    """Rows and columns of the block's float32 tile of C that thread t computes, as the kernels
+    index it (cuda/kernels/v{N}_*.cuh)."""
+    bm, bn, tm, tn, _ = tiles()[version]["f32"]
+    if version == 1:  # x (t % 32) along m, y along n
+        return range(t % 32, t % 32 + 1), range(t // 32, t // 32 + 1)
+    if version in (2, 3):  # x along n
+        return range(t // 32, t // 32 + 1), range(t % 32, t % 32 + 1)
+    if version <= 6:  # v4-v6: threads in row-major order over the grid of thread tiles
+        across = bn // tn
+        row0, col0 = (t // across) * tm, (t % across) * tn
+    else:  # v7+: warps over the tile, a warp's lanes as an 8×4 grid inside its sub-tile
+        wm, wn = WARP_LANES_M * tm, WARP_LANES_N * tn
+        warp, lane = divmod(t, 32)
+        row0 = (warp // (bn // wn)) * wm + (lane // WARP_LANES_N) * tm
+        col0 = (warp % (bn // wn)) * wn + (lane % WARP_LANES_N) * tn
+    return range(row0, row0 + tm), range(col0, col0 + tn)
+
+
+def ownership(version: int) -> list[list[int]]:
+    """For every output of the block's tile, the thread that computes it (-1: nobody)."""
+    bm, bn, tm, tn, _ = tiles()[version]["f32"]
+    grid = [[-1] * bn for _ in range(bm)]
+    for t in range(bm * bn // (tm * tn)):
+        rows, cols = owner(version, t)
+        for r in rows:
+            for c in cols:
+                grid[r][c] = t
+    return grid
+
+
+def draw_tiles(path: Path) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    palette = ListedColormap(["#a6cee3", "#fdbf6f", "#b2df8a", "#fb9a99", "#cab2d6", "#ffff99", "#8dd3c7",
+                              "#fccde5"])
+    fig, axes = plt.subplots(3, 3, figsize=(10.5, 12.2))
+    for version, ax in zip(sorted(tiles()), axes.flat):
+        bm, bn, tm, tn, _ = tiles()[version]["f32"]
+        grid = ownership(version)
+        warp = [[(t // 32) % palette.N for t in row] for row in grid]
+        ax.imshow(warp, cmap=palette, vmin=0, vmax=palette.N - 1, extent=(0, bn, bm, 0), interpolation="nearest")
+        rows, cols = owner(version, 0)
+        ax.add_patch(plt.Rectangle((cols.start, rows.start), len(cols), len(rows), color="black"))
+        if tm * tn > 1:  # the thread tiles' edges
+            for x in range(0, bn + 1, tn):
+                ax.axvline(x, color="white", lw=0.3)
+            for y in range(0, bm + 1, tm):
+                ax.axhline(y, color="white", lw=0.3)
+        ax.add_patch(plt.Rectangle((0, 0), bn, bm, fill=False, lw=1.2))
+        ax.set_xlim(-2, 130)
+        ax.set_ylim(130, -2)
+        ax.set_aspect("equal")
+        ax.set_xticks([0, bn])
+        ax.set_yticks([0, bm])
+        ax.tick_params(labelsize=7, length=2)
+        threads = bm * bn // (tm * tn)
+        per = "1 output" if tm * tn == 1 else f"{tm}×{tn} outputs"
+        ax.set_title(f"v{version}: {bm}×{bn} tile, {threads} threads, {per} each\n{CHANGE[version]}", fontsize=8.5)
+    fig.suptitle("The block's tile of C (float32, rows m down, columns n across, all at one scale):\n"
+                 "each colour a warp's outputs (colours repeat after 8 warps), black: thread 0's", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def draw_gemm(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    # Drawn in units of elements for a small example: M = N = K = 8 tiles' worth.
+    m, n, k, bm, bn, bk = 8, 8, 8, 2, 2, 1
+    bi, bj, step = 2, 2, 3  # the block drawn, and its k-step
+    fig, ax = plt.subplots(figsize=(9, 6.2))
+
+    def matrix(x0: float, y0: float, w: int, h: int, name: str) -> None:
+        ax.add_patch(plt.Rectangle((x0, y0), w, h, fill=False, lw=1.2))
+        ax.text(x0 + w / 2, y0 - 0.5, name, ha="center", fontsize=11)
+
+    ax_, ay = 0, n + 2          # A (M×K) lower left
+    bx, by = k + 2, 0           # B (K×N) upper right
+    cx, cy = k + 2, n + 2       # C (M×N) lower right
+    matrix(ax_, ay, k, m, "A (M×K)")
+    matrix(bx, by, n, k, "B (K×N)")
+    matrix(cx, cy, n, m, "C (M×N)")
+    panel = dict(color="#a6cee3")
+    ax.add_patch(plt.Rectangle((ax_, ay + bi * bm), k, bm, **panel))           # the block's rows of A
+    ax.add_patch(plt.Rectangle((bx + bj * bn, by), bn, k, **panel))      # its columns of B
+    ax.add_patch(plt.Rectangle((cx + bj * bn, cy + bi * bm), bn, bm, color="#1f78b4"))
+    ax.add_patch(plt.Rectangle((ax_ + step * bk, ay + bi * bm), bk, bm, color="#e31a1c"))
+    ax.add_patch(plt.Rectangle((bx + bj * bn, by + step * bk), bn, bk, color="#e31a1c"))
+    for j in range(1, k):  # the k-steps
+        ax.plot([ax_ + j, ax_ + j], [ay + bi * bm, ay + (bi + 1) * bm], color="white", lw=0.8)
+        ax.plot([bx + bj * bn, bx + bj * bn + bn], [by + j, by + j], color="white", lw=0.8)
+    notes = [
+        (cx + n + 0.4, cy + bi * bm + 1, "one block's BM×BN tile of C\n(a grid of such blocks covers C)"),
+        (ax_ + step * bk + 0.5, ay + m + 1.2, "this k-step's BM×BK tile of A,\nstaged in shared memory"),
+        (bx + n + 0.4, by + step * bk + 0.5, "and B's BK×BN tile"),
+        (ax_, ay + m + 3.2, "The block walks K one step at a time: load both tiles, __syncthreads,\n"
+                            "every thread multiply-adds its outputs from shared memory, __syncthreads.\n"
+                            "Split-K (v9) gives the steps of K to several blocks and adds their partial tiles."),
+    ]
+    for x, y, text in notes:
+        ax.text(x, y, text, fontsize=9, va="center")
+    ax.set_xlim(-0.5, 2 * k + 10)
+    ax.set_ylim(2 * n + 6, -1.5)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.parser(__doc__ or "")
+    parser.add_argument("--out", required=True, metavar="DIR", help=f"folder to write {' and '.join(NAMES)} into")
+    args = parser.parse_args(argv)
+    out = Path(args.out).expanduser()
+    if not out.is_dir():
+        raise cli.UserError(f"--out {args.out}: not a folder (create it first)")
+    paths = [cli.check_plot(str(out / name), "--out") for name in NAMES]
+    draw_gemm(paths[0])
+    draw_tiles(paths[1])
+    for p in paths:
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)
