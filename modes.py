@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parent
-MODES: tuple[str, ...] = ("py", "cpp", "cuda", "ptx")
+MODES: tuple[str, ...] = ("py", "cpp", "triton", "cuda", "ptx")
 DTYPES = (torch.float32, torch.float64)
 # Host compiler flags for every extension, JIT or setup.py. Without -fopenmp the
 # at::parallel_for in a header compiles to a serial loop; the libgomp it links is the one
@@ -76,9 +76,25 @@ def _compiler_reason(ext_name: str, cuda: bool = False) -> str | None:
     return None
 
 
+# triton is optional (not in requirements.txt). CI installs the release the GPU machines' torch
+# ships with, 3.6.0, whose interpreter (the stage's CPU path) needs numpy < 2.4.
+TRITON_INSTALL = 'pip install triton==3.6.0 "numpy<2.4"'
+
+
+def _triton_reason() -> str | None:
+    """None if the real triton package is installed. Without it, ``import triton`` from the
+    repository root finds the folder triton/ (chapter 3) and makes it a namespace package:
+    a spec with no origin, which is not Triton."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None or Path(spec.origin).parent == ROOT / "triton":
+        return f"needs Triton (optional): {TRITON_INSTALL}"
+    return None
+
+
 def available() -> dict[str, str | None]:
     """Map each mode to None where it works here, else to a one-line reason."""
-    reasons: dict[str, str | None] = {"py": None, "cpp": _compiler_reason("dense_cpp_ext")}
+    reasons: dict[str, str | None] = {"py": None, "cpp": _compiler_reason("dense_cpp_ext"),
+                                      "triton": _triton_reason()}
     for mode in ("cuda", "ptx"):
         reasons[mode] = _gpu_reason() or _compiler_reason(f"dense_{mode}_ext", cuda=True)
     return reasons
