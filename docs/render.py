@@ -39,7 +39,8 @@ def renderers() -> dict[str, Callable[[dict], str]]:
     return {"table": benchmark.table, "roofline": benchmark.roofline_table, "sweep": benchmark.sweep_table,
             "run": trainer.table, **bench.RENDERERS, **costmodel.RENDERERS, "ionice": ionice.table,
             "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table,
-            "cpp_overhead": _script("cpp/overhead.py").render}
+            "cpp_overhead": _script("cpp/overhead.py").render,
+            "triton_static": _script("triton/compiler_report.py").table}
 
 
 def _script(path: str):

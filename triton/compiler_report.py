@@ -285,14 +285,14 @@ def table(record: dict) -> str:
                 t = k["tile"]
                 occ = (f"{k['blocks_per_sm']} ({100 * k['occupancy']:.0f}%, {'+'.join(k['occupancy_limited_by'])})"
                        if k.get("occupancy") is not None else "?")
-                rows.append(f"| hand-written v{k['version']}: {k['idea']} | f32 | {t['bm']}×{t['bn']} | "
+                rows.append(f"| hand-written v{k['version']}: {k['idea'].split(':')[0]} | f32 | {t['bm']}×{t['bn']} | "
                             f"{k['threads']} | {k['registers']} | {k['shared_bytes'] + k['dynamic_shared_bytes']} | "
                             f"{k['spill_bytes']} | {occ} | {_loop_cell(k.get('inner_loop'))} |")
     for k in record["kernels"]:
         t = k["tile"]
-        label = f"Triton {k['label']}" + (f" ({k['num_stages']} stages)" if k["num_stages"] else "")
-        rows.append(f"| {label} | {k['dtype']} | {t['bm']}×{t['bn']}×{t['bk']} | {k['threads']} | {k['registers']} "
-                    f"| {k['static_shared_bytes'] + k['dynamic_shared_bytes']} | {k['spill_bytes']} | {_occ(k)} "
+        rows.append(f"| Triton {k['label']} | {k['dtype']} | {t['bm']}×{t['bn']}×{t['bk']} | {k['threads']} "
+                    f"| {k['registers']} | {k['static_shared_bytes'] + k['dynamic_shared_bytes']} | {k['spill_bytes']} "
+                    f"| {_occ(k)} "
                     f"| {_loop_cell(k['main_loop'])} |")
     notes = [f"\nsm_90 (Triton compiles for {record['arch']}), Triton {record['triton']} with its ptxas "
              f"{record['ptxas']}, kernels specialised for contiguous tensors at M = N = K = {record['size']}; "
