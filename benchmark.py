@@ -896,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded.remove("triton")
         print("SKIP  triton: runs in Triton's interpreter here (no GPU, or TRITON_INTERPRET=1), which is no speed "
               "measurement; time it on a GPU: python benchmark.py -m triton --device cuda "
-              "(or python triton/bench_gpu.py)", file=sys.stderr)
+              "(or python tiles/bench_gpu.py)", file=sys.stderr)
         if not loaded:
             return 0
 

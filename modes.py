@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parent
 MODES: tuple[str, ...] = ("py", "cpp", "triton", "cuda", "ptx")
+FOLDERS = {"triton": "tiles"}  # a stage's folder, where it is not named as its mode (see _triton_reason)
 DTYPES = (torch.float32, torch.float64)
 # Host compiler flags for every extension, JIT or setup.py. Without -fopenmp the
 # at::parallel_for in a header compiles to a serial loop; the libgomp it links is the one
@@ -82,11 +83,12 @@ TRITON_INSTALL = 'pip install triton==3.6.0 "numpy<2.4"'
 
 
 def _triton_reason() -> str | None:
-    """None if the real triton package is installed. Without it, ``import triton`` from the
-    repository root finds the folder triton/ (chapter 3) and makes it a namespace package:
-    a spec with no origin, which is not Triton."""
+    """None if the triton package is installed. A folder named triton/ on sys.path without an
+    __init__.py would import as a namespace package (a spec with no origin): that is not Triton.
+    (So chapter 3 lives in tiles/: as triton/, from the repository root it would pass for
+    Triton wherever Triton is missing, and torch.compile would fail on it.)"""
     spec = importlib.util.find_spec("triton")
-    if spec is None or spec.origin is None or Path(spec.origin).parent == ROOT / "triton":
+    if spec is None or spec.origin is None:
         return f"needs Triton (optional): {TRITON_INSTALL}"
     return None
 
@@ -126,7 +128,7 @@ def _stage(mode: str) -> ModuleType:
         return _stages[mode]
     _require(mode)
     name = f"dense_stage_{mode}"
-    spec = importlib.util.spec_from_file_location(name, ROOT / mode / "dense.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / FOLDERS.get(mode, mode) / "dense.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

@@ -40,7 +40,7 @@ def renderers() -> dict[str, Callable[[dict], str]]:
             "run": trainer.table, **bench.RENDERERS, **costmodel.RENDERERS, "ionice": ionice.table,
             "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table,
             "cpp_overhead": _script("cpp/overhead.py").render,
-            "triton_static": _script("triton/compiler_report.py").table}
+            "triton_static": _script("tiles/compiler_report.py").table}
 
 
 def _script(path: str):

@@ -19,7 +19,7 @@ NO_GPU = f"needs a CUDA build of torch and a GPU; this torch is {torch.__version
 
 # py and cpp run on both devices (cpp through ATen on CUDA); cuda and ptx only on a GPU.
 # triton runs one way per process: compiled on CUDA tensors where there is a GPU, else
-# through Triton's interpreter on CPU tensors (triton/dense.py).
+# through Triton's interpreter on CPU tensors (tiles/dense.py).
 DEVICES = {"py": ("cpu", "cuda"), "cpp": ("cpu", "cuda"), "triton": ("cuda",) if GPU else ("cpu",),
            "cuda": ("cuda",), "ptx": ("cuda",)}
 

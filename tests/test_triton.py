@@ -4,6 +4,7 @@ test_edge_cases.py; here is what is the triton stage's own."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -187,22 +188,25 @@ def test_double_backward_works(stage):
 
 
 # ---------------------------------------------------------------------------
-# Triton missing: the folder triton/ must not pass for it
+# Triton missing: a folder named triton/ must not pass for it
 # ---------------------------------------------------------------------------
 
-HIDE_TRITON = """
+WITHOUT_TRITON = """
 import importlib.machinery, sys
-class Hide(importlib.machinery.PathFinder):
-    # Finds "triton" only in the repository root: what an environment without Triton sees.
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name == "triton" or name.startswith("triton."):
-            return importlib.machinery.PathFinder.find_spec(name, [sys.path[0]] if path is None else path, target)
-        return None
-sys.meta_path.insert(0, Hide)
+STRAY = {stray!r}
+if STRAY:  # "triton" found only in STRAY's folder: an empty triton/ there, a namespace package
+    class Stray(importlib.machinery.PathFinder):
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name == "triton":
+                return importlib.machinery.PathFinder.find_spec(name, [STRAY], target)
+            return None
+    sys.meta_path.insert(0, Stray)
+else:  # no Triton at all
+    sys.modules["triton"] = None
 sys.path.insert(0, {root!r})
-import triton
-print("namespace" if getattr(triton, "__file__", None) is None else "package")
+from torch.utils._triton import has_triton_package
+print(has_triton_package())
 import modes
 print(modes.available()["triton"])
 try:
@@ -212,11 +216,20 @@ except RuntimeError as e:
 """
 
 
-def test_without_triton_the_folder_is_not_taken_for_it():
-    result = run_script("-c", HIDE_TRITON.format(root=str(ROOT)))
+def test_the_repository_root_holds_nothing_importable_as_triton():
+    """A folder triton/ there would be imported as Triton wherever Triton is missing."""
+    assert importlib.machinery.PathFinder.find_spec("triton", [str(ROOT)]) is None
+
+
+@pytest.mark.parametrize("stray_folder", [False, True])
+def test_without_triton_the_mode_says_what_to_install(tmp_path, stray_folder):
+    (tmp_path / "triton").mkdir()
+    result = run_script("-c", WITHOUT_TRITON.format(stray=str(tmp_path) if stray_folder else "", root=str(ROOT)))
     assert result.returncode == 0, result.stderr
-    namespace, reason, error = result.stdout.strip().splitlines()
-    assert namespace == "namespace"  # the situation: `import triton` found the folder
+    torch_sees, reason, error = result.stdout.strip().splitlines()
+    # torch takes any importable "triton" for Triton (and then fails inside torch.compile): the
+    # reason the stage's folder is tiles/. modes looks at the spec's origin instead.
+    assert torch_sees == str(stray_folder)
     assert reason == f"needs Triton (optional): {modes.TRITON_INSTALL}"
     assert error == f"mode 'triton' is not available here: {reason}"
 
@@ -242,7 +255,7 @@ def test_benchmark_says_the_interpreter_is_no_speed_measurement():
 
 
 def test_gpu_timing_script_smoke_run_checks_every_line():
-    result = run_script("triton/bench_gpu.py", "--smoke")
+    result = run_script("tiles/bench_gpu.py", "--smoke")
     assert result.returncode == 0, result.stdout + result.stderr
     for line in ("reference", "triton", "reference, TF32", "triton, TF32"):
         assert f"PASS  {line}: " in result.stdout
@@ -251,7 +264,7 @@ def test_gpu_timing_script_smoke_run_checks_every_line():
 
 @pytest.mark.skipif(GPU, reason="checks the refusal without a GPU")
 def test_gpu_timing_script_refuses_to_time_the_interpreter():
-    result = run_script("triton/bench_gpu.py", "-b", "8", "-i", "8", "-o", "8")
+    result = run_script("tiles/bench_gpu.py", "-b", "8", "-i", "8", "-o", "8")
     assert result.returncode == 2 and "no speed measurement" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -267,7 +280,7 @@ def _load(path: str):
 
 
 def test_gpu_timing_table_shows_every_line():
-    bench = _load("triton/bench_gpu.py")
+    bench = _load("tiles/bench_gpu.py")
     line = {"forward_us": 2.0, "forward_spread_us": 0.1, "fwd_bwd_us": 6.0, "fwd_bwd_spread_us": 0.2,
             "forward_tflops": 1.0, "fwd_bwd_tflops": 1.0, "ratio_to_reference": 1.0, "ratio_ci": [0.9, 1.1],
             "verdict": "no significant difference"}
@@ -279,7 +292,7 @@ def test_gpu_timing_table_shows_every_line():
     assert "| triton, TF32 | yes |" in text and "| triton | no |" in text and "Not timed: cuda (why)" in text
 
 
-@pytest.mark.parametrize("script", ["triton/compiler_report.py", "triton/bench_gpu.py"])
+@pytest.mark.parametrize("script", ["tiles/compiler_report.py", "tiles/bench_gpu.py"])
 def test_help_has_safe_examples(script):
     result = run_script(script, "--help")
     assert result.returncode == 0 and "Examples:" in result.stdout and f"python {script}" in result.stdout
@@ -293,10 +306,10 @@ RECORD = ROOT / "docs" / "results" / "triton_static_sm90.json"
 
 
 def test_the_chapter_shows_the_committed_record():
-    report = _load("triton/compiler_report.py")
+    report = _load("tiles/compiler_report.py")
     record = json.loads(RECORD.read_text())
     text = report.table(record)
-    chapter = (ROOT / "triton" / "README.md").read_text()
+    chapter = (ROOT / "tiles" / "README.md").read_text()
     assert f"<!-- triton_static: {RECORD.relative_to(ROOT)} -->\n{text}\n<!-- end triton_static -->" in chapter
     assert "hand-written v8" in text and "Triton forward" in text
 
@@ -310,7 +323,7 @@ def test_a_fresh_compile_gives_the_committed_figures(tmp_path):
     if triton.__version__ != record["triton"]:
         pytest.skip(f"the record was made with Triton {record['triton']}; this is {triton.__version__}")
     out = tmp_path / "static.json"
-    result = run_script("triton/compiler_report.py", "--json", str(out))
+    result = run_script("tiles/compiler_report.py", "--json", str(out))
     assert result.returncode == 0, result.stderr
     fresh = json.loads(out.read_text())
     keys = ("registers", "spill_bytes", "dynamic_shared_bytes", "blocks_per_sm", "main_loop", "accumulator")

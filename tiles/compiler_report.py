@@ -1,6 +1,6 @@
 """What Triton's compiler made of the stage's kernels for sm_90 (H100/H200), without a GPU.
 
-Compiles triton/kernels.py with triton.compile for GPUTarget("cuda", 90, 32), specialised as
+Compiles tiles/kernels.py with triton.compile for GPUTarget("cuda", 90, 32), specialised as
 Triton's JIT specialises them for contiguous float tensors at M = N = K = 4096 (16-byte aligned
 pointers, sizes that are multiples of 16, unit strides folded into constants). For each kernel:
 registers and spills from Triton's own ptxas (-v), the shared memory Triton allocates, the
@@ -12,10 +12,10 @@ cuda/static_report.py's table, so the table puts the hand-written GEMMs of chapt
 The SASS needs cuobjdump and nvdisasm: Triton's wheel ships both (or CUDA toolkit / pip).
 
 Examples:
-  python triton/compiler_report.py                     # print the table, write nothing
-  python triton/compiler_report.py --json /tmp/triton_static.json
-  python triton/compiler_report.py --keep /tmp/triton_asm   # also keep the PTX, TTGIR and SASS there
-(The committed table in triton/README.md is docs/results/triton_static_sm90.json rendered by
+  python tiles/compiler_report.py                     # print the table, write nothing
+  python tiles/compiler_report.py --json /tmp/triton_static.json
+  python tiles/compiler_report.py --keep /tmp/triton_asm   # also keep the PTX, TTGIR and SASS there
+(The committed table in tiles/README.md is docs/results/triton_static_sm90.json rendered by
 docs/render.py; the record holds the command that wrote it.)
 """
 
@@ -45,7 +45,7 @@ HAND_WRITTEN = (3, 4, 5, 6, 7, 8)
 
 
 def _load(name: str, path: Path):
-    """A module by path under ``name`` (cuda/ and triton/ are no packages); dataclasses need it in sys.modules."""
+    """A module by path under ``name`` (cuda/ and tiles/ are no packages); dataclasses need it in sys.modules."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -92,11 +92,10 @@ def _arguments(kernel: str, dtype: str, precision: str, config: dict):
 def compile_kernel(kernels, kernel: str, dtype: str, precision: str, config: dict):
     """triton.compile of one kernel for sm_90, specialised by Triton's own binder (the code
     its JIT runs at a launch), so the compile is the one a launch on the GPU would make."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
-
-    import triton
 
     fn = getattr(kernels, kernel)
     target = GPUTarget("cuda", ARCH, 32)
@@ -200,7 +199,7 @@ def build(keep: Path | None = None) -> dict:
     os.environ["TRITON_INTERPRET"] = "0"  # @triton.jit decides when kernels.py runs: compile, do not interpret
     import triton
 
-    kernels = _load("triton_report_kernels", ROOT / "triton" / "kernels.py")
+    kernels = _load("triton_report_kernels", ROOT / "tiles" / "kernels.py")
     cuobjdump, nvdisasm = _sass_tools()
     if cuobjdump is None or nvdisasm is None:
         raise SystemExit(f"cuobjdump and nvdisasm not found (Triton's wheel ships them; or {sr.PIP_SASS})")
@@ -363,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.UserError("needs Triton: pip install triton==3.6.0 (the release the GPU machines run)")
     record = build(keep)
     record.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command=" ".join(["python triton/compiler_report.py", *(sys.argv[1:] if argv is None else argv)]))
+                  command=" ".join(["python tiles/compiler_report.py", *(sys.argv[1:] if argv is None else argv)]))
     return cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))])
 
 

@@ -3,7 +3,7 @@
 One line per variant, float32 IEEE and TF32 apart (a TF32 GEMM rounds its inputs to 10-bit
 mantissas: faster, and not the same numbers):
   reference          torch.sigmoid(F.linear(x, W, b)): cuBLAS, TF32 off
-  triton             the stage, IEEE float32; its forward autotuned over triton/kernels.py's FORWARD_CONFIGS
+  triton             the stage, IEEE float32; its forward autotuned over tiles/kernels.py's FORWARD_CONFIGS
   cuda               chapter 4's kernels, automatic version (v8; v9 for small batches), where they build
   reference, TF32    cuBLAS with torch.backends.cuda.matmul.allow_tf32 = True
   triton, TF32       the stage under the same switch (tl.dot input_precision="tf32")
@@ -13,9 +13,9 @@ paired with the reference's fwd+bwd in the same round (docs/README.md: the stati
 autotuner's first call at a shape times every configuration; it happens before the timing.
 
 Examples:
-  python triton/bench_gpu.py                                      # GPU: B = I = O = 4096
-  python triton/bench_gpu.py -b 32 -i 4096 -o 4096 --json /tmp/triton_gpu_b32.json
-  python triton/bench_gpu.py --smoke      # anywhere: every line once at a small shape, checked, not timed
+  python tiles/bench_gpu.py                                      # GPU: B = I = O = 4096
+  python tiles/bench_gpu.py -b 32 -i 4096 -o 4096 --json /tmp/triton_gpu_b32.json
+  python tiles/bench_gpu.py --smoke      # anywhere: every line once at a small shape, checked, not timed
 """
 
 from __future__ import annotations

@@ -10,20 +10,19 @@ Offsets are 64-bit (a tensor may hold more than 2³¹ elements).
 
 Nothing here imports torch, and nothing decides how the kernels run: whether ``@triton.jit``
 makes a GPU kernel or an interpreted one is decided by TRITON_INTERPRET when this file is
-executed (triton/dense.py sets it on a machine without a GPU; triton/compiler_report.py
+executed (tiles/dense.py sets it on a machine without a GPU; tiles/compiler_report.py
 clears it to compile for sm_90).
 """
 
 from __future__ import annotations
 
-import triton.language as tl
-
 import triton
+import triton.language as tl
 
 # Tile configurations, as keyword arguments of a launch. On a GPU the forward is autotuned over
 # FORWARD_CONFIGS; the first is the hand-written kernels' tile (chapter 4, v5-v8: 128×128 outputs
-# per block of 256 threads), and the one triton/compiler_report.py compiles for sm_90. The
-# backward keeps BACKWARD_CONFIG (triton/dense.py says why). The interpreter runs one program at
+# per block of 256 threads), and the one tiles/compiler_report.py compiles for sm_90. The
+# backward keeps BACKWARD_CONFIG (tiles/dense.py says why). The interpreter runs one program at
 # a time in NumPy: small tiles, and 16, the least tl.dot accepts, would make many more programs.
 FORWARD_CONFIGS = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s}
                    for bm, bn, bk, w, s in [(128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4),

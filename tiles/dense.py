@@ -1,4 +1,4 @@
-"""Chapter 3: the Dense layer as Triton kernels (triton/kernels.py), as the ops dense_triton::forward/backward.
+"""Chapter 3: the Dense layer as Triton kernels (tiles/kernels.py), as the ops dense_triton::forward/backward.
 
 Where a GPU is present the kernels are compiled for it and take CUDA tensors; where none is,
 Triton's interpreter runs them on CPU tensors (NumPy underneath: right answers, no speed).
@@ -38,7 +38,7 @@ DEVICE = "cpu" if INTERPRETED else "cuda"
 
 
 def _load_kernels():
-    # By path, under a name of its own: triton/ is no package (modes.py says why).
+    # By path, under a name of its own: tiles/ is no package (modes.py says why).
     spec = importlib.util.spec_from_file_location("dense_stage_triton_kernels", HERE / "kernels.py")
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
