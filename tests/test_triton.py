@@ -109,6 +109,7 @@ def test_torch_compile_fullgraph_matches_eager(stage, dtype):
         torch.testing.assert_close(p.grad, g)
 
 
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd:UserWarning")  # torch's own test backend
 def test_compiled_graph_calls_the_ops(stage):
     """Whether torch.compile keeps the op whole (interpreter: a custom_op) or traces into its
     kernels (GPU: a triton_op), the forward and the backward of the stage are in the graph."""
