@@ -22,8 +22,9 @@ import triton.language as tl
 # Tile configurations, as keyword arguments of a launch. On a GPU the forward is autotuned over
 # FORWARD_CONFIGS; the first is the hand-written kernels' tile (chapter 4, v5-v8: 128×128 outputs
 # per block of 256 threads), and the one tiles/compiler_report.py compiles for sm_90. The
-# backward keeps BACKWARD_CONFIG (tiles/dense.py says why). The interpreter runs one program at
-# a time in NumPy: small tiles, and 16, the least tl.dot accepts, would make many more programs.
+# backward keeps BACKWARD_CONFIG (tiles/dense.py says why), with 8 warps: with 4, ptxas spills
+# grad_x_kernel's registers for sm_90 (the chapter's exercise 2). The interpreter runs one
+# program at a time in NumPy: small tiles, and 16, the least tl.dot accepts, would make many more.
 FORWARD_CONFIGS = [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s}
                    for bm, bn, bk, w, s in [(128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4),
                                             (64, 64, 32, 4, 4), (64, 64, 16, 4, 2), (32, 32, 32, 4, 2)]]
