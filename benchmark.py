@@ -963,6 +963,16 @@ def main(argv: list[str] | None = None) -> int:
     if failed and not loaded:
         return 1
 
+    # Triton's interpreter runs each program in NumPy, one after another: its times say nothing
+    # about the kernels, and a ratio against the reference would mislead.
+    if "triton" in loaded and modes.stage("triton").INTERPRETED:
+        loaded.remove("triton")
+        print("SKIP  triton: runs in Triton's interpreter here (no GPU, or TRITON_INTERPRET=1), which is no speed "
+              "measurement; time it on a GPU: python benchmark.py -m triton --device cuda "
+              "(or python tiles/bench_gpu.py)", file=sys.stderr)
+        if not loaded:
+            return 0
+
     gpu_stages = [m for m in loaded if m in ("cuda", "ptx")]
     if (args.kernel is not None or args.ptx != "edited") and not gpu_stages:
         parser.error("--kernel and --ptx apply to the cuda and ptx modes, and neither is selected or available")

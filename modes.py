@@ -35,7 +35,8 @@ import torch
 from torch import Tensor, nn
 
 ROOT = Path(__file__).resolve().parent
-MODES: tuple[str, ...] = ("py", "cpp", "cuda", "ptx")
+MODES: tuple[str, ...] = ("py", "cpp", "triton", "cuda", "ptx")
+FOLDERS = {"triton": "tiles"}  # a stage's folder, where it is not named as its mode (see _triton_reason)
 DTYPES = (torch.float32, torch.float64)
 # Host compiler flags for every extension, JIT or setup.py. Without -fopenmp the
 # at::parallel_for in a header compiles to a serial loop; the libgomp it links is the one
@@ -76,9 +77,26 @@ def _compiler_reason(ext_name: str, cuda: bool = False) -> str | None:
     return None
 
 
+# triton is optional (not in requirements.txt). CI installs the release the GPU machines' torch
+# ships with, 3.6.0, whose interpreter (the stage's CPU path) needs numpy < 2.4.
+TRITON_INSTALL = 'pip install triton==3.6.0 "numpy<2.4"'
+
+
+def _triton_reason() -> str | None:
+    """None if the triton package is installed. A folder named triton/ on sys.path without an
+    __init__.py would import as a namespace package (a spec with no origin): that is not Triton.
+    (So chapter 3 lives in tiles/: as triton/, from the repository root it would pass for
+    Triton wherever Triton is missing, and torch.compile would fail on it.)"""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None:
+        return f"needs Triton (optional): {TRITON_INSTALL}"
+    return None
+
+
 def available() -> dict[str, str | None]:
     """Map each mode to None where it works here, else to a one-line reason."""
-    reasons: dict[str, str | None] = {"py": None, "cpp": _compiler_reason("dense_cpp_ext")}
+    reasons: dict[str, str | None] = {"py": None, "cpp": _compiler_reason("dense_cpp_ext"),
+                                      "triton": _triton_reason()}
     for mode in ("cuda", "ptx"):
         reasons[mode] = _gpu_reason() or _compiler_reason(f"dense_{mode}_ext", cuda=True)
     return reasons
@@ -110,7 +128,7 @@ def _stage(mode: str) -> ModuleType:
         return _stages[mode]
     _require(mode)
     name = f"dense_stage_{mode}"
-    spec = importlib.util.spec_from_file_location(name, ROOT / mode / "dense.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / FOLDERS.get(mode, mode) / "dense.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

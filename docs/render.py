@@ -45,7 +45,8 @@ def renderers() -> dict[str, Callable[[dict], str]]:
             "run": trainer.table, **bench.RENDERERS, **costmodel.RENDERERS, "ionice": ionice.table,
             "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table,
             "cpp_overhead": _script("cpp/overhead.py").render,
-            "sweep_summary": benchmark.sweep_summary}
+            "sweep_summary": benchmark.sweep_summary,
+            "triton_static": _script("tiles/compiler_report.py").table}
 
 
 def _script(path: str):

@@ -18,7 +18,10 @@ GPU = torch.cuda.is_available()
 NO_GPU = f"needs a CUDA build of torch and a GPU; this torch is {torch.__version__}"
 
 # py and cpp run on both devices (cpp through ATen on CUDA); cuda and ptx only on a GPU.
-DEVICES = {"py": ("cpu", "cuda"), "cpp": ("cpu", "cuda"), "cuda": ("cuda",), "ptx": ("cuda",)}
+# triton runs one way per process: compiled on CUDA tensors where there is a GPU, else
+# through Triton's interpreter on CPU tensors (tiles/dense.py).
+DEVICES = {"py": ("cpu", "cuda"), "cpp": ("cpu", "cuda"), "triton": ("cuda",) if GPU else ("cpu",),
+           "cuda": ("cuda",), "ptx": ("cuda",)}
 
 
 def _param(mode: str, device: str):

@@ -1,0 +1,342 @@
+"""Stage triton (chapter 3): the op's registration, the interpreter, determinism, its scripts, and
+what the compiler did for sm_90. The contract every stage meets is in test_dense.py and
+test_edge_cases.py; here is what is the triton stage's own."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import modes
+from conftest import GPU, NO_GPU, REASONS, ROOT, run_script
+
+# Where Triton is missing, what needs it skips with the reason; the rest (Triton missing, the
+# records, the tables) runs.
+needs_triton = pytest.mark.skipif(REASONS["triton"] is not None, reason=f"mode triton: {REASONS['triton']}")
+DEVICE = "cuda" if GPU else "cpu"  # the interpreter on CPU tensors, or the compiled kernels on a GPU
+
+
+@pytest.fixture(scope="module")
+def stage():
+    if REASONS["triton"] is not None:
+        pytest.skip(f"mode triton: {REASONS['triton']}")
+    modes.dense("triton")  # loads the stage and registers its ops
+    return modes.stage("triton")
+
+
+def _tensors(shape_x, out_f, bias=True, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape_x, generator=gen, dtype=dtype).to(DEVICE)
+    w = torch.randn(out_f, shape_x[-1], generator=gen, dtype=dtype).to(DEVICE)
+    b = torch.randn(out_f, generator=gen, dtype=dtype).to(DEVICE) if bias else None
+    return x, w, b
+
+
+# ---------------------------------------------------------------------------
+# How the stage runs here
+# ---------------------------------------------------------------------------
+
+def test_the_interpreter_runs_where_there_is_no_gpu(stage):
+    assert stage.INTERPRETED == (not GPU or os.environ.get("TRITON_INTERPRET") == "1")
+    assert os.environ["TRITON_INTERPRET"] == ("1" if stage.INTERPRETED else "0")
+    assert stage.DEVICE == ("cpu" if stage.INTERPRETED else "cuda")
+
+
+def test_float32_is_ieee_unless_torch_allows_tf32(stage):
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert stage.precision(torch.float32) == "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        # The interpreter multiplies in NumPy, in full precision, whatever tl.dot is told.
+        assert stage.precision(torch.float32) == ("ieee" if stage.INTERPRETED else "tf32")
+        assert stage.precision(torch.float64) == "ieee"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.skipif(GPU, reason="checks the interpreter's device rule; on a GPU the next test checks the other")
+def test_interpreted_stage_refuses_a_tensor_on_another_device(stage):
+    with pytest.raises(ValueError, match="interpreter in this process, on CPU tensors; x is on meta"):
+        stage._check_device(torch.empty(2, device="meta"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+def test_compiled_stage_refuses_cpu_tensors_with_the_way_out(stage):
+    if stage.INTERPRETED:
+        pytest.skip("TRITON_INTERPRET=1 is set: the stage runs the interpreter")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        modes.dense("triton")(torch.randn(3, 4), torch.randn(2, 4))
+
+
+# ---------------------------------------------------------------------------
+# The ops: torch.library's checks, torch.compile
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape_x, bias", [((5, 4), True), ((5, 4), False), ((2, 3, 4), True), ((4,), True)])
+def test_opcheck(stage, shape_x, bias):
+    x, w, b = _tensors(shape_x, 3, bias)
+    ops = torch.ops.dense_triton
+    torch.library.opcheck(ops.forward.default, (x.requires_grad_(), w.requires_grad_(),
+                                                b.requires_grad_() if bias else None))
+    y = ops.forward(x, w, b).detach()
+    for mask in ([True, True, bias], [False, True, False], [True, False, bias], [False, False, bias]):
+        torch.library.opcheck(ops.backward.default, (torch.randn_like(y), x.detach(), w.detach(), y, mask))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_compile_fullgraph_matches_eager(stage, dtype):
+    torch._dynamo.reset()
+    layer = modes.Dense(8, 5, mode="triton", device=DEVICE, dtype=dtype)
+
+    def step(x):
+        return (layer(x) * 2).sum()
+
+    x = torch.randn(6, 8, device=DEVICE, dtype=dtype)
+    eager = step(x)
+    eager.backward()
+    eager_grads = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    compiled = torch.compile(step, fullgraph=True)(x)
+    compiled.backward()
+    torch.testing.assert_close(compiled, eager)
+    for p, g in zip(layer.parameters(), eager_grads):
+        torch.testing.assert_close(p.grad, g)
+
+
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd:UserWarning")  # torch's own test backend
+def test_compiled_graph_calls_the_ops(stage):
+    """Whether torch.compile keeps the op whole (interpreter: a custom_op) or traces into its
+    kernels (GPU: a triton_op), the forward and the backward of the stage are in the graph."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    backend = AotEagerAndRecordGraphs()
+    layer = modes.Dense(8, 5, mode="triton", device=DEVICE)
+    loss = torch.compile(lambda x: layer(x).sum(), backend=backend, fullgraph=True)(torch.randn(4, 8, device=DEVICE))
+    loss.backward()
+    forward = "\n".join(g.code for g in backend.fw_graphs)
+    backward = "\n".join(g.code for g in backend.bw_graphs)
+    if stage.INTERPRETED:
+        assert "dense_triton.forward" in forward and "dense_triton.backward" in backward
+    else:
+        assert "triton_kernel_wrapper" in forward and "triton_kernel_wrapper" in backward
+
+
+# ---------------------------------------------------------------------------
+# What the kernels compute
+# ---------------------------------------------------------------------------
+
+def test_bias_gradient_is_bit_identical_run_to_run(stage):
+    x, w, b = _tensors((257, 33), 19)
+    y = modes.dense("triton")(x, w, b)
+    g = torch.randn_like(y)
+    runs = [torch.ops.dense_triton.backward(g, x, w, y, [True, True, True]) for _ in range(3)]
+    for later in runs[1:]:
+        for a, e in zip(runs[0], later):
+            assert torch.equal(a, e)
+
+
+def test_one_rows_bias_gradient_is_torch_sigmoid_backward_bit_for_bit(stage):
+    """dz = g · (1 − y) · y in the order ATen multiplies: the same bits, not just close."""
+    x, w, b = _tensors((1, 7), 45)
+    y = modes.dense("triton")(x, w, b)
+    g = torch.randn_like(y)
+    _, _, db = torch.ops.dense_triton.backward(g, x, w, y, [False, False, True])
+    assert torch.equal(db, torch.ops.aten.sigmoid_backward(g, y)[0])
+
+
+@pytest.mark.parametrize("mask", [[False, False, True], [False, True, False], [True, False, False]])
+def test_each_gradient_alone_matches_all_together(stage, mask):
+    x, w, b = _tensors((37, 45), 29, dtype=torch.float64)
+    y = modes.dense("triton")(x, w, b)
+    g = torch.randn_like(y)
+    together = torch.ops.dense_triton.backward(g, x, w, y, [True, True, True])
+    alone = torch.ops.dense_triton.backward(g, x, w, y, mask)
+    for want, a, t in zip(mask, alone, together):
+        assert torch.equal(a, t) if want else a.numel() == 0
+
+
+def test_strided_inputs_need_no_copy_and_give_the_same_answer(stage):
+    """x, W and the gradient transposed, W and b with stride 2, g expanded: the kernels take
+    every tensor's two strides."""
+    x, w, b = _tensors((23, 17), 11, dtype=torch.float64)
+    wide = torch.randn(11, 34, dtype=torch.float64, device=DEVICE)
+    wide[:, ::2] = w
+    bias2 = torch.zeros(22, dtype=torch.float64, device=DEVICE)
+    bias2[::2] = b
+    xt = x.t().contiguous().t()
+    for args in ((xt, w, b), (x, wide[:, ::2], bias2[::2])):
+        torch.testing.assert_close(modes.dense("triton")(*args), torch.sigmoid(torch.nn.functional.linear(x, w, b)))
+    y = modes.dense("triton")(x, w, b)
+    g = torch.ones(1, 1, dtype=torch.float64, device=DEVICE).expand_as(y)
+    got = torch.ops.dense_triton.backward(g, xt, w, y, [True, True, True])
+    want = torch.ops.dense_triton.backward(g.contiguous(), x, w, y, [True, True, True])
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+
+
+def test_double_backward_works(stage):
+    """create_graph=True (and so torch.func.grad, which always asks for it) gets a backward
+    made of torch's differentiable ops: gradients of gradients are right."""
+    ts = [t.requires_grad_() for t in _tensors((3, 4), 2, dtype=torch.float64)]
+    assert torch.autograd.gradgradcheck(modes.dense("triton"), ts)
+
+
+# ---------------------------------------------------------------------------
+# Triton missing: a folder named triton/ must not pass for it
+# ---------------------------------------------------------------------------
+
+WITHOUT_TRITON = """
+import importlib.machinery, sys
+STRAY = {stray!r}
+if STRAY:  # "triton" found only in STRAY's folder: an empty triton/ there, a namespace package
+    sys.modules.pop("triton", None)
+    class Stray(importlib.machinery.PathFinder):
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            if name == "triton":
+                return importlib.machinery.PathFinder.find_spec(name, [STRAY], target)
+            return None
+    sys.meta_path.insert(0, Stray)
+else:  # no Triton at all
+    sys.modules["triton"] = None
+sys.path.insert(0, {root!r})
+from torch.utils._triton import has_triton_package
+print(has_triton_package())
+import modes
+print(modes.available()["triton"])
+try:
+    modes.Dense(4, 2, mode="triton")
+except RuntimeError as e:
+    print(e)
+"""
+
+
+def test_the_repository_root_holds_nothing_importable_as_triton():
+    """A folder triton/ there would be imported as Triton wherever Triton is missing."""
+    assert importlib.machinery.PathFinder.find_spec("triton", [str(ROOT)]) is None
+
+
+@pytest.mark.parametrize("stray_folder", [False, True])
+def test_without_triton_the_mode_says_what_to_install(tmp_path, stray_folder):
+    (tmp_path / "triton").mkdir()
+    result = run_script("-c", WITHOUT_TRITON.format(stray=str(tmp_path) if stray_folder else "", root=str(ROOT)))
+    assert result.returncode == 0, result.stderr
+    torch_sees, reason, error = result.stdout.strip().splitlines()
+    # torch takes any importable "triton" for Triton (and then fails inside torch.compile): the
+    # reason the stage's folder is tiles/. modes looks at the spec's origin instead.
+    assert torch_sees == str(stray_folder)
+    assert reason == f"needs Triton (optional): {modes.TRITON_INSTALL}"
+    assert error == f"mode 'triton' is not available here: {reason}"
+
+
+# ---------------------------------------------------------------------------
+# The scripts
+# ---------------------------------------------------------------------------
+
+@needs_triton
+def test_grad_check_script_on_triton():
+    result = run_script("grad_check.py", "triton", "-b", "5", "-i", "7", "-o", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("PASS  triton") == 5 and "FAIL" not in result.stdout
+
+
+@needs_triton
+@pytest.mark.skipif(GPU, reason="checks what the benchmark says without a GPU")
+def test_benchmark_says_the_interpreter_is_no_speed_measurement():
+    result = run_script("benchmark.py", "-m", "triton", "-b", "4", "-i", "4", "-o", "4", "--rounds", "2")
+    assert result.returncode == 0, result.stderr
+    assert "no speed measurement" in result.stderr and "| triton |" not in result.stdout
+    both = run_script("benchmark.py", "-m", "all", "-b", "4", "-i", "4", "-o", "4", "--rounds", "2")
+    assert both.returncode == 0, both.stderr
+    assert "| py |" in both.stdout and "| triton |" not in both.stdout
+
+
+@needs_triton
+def test_gpu_timing_script_smoke_run_checks_every_line():
+    result = run_script("tiles/bench_gpu.py", "--smoke")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("reference", "triton", "reference, TF32", "triton, TF32"):
+        assert f"PASS  {line}: " in result.stdout
+    assert "nothing was timed" in result.stdout
+
+
+@needs_triton
+@pytest.mark.skipif(GPU, reason="checks the refusal without a GPU")
+def test_gpu_timing_script_refuses_to_time_the_interpreter():
+    result = run_script("tiles/bench_gpu.py", "-b", "8", "-i", "8", "-o", "8")
+    assert result.returncode == 2 and "no speed measurement" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _load(path: str):
+    name = Path(path).stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_timing_table_shows_every_line():
+    bench = _load("tiles/bench_gpu.py")
+    line = {"forward_us": 2.0, "forward_spread_us": 0.1, "fwd_bwd_us": 6.0, "fwd_bwd_spread_us": 0.2,
+            "forward_tflops": 1.0, "fwd_bwd_tflops": 1.0, "ratio_to_reference": 1.0, "ratio_ci": [0.9, 1.1],
+            "verdict": "no significant difference"}
+    record = {"device": "GPU", "torch": "t", "triton": "3.6.0", "dtype": "float32", "rounds": 20,
+              "shape": {"batch": 8, "in": 8, "out": 8}, "autotuned": "BLOCK_M: 128", "skipped": {"cuda": "why"},
+              "date": "d", "command": "c", "results": [{"line": n, "tf32": "TF32" in n, **line}
+                                                       for n in ("reference", "triton", "triton, TF32")]}
+    text = bench.table(record)
+    assert "| triton, TF32 | yes |" in text and "| triton | no |" in text and "Not timed: cuda (why)" in text
+
+
+@pytest.mark.parametrize("script", ["tiles/compiler_report.py", "tiles/bench_gpu.py"])
+def test_help_has_safe_examples(script):
+    result = run_script(script, "--help")
+    assert result.returncode == 0 and "Examples:" in result.stdout and f"python {script}" in result.stdout
+
+
+# ---------------------------------------------------------------------------
+# What the compiler did for sm_90: the committed record, and today's compile
+# ---------------------------------------------------------------------------
+
+RECORD = ROOT / "docs" / "results" / "triton_static_sm90.json"
+
+
+def test_the_chapter_shows_the_committed_record():
+    report = _load("tiles/compiler_report.py")
+    record = json.loads(RECORD.read_text())
+    text = report.table(record)
+    chapter = (ROOT / "tiles" / "README.md").read_text()
+    assert f"<!-- triton_static: {RECORD.relative_to(ROOT)} -->\n{text}\n<!-- end triton_static -->" in chapter
+    assert "hand-written v8" in text and "Triton forward" in text
+
+
+@needs_triton
+@pytest.mark.slow
+def test_a_fresh_compile_gives_the_committed_figures(tmp_path):
+    """Same Triton release as the record: the same registers, shared memory and instruction counts."""
+    import triton
+
+    record = json.loads(RECORD.read_text())
+    if triton.__version__ != record["triton"]:
+        pytest.skip(f"the record was made with Triton {record['triton']}; this is {triton.__version__}")
+    out = tmp_path / "static.json"
+    result = run_script("tiles/compiler_report.py", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    fresh = json.loads(out.read_text())
+    keys = ("registers", "spill_bytes", "dynamic_shared_bytes", "blocks_per_sm", "main_loop", "accumulator")
+    for a, b in zip(fresh["kernels"], record["kernels"]):
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}, a["label"]
