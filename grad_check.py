@@ -57,7 +57,7 @@ class Check:
     detail: str = ""
 
     def line(self) -> str:
-        return f"{'PASS' if self.passed else 'FAIL'}  {self.mode:<4}  {self.name:<38} {self.detail}"
+        return f"{'PASS' if self.passed else 'FAIL'}  {self.mode:<6}  {self.name:<38} {self.detail}"
 
 
 def compare(actual: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         raise cli.UserError(str(e) + (EMULATE_HINT if args.mode == "cuda" else "")) from None
     for m, reason in skipped.items():
-        print(f"SKIP  {m:<4}  {reason}{EMULATE_HINT if m == 'cuda' else ''}")
+        print(f"SKIP  {m:<6}  {reason}{EMULATE_HINT if m == 'cuda' else ''}")
 
     # The cost of the work, from the sizes, before any of it starts.
     b, i, o = args.batch, args.in_features, args.out_features

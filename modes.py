@@ -1,4 +1,4 @@
-"""The one door to the four stages of the Dense layer, y = sigmoid(x Wᵀ + b).
+"""The one door to the stages of the Dense layer, y = sigmoid(x Wᵀ + b).
 
 Every script and test reaches a stage through this module:
 

@@ -356,7 +356,7 @@ BROKEN_CPP = """
 
 @pytest.mark.skipif(REASONS["cpp"] is not None, reason=f"mode cpp: {REASONS['cpp']}")
 @pytest.mark.parametrize("argv, line", [
-    (["grad_check.py", "all"], "FAIL  cpp   load the stage"),
+    (["grad_check.py", "all"], "FAIL  cpp     load the stage"),
     (["benchmark.py", "-m", "all", "-b", "4", "-i", "4", "-o", "4", "--rounds", "2"], "FAIL  cpp: could not load"),
     (["distributed.py", "-m", "cpp", "--epochs", "1"], "mode 'cpp' could not be loaded"),
 ])
@@ -391,7 +391,7 @@ def test_gradcheck_cost_grows_with_inputs_times_outputs():
 def test_fast_gradcheck_runs_where_the_full_one_is_refused():
     result = run_script("grad_check.py", "py", "-b", "256", "-i", "256", "-o", "256", "--fast-gradcheck", timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "PASS  py    gradcheck (fast) float64" in result.stdout
+    assert "PASS  py      gradcheck (fast) float64" in result.stdout
 
 
 # ---------------------------------------------------------------------------

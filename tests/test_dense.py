@@ -163,7 +163,7 @@ def test_resolve_picks_the_modes_a_script_runs():
 
 
 def test_unknown_mode_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown mode 'fortran'; choose one of py, cpp, cuda, ptx"):
+    with pytest.raises(ValueError, match="unknown mode 'fortran'; choose one of py, cpp, triton, cuda, ptx"):
         modes.dense("fortran")
 
 
