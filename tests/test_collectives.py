@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 
 from conftest import all_reduce_case
-from parallel import costmodel
-from parallel.collectives import ALGORITHMS, RingError, all_reduce, choose
-from parallel.launch import launch
-from parallel.trainer import Config, train
+from parallel.collectives import costmodel
+from parallel.collectives.algorithms import ALGORITHMS, RingError, all_reduce, choose
+from parallel.common.launch import launch
+from parallel.dp.trainer import Config, train
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -123,7 +123,7 @@ def test_nan_payloads_identical_on_every_rank_and_disagreeing_ranks_all_get_a_cl
 def split_into_messages(message_bytes: int) -> list:
     """Every collective with each tensor cut into messages of ``message_bytes`` (ring._post),
     and with one message per tensor: the same bits must come out."""
-    from parallel import ring
+    from parallel.dp import ring
 
     rank, out, default = dist.get_rank(), [], ring.MESSAGE_BYTES
     for numel in (1, 17, 1000, 4099):
@@ -160,7 +160,8 @@ def segmented_against_the_ring(segment_bytes: int) -> list:
     """The segmented ring with segments of ``segment_bytes`` (so a chunk of a few hundred bytes
     goes in many, and the two in flight straddle the steps) against ring_all_reduce: the same
     additions in the same order must give the same bits, NaN payloads included."""
-    from parallel import collectives, ring
+    from parallel.collectives import algorithms as collectives
+    from parallel.dp import ring
 
     rank, out = dist.get_rank(), []
     collectives.SEGMENT_BYTES = segment_bytes
@@ -206,7 +207,7 @@ def test_the_segmented_ring_gives_the_rings_bits_with_many_segments(world_size):
 
 
 def test_two_steps_in_flight_and_each_finished_before_the_one_two_later_is_posted():
-    from parallel.collectives import _in_pairs
+    from parallel.collectives.algorithms import _in_pairs
 
     events: list[str] = []
     _in_pairs(5, lambda i: (events.append(f"post {i}") or i,), lambda i: events.append(f"finish {i}"))
@@ -218,7 +219,7 @@ def test_two_steps_in_flight_and_each_finished_before_the_one_two_later_is_poste
 
 
 def test_a_tensor_is_cut_into_nearly_equal_messages_of_about_message_bytes():
-    from parallel import ring
+    from parallel.dp import ring
 
     t = torch.arange(1001, dtype=torch.float64)  # 8008 bytes
     for limit, count in ((0, 1), (1 << 20, 1), (8008, 1), (8000, 2), (1024, 8), (12, 668), (8, 1001)):
@@ -305,7 +306,7 @@ def test_fit_record_with_direct_steps_is_read_and_shown(tmp_path):
 
 
 def test_the_model_knows_the_rings_piece_size():
-    from parallel.ring import DEFAULT_SEGMENT_BYTES, _pieces
+    from parallel.dp.ring import DEFAULT_SEGMENT_BYTES, _pieces
 
     assert costmodel.PIECE_BYTES == DEFAULT_SEGMENT_BYTES
     # the piece the model charges is the piece the ring cuts, whole pieces and split ones alike
@@ -318,7 +319,7 @@ def test_the_model_knows_the_rings_piece_size():
 
 
 def test_the_model_knows_the_segmented_rings_segments():
-    from parallel import collectives
+    from parallel.collectives import algorithms as collectives
 
     assert costmodel.SEGMENT_BYTES == collectives.SEGMENT_BYTES
     # the segments the model charges are the ones the code cuts
@@ -402,7 +403,7 @@ def test_zero_trains_like_plain_data_parallelism(world_size):
 
 
 def zero_state_bytes() -> tuple[int, int]:
-    from parallel.zero import ZeroAdam
+    from parallel.collectives.zero import ZeroAdam
 
     torch.manual_seed(0)
     model = torch.nn.Linear(100, 10)  # 1010 parameters
@@ -435,7 +436,7 @@ def test_zero_and_plain_checkpoints_are_interchangeable(tmp_path):
 
 
 def test_allreduce_table_judges_the_goal_with_intervals():
-    from parallel.bench import allreduce_table, cpp_loop_table
+    from parallel.collectives.bench import allreduce_table, cpp_loop_table
 
     def row(nbytes: int, variant: str, ratio: float, ci: list[float] | None) -> dict:
         return {"bytes": nbytes, "variant": variant, "time_us": 100.0, "spread_us": 5.0, "busbw_gbs": 1.0,
@@ -478,7 +479,7 @@ def test_allreduce_table_judges_the_goal_with_intervals():
 
 
 def test_allreduce_table_compares_segment_sizes_per_loop():
-    from parallel.bench import CPP_LOOP, allreduce_table, segment_variant
+    from parallel.collectives.bench import CPP_LOOP, allreduce_table, segment_variant
 
     def row(variant: str, ratio: float, algorithm: str | None = None) -> dict:
         return {"bytes": 16 << 20, "variant": variant, "time_us": 100.0, "spread_us": 5.0, "busbw_gbs": 1.0,
@@ -507,7 +508,7 @@ def test_allreduce_table_compares_segment_sizes_per_loop():
     assert "| 16 MiB | segmented-ring (C++) |" in new
 
 def _burst_record(variants: tuple[str, ...], why: str | None = None) -> dict:
-    from parallel.bench import BURSTS
+    from parallel.collectives.bench import BURSTS
 
     results = [{"bytes": nbytes, "calls_in_a_row": k, "variant": v, "time_us": 1000.0 * k + i, "spread_us": 1.0,
                 "busbw_ratio_to_dist": 0.9 + i / 100, "ratio_ci": [0.8, 1.0],
@@ -519,7 +520,7 @@ def _burst_record(variants: tuple[str, ...], why: str | None = None) -> dict:
 
 def test_burst_table_shows_every_size_and_burst_with_the_models_time():
     """A record from before the segmented ring was timed (ring and two-shot only) renders as it did."""
-    from parallel.bench import BURSTS, burst_table
+    from parallel.collectives.bench import BURSTS, burst_table
 
     text = burst_table(_burst_record(("ring", "two_shot", "dist.all_reduce")))
     assert text.splitlines()[0] == ("| size | calls in a row | ring µs per call | two-shot µs per call "
@@ -531,7 +532,7 @@ def test_burst_table_shows_every_size_and_burst_with_the_models_time():
 
 
 def test_burst_table_shows_the_segmented_ring_and_its_cpp_loop_or_why_not():
-    from parallel.bench import BURST_VARIANTS, CPP_LOOP, burst_table
+    from parallel.collectives.bench import BURST_VARIANTS, CPP_LOOP, burst_table
 
     text = burst_table(_burst_record(BURST_VARIANTS))
     header = text.splitlines()[0]

@@ -22,10 +22,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from conftest import ROOT, all_reduce_case, run_script
-from parallel import data as data_mod
-from parallel.launch import LaunchError, launch
-from parallel.ring import RingError, ring_all_reduce, ring_broadcast_from_rank0
-from parallel.trainer import CheckpointError, Config, build_model, train
+from parallel.common import data as data_mod
+from parallel.common.checkpoint import CheckpointError
+from parallel.common.launch import LaunchError, launch
+from parallel.dp.ring import RingError, ring_all_reduce, ring_broadcast_from_rank0
+from parallel.dp.trainer import Config, build_model, train
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -74,8 +75,8 @@ def scratch_reuse() -> dict:
     """Two rounds of the ring collectives on one thread: the second must reuse the first's
     scratch buffer (a buffer grown in the first round is replaced, not the point), and nothing
     a call returned may live in it."""
-    from parallel import ring
-    from parallel.collectives import all_reduce
+    from parallel.collectives.algorithms import all_reduce
+    from parallel.dp import ring
     rank, n = dist.get_rank(), dist.get_world_size()
     key = (torch.float32, torch.device("cpu"), "")  # the buffer the algorithms share
     total = n * (n + 1) / 2
@@ -96,7 +97,9 @@ def scratch_reuse() -> dict:
 def before_variants() -> dict:
     """The allreduce benchmark's variants "as before": right sums, the switches they turn
     off really off during the call, and everything as it was after it."""
-    from parallel import bench, collectives, ring
+    from parallel.collectives import algorithms as collectives
+    from parallel.collectives import bench
+    from parallel.dp import ring
     rank, n = dist.get_rank(), dist.get_world_size()
     key = (torch.float32, torch.device("cpu"), "")  # the buffer the algorithms share
     t = torch.full((n * 5000,), float(rank + 1))
@@ -160,7 +163,8 @@ def test_the_benchmarks_variants_as_before_switch_only_during_their_call():
 
 def segmented_at_sizes() -> dict:
     """The benchmark's segment-size variants: the segments each cuts, its sums, the default after."""
-    from parallel import bench, collectives
+    from parallel.collectives import algorithms as collectives
+    from parallel.collectives import bench
 
     rank, n = dist.get_rank(), dist.get_world_size()
     seen, count = [], collectives._segments_per_chunk
@@ -177,7 +181,7 @@ def segmented_at_sizes() -> dict:
 
 
 def test_the_benchmarks_segment_sizes_apply_only_during_their_call():
-    from parallel.collectives import SEGMENT_BYTES
+    from parallel.collectives.algorithms import SEGMENT_BYTES
 
     got = launch(segmented_at_sizes, 2, deadline_s=60)[0]
     # 10 MiB chunks: 40 segments of 256 KiB, 10 of 1 MiB, 2 of 5 MiB (the default, 1 MiB, cuts 10)
@@ -254,7 +258,7 @@ def test_synthetic_data_is_deterministic_and_balanced():
 
     a, b = data_mod.synthetic(3), data_mod.synthetic(3)
     assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
-    code = ("import hashlib, torch; torch.set_num_threads(1); from parallel.data import synthetic; "
+    code = ("import hashlib, torch; torch.set_num_threads(1); from parallel.common.data import synthetic; "
             "print(hashlib.sha256(synthetic(3).train.x.numpy().tobytes()).hexdigest())")
     other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert other.stdout.strip() == hashlib.sha256(a.train.x.numpy().tobytes()).hexdigest(), other.stderr
@@ -456,7 +460,7 @@ def threads_around_a_destroyed_group() -> tuple[int, int, int]:
     """Inside a rank: how many threads this process has before a new group, once our
     collectives ran on it, and after it was destroyed. (Counted, not named: gloo's threads
     name themselves a moment after they start.)"""
-    from parallel.collectives import ALGORITHMS, all_reduce
+    from parallel.collectives.algorithms import ALGORITHMS, all_reduce
 
     def count() -> int:
         return len(os.listdir("/proc/self/task"))
@@ -487,7 +491,7 @@ def thread_priorities() -> list[tuple[str, str, int]]:
     """Inside a rank, after making tensor-parallel groups (each gloo group starts an I/O
     thread of its own): every thread's name, scheduling policy and niceness, read from the
     kernel directly (not through launch.py's own reader)."""
-    from parallel.tp import make_layout
+    from parallel.tp.training import make_layout
 
     make_layout(dist.get_world_size())
     policy = {os.SCHED_OTHER: "other", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}
@@ -501,7 +505,7 @@ def thread_priorities() -> list[tuple[str, str, int]]:
 def test_gloo_io_threads_and_only_they_get_the_set_priority(monkeypatch, setting):
     """By default gloo's I/O threads run under SCHED_BATCH at their niceness (0); "idle" gives
     SCHED_IDLE; a number sets that niceness under the normal policy instead; 0 leaves them alone."""
-    from parallel.launch import IO_NICE_VAR, IO_THREAD_NAME
+    from parallel.common.threads import IO_NICE_VAR, IO_THREAD_NAME
 
     if setting is None:
         monkeypatch.delenv(IO_NICE_VAR, raising=False)
@@ -519,7 +523,7 @@ def test_gloo_io_threads_and_only_they_get_the_set_priority(monkeypatch, setting
 def test_lowering_waits_for_an_io_thread_that_names_itself_late():
     """Gloo's I/O thread names itself a moment after it starts; a search made before that must
     not miss it. A stand-in thread renames itself 0.2 s late and keeps running until checked."""
-    from parallel.launch import IO_THREAD_NAME, io_threads, lower_io_priority
+    from parallel.common.threads import IO_THREAD_NAME, io_threads, lower_io_priority
 
     started, checked, tid = threading.Event(), threading.Event(), []
 
@@ -550,7 +554,7 @@ def test_lowering_waits_for_an_io_thread_that_names_itself_late():
 @pytest.mark.parametrize("setting, recorded", [("7", 7), ("idle", "idle"), (None, "batch")])
 def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path, monkeypatch, setting, recorded):
     """A record states the setting and what every rank's I/O threads had when it was written."""
-    from parallel.launch import IO_NICE_VAR
+    from parallel.common.threads import IO_NICE_VAR
 
     monkeypatch.delenv(IO_NICE_VAR, raising=False)  # None: the default
     out = tmp_path / "overhead.json"
@@ -567,11 +571,11 @@ def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path, monkey
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
 def test_the_fit_record_says_what_priority_the_io_threads_had(tmp_path):
     """The α-β fit, like the benchmarks, records the setting and what the ranks' I/O threads had."""
-    from parallel.launch import IO_NICE_VAR
+    from parallel.common.threads import IO_NICE_VAR
 
     out = tmp_path / "fit.json"
-    result = run_script("-m", "parallel.costmodel", "fit", "--world-sizes", "2", "--rounds", "1", "--json", str(out),
-                        timeout=180, env={IO_NICE_VAR: "7"})
+    result = run_script("-m", "parallel.collectives.costmodel", "fit", "--world-sizes", "2", "--rounds", "1",
+                        "--json", str(out), timeout=180, env={IO_NICE_VAR: "7"})
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["gloo_io_nice"] == 7
@@ -582,7 +586,7 @@ def test_the_fit_record_says_what_priority_the_io_threads_had(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU time comes from Linux's /proc")
 def test_thread_cpu_puts_each_threads_time_under_its_kind():
     """Work on the main thread counts as "main", work on another Python thread as "other"."""
-    from parallel.launch import THREAD_KINDS, thread_cpu_s
+    from parallel.common.threads import THREAD_KINDS, thread_cpu_s
 
     def spin(seconds: float) -> None:
         end = time.thread_time() + seconds
@@ -610,7 +614,7 @@ def test_thread_cpu_puts_each_threads_time_under_its_kind():
 
 def small_burst(path: str) -> None:
     """Inside a rank: bench.burst at two small sizes and three rounds (the real one takes minutes)."""
-    from parallel import bench
+    from parallel.collectives import bench
 
     bench.BURST_SIZES = [4 << 10, 64 << 10]
     bench._burst_rounds = lambda nbytes: 3
@@ -621,8 +625,8 @@ def test_burst_benchmark_times_every_variant_at_every_size_and_burst(tmp_path):
     """--bench burst: one row per size, burst length and variant, the C++ loop included where it
     builds (and why not where it does not), the model's time for the model's algorithms, and
     all_reduce as the reference of the pairing."""
-    from parallel import cpp_loop
-    from parallel.bench import BURST_VARIANTS, BURSTS, CPP_LOOP
+    from parallel.collectives import cpp_loop
+    from parallel.collectives.bench import BURST_VARIANTS, BURSTS, CPP_LOOP
 
     with_cpp = cpp_loop.unavailable() is None
     if with_cpp:
@@ -647,8 +651,8 @@ def test_burst_benchmark_times_every_variant_at_every_size_and_burst(tmp_path):
 def test_cpu_benchmark_finds_gloos_work_on_its_worker_threads_and_ours_on_the_main_thread(tmp_path):
     """--bench cpu: dist.all_reduce's CPU time shows on gloo's worker threads and ours on the main
     thread (the classification works), and no more cores are busy than the machine has."""
-    from parallel import cpp_loop
-    from parallel.bench import CPP_LOOP, CPU_SIZES, CPU_VARIANTS
+    from parallel.collectives import cpp_loop
+    from parallel.collectives.bench import CPP_LOOP, CPU_SIZES, CPU_VARIANTS
 
     out = tmp_path / "cpu.json"
     result = run_script("distributed.py", "--bench", "cpu", "--world-size", "2", "--json", str(out), timeout=300)
@@ -675,8 +679,8 @@ def test_cpu_benchmark_finds_gloos_work_on_its_worker_threads_and_ours_on_the_ma
 
 
 def clocks_compared(unreadable_on: int | None) -> bool:
-    """Inside a rank: bench._one_clock, with the boot id unreadable on one rank if asked."""
-    from parallel import bench
+    """Inside a rank: harness.one_clock, with the boot id unreadable on one rank if asked."""
+    from parallel.common import harness
 
     if dist.get_rank() == unreadable_on:
         real = Path.read_bytes
@@ -686,7 +690,7 @@ def clocks_compared(unreadable_on: int | None) -> bool:
                 raise PermissionError(13, "Permission denied", str(self))
             return real(self)
         Path.read_bytes = read_bytes
-    return bench._one_clock()
+    return harness.one_clock()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ranks' clocks are compared via Linux's boot id")
@@ -716,7 +720,7 @@ def test_zero_benchmark_splits_the_dp_all_reduce_into_waiting_and_the_call(tmp_p
 
 @pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5", "IDLE", "Batch", ""])
 def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
-    from parallel.launch import IO_NICE_VAR, io_nice
+    from parallel.common.threads import IO_NICE_VAR, io_nice
 
     monkeypatch.setenv(IO_NICE_VAR, bad)
     with pytest.raises(ValueError, match=f"{IO_NICE_VAR} must be 'batch' .* 'idle' .* or an integer from 0"):
@@ -728,21 +732,21 @@ def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
 
 
 def test_ionice_needs_a_peer():
-    result = run_script("-m", "parallel.ionice", "--world-size", "1", timeout=60)
+    result = run_script("-m", "parallel.collectives.ionice", "--world-size", "1", timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "--world-size must be at least 2" in result.stderr
 
 
 @pytest.mark.parametrize("bad, says", [("-1", "must be at least 0"), ("x", "expected a whole number")])
 def test_ionice_refuses_a_bad_busy_count(bad, says):
-    result = run_script("-m", "parallel.ionice", "--busy", bad, timeout=60)
+    result = run_script("-m", "parallel.collectives.ionice", "--busy", bad, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "--busy" in result.stderr and says in result.stderr
 
 
 @pytest.mark.parametrize("bad", ["19", "19,19", "19,20", "idle,x", "0,19,idle"])
 def test_ionice_takes_two_different_settings(bad):
-    result = run_script("-m", "parallel.ionice", "--settings", bad, timeout=60)
+    result = run_script("-m", "parallel.collectives.ionice", "--settings", bad, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "setting" in result.stderr.strip().splitlines()[-1]
 
@@ -752,7 +756,7 @@ def test_ionice_takes_two_different_settings(bad):
 def test_ionice_keeps_other_processes_busy_and_stops_them(tmp_path):
     """--busy N: N spinning processes run throughout the launches (counted from /proc while the
     script runs) and are gone when it ends; the record and the table say so."""
-    from parallel import ionice
+    from parallel.collectives import ionice
 
     def spinners() -> int:
         count = 0
@@ -764,7 +768,7 @@ def test_ionice_keeps_other_processes_busy_and_stops_them(tmp_path):
         return count
 
     out, before = tmp_path / "busy.json", spinners()
-    script = subprocess.Popen([sys.executable, "-m", "parallel.ionice", "--world-size", "2", "--pairs", "1",
+    script = subprocess.Popen([sys.executable, "-m", "parallel.collectives.ionice", "--world-size", "2", "--pairs", "1",
                                "--rounds", "5", "--settings", "0,batch", "--busy", "2", "--json", str(out)],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen, deadline = 0, time.monotonic() + 60
@@ -782,10 +786,10 @@ def test_ionice_keeps_other_processes_busy_and_stops_them(tmp_path):
 
 @pytest.mark.slow
 def test_ionice_compares_niceness_19_with_sched_idle(tmp_path):
-    from parallel import ionice
+    from parallel.collectives import ionice
 
     out = tmp_path / "ionice.json"
-    result = run_script("-m", "parallel.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
+    result = run_script("-m", "parallel.collectives.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
                         "--settings", "19,idle", "--json", str(out), timeout=180)
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
@@ -800,7 +804,7 @@ def test_ionice_compares_niceness_19_with_sched_idle(tmp_path):
 @pytest.mark.slow
 def test_ionice_compares_both_settings_and_records_them(tmp_path):
     out = tmp_path / "ionice.json"
-    result = run_script("-m", "parallel.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
+    result = run_script("-m", "parallel.collectives.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
                         "--json", str(out), timeout=180)
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
