@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from conftest import all_reduce_case
 from parallel.collectives import costmodel
@@ -418,6 +419,52 @@ def test_zero_optimizer_state_falls_as_one_over_world_size(world_size):
     for state_bytes, shard in launch(zero_state_bytes, world_size, deadline_s=60):
         assert shard == -(-1010 // world_size)
         assert state_bytes == 2 * 4 * shard + 4  # two float32 moments of the shard, and the step counter
+
+
+def zero_twins(steps: int = 5) -> dict:
+    """Inside a rank: the same model and batches, stepped by ZeroAdam in our loop (the loss
+    scaled by the global batch, gradients reduce-scattered by the optimiser) and by torch's
+    ZeroRedundancyOptimizer behind DDP (gradients averaged by DDP, parameters broadcast by their
+    owners)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from parallel.collectives.zero import ZeroAdam, torch_zero
+    from parallel.common import data as data_mod
+    from parallel.dp.trainer import build_model
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    ds = data_mod.synthetic(0)
+    batches = [torch.arange(i * 32, (i + 1) * 32) for i in range(steps)]  # equal shards: DDP's mean is global
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return build_model(ds.features, (24, 24), ds.classes, "py")
+
+    ours = model()
+    opt = ZeroAdam(ours.parameters(), lr=1e-2)
+    for batch in batches:
+        idx = data_mod.shard(batch, rank, n)
+        (F.cross_entropy(ours(ds.train.x[idx]), ds.train.y[idx], reduction="sum") / len(batch)).backward()
+        opt.step()
+        opt.zero_grad()
+    theirs = model()
+    ddp, zro = DistributedDataParallel(theirs), torch_zero(theirs.parameters(), lr=1e-2)
+    for batch in batches:
+        idx = data_mod.shard(batch, rank, n)
+        F.cross_entropy(ddp(ds.train.x[idx]), ds.train.y[idx]).backward()
+        zro.step()
+        zro.zero_grad()
+    untrained = model()
+    return {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
+            for name, m in (("ZeroAdam", ours), ("ZeroRedundancyOptimizer", theirs), ("untrained", untrained))}
+
+
+def test_zero_adam_and_torchs_zero_redundancy_optimizer_train_alike():
+    for rank in launch(zero_twins, 2, deadline_s=120):
+        ours, theirs = rank["ZeroAdam"], rank["ZeroRedundancyOptimizer"]
+        for k in ours:
+            assert not torch.equal(ours[k], rank["untrained"][k]), k
+            torch.testing.assert_close(ours[k], theirs[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 @pytest.mark.slow

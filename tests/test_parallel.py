@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -233,6 +234,56 @@ def test_broadcast_is_bit_exact_including_negative_zero():
 
 
 # ---------------------------------------------------------------------------
+# The ring on one screen (parallel/dp/simple.py), and the loop that uses it
+# ---------------------------------------------------------------------------
+
+def short_ring_cases() -> list:
+    from parallel.dp.simple import ring_all_reduce as short_ring
+
+    n, out = dist.get_world_size(), []
+    for numel in (1, n, 7 * n + 1, 1000, 12345):  # fewer elements than ranks, and uneven chunks
+        for dtype in (torch.float32, torch.float64, torch.int64):
+            t, expected = all_reduce_case(numel, dtype, "sum", 1000)
+            short_ring(t)
+            out.append((numel, str(dtype), t, expected))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_the_short_ring_matches_dist_all_reduce_and_is_identical_on_every_rank(world_size):
+    results = launch(short_ring_cases, world_size, deadline_s=120)
+    for case, (numel, dtype, got, expected) in enumerate(results[0]):
+        if dtype.endswith("int64"):
+            assert torch.equal(got, expected), (numel, dtype)
+        else:  # another order of additions than gloo's: equal up to rounding
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-3, msg=f"{numel} {dtype}")
+        for other in results[1:]:  # every chunk is finished on one rank and copied: the same bits
+            assert other[case][2].numpy().tobytes() == got.numpy().tobytes(), (numel, dtype)
+
+
+def short_loop_weights() -> dict:
+    from parallel.dp import ring, simple
+
+    before = ring.SENT_BYTES["data"]  # the production ring's counter: the short loop must not use it
+    weights = {"short ring": simple.train().state_dict(),
+               "dist.all_reduce": simple.train(all_reduce=dist.all_reduce).state_dict()}
+    return {**weights, "production ring bytes": ring.SENT_BYTES["data"] - before}
+
+
+def test_the_short_loop_trains_as_one_process_does_and_as_with_dist_all_reduce():
+    from parallel.dp import simple
+
+    torch.manual_seed(0)
+    untrained = simple.train(steps=0).state_dict()
+    alone = simple.train().state_dict()  # no process group here: one process, the whole batch
+    assert not torch.equal(alone["0.weight"], untrained["0.weight"])
+    for rank in launch(short_loop_weights, 2, deadline_s=120):
+        assert rank["production ring bytes"] == 0
+        assert_same_weights(rank["short ring"], alone)
+        assert_same_weights(rank["short ring"], rank["dist.all_reduce"])
+
+
+# ---------------------------------------------------------------------------
 # Data: sharding, the data order, IDX files
 # ---------------------------------------------------------------------------
 
@@ -370,6 +421,42 @@ def test_data_parallel_matches_one_process_and_ddp(mode):
     assert_same_weights(ours[2], ddp[0])
 
 
+def ddp_hook_weights(steps: int = 6) -> dict:
+    """Inside a rank: the same model trained by DDP twice, its buckets reduced by gloo's
+    all_reduce (DDP's default) and by our ring (parallel/dp/ddp.py); small buckets, so there are
+    several."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from parallel.dp import ring
+    from parallel.dp.ddp import ddp_with_our_ring
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    ds = data_mod.synthetic(0)
+
+    def run(wrap) -> dict:
+        torch.manual_seed(0)
+        model = build_model(ds.features, (48, 48), ds.classes, "py")
+        ddp = wrap(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for i in range(steps):
+            idx = data_mod.shard(torch.arange(i * 40, (i + 1) * 40), rank, n)  # equal shards: DDP averages
+            F.cross_entropy(ddp(ds.train.x[idx]), ds.train.y[idx]).backward()
+            opt.step()
+            opt.zero_grad()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    default = run(lambda m: DistributedDataParallel(m, bucket_cap_mb=0.004))
+    before = ring.SENT_BYTES["data"]
+    ours = run(lambda m: ddp_with_our_ring(m, bucket_cap_mb=0.004))
+    return {"default": default, "our ring": ours, "ring bytes": ring.SENT_BYTES["data"] - before}
+
+
+def test_ddp_with_our_ring_as_its_comm_hook_trains_as_ddp_does():
+    for rank in launch(ddp_hook_weights, 2, deadline_s=120):
+        assert rank["ring bytes"] > 0  # the buckets went round our ring
+        assert_same_weights(rank["our ring"], rank["default"])
+
+
 @pytest.mark.slow
 def test_overlap_and_small_buckets_change_nothing_but_speed():
     base = launch(train, 2, (Config(**QUICK),), deadline_s=240)[0]["state"]
@@ -484,39 +571,73 @@ def test_our_collectives_keep_no_destroyed_group_alive():
 
 
 # ---------------------------------------------------------------------------
-# gloo's I/O threads at the lowest priority (parallel/launch.py, lower_io_priority)
+# gloo's I/O threads: left alone, unless asked, and then only in our own ranks (parallel/common/threads.py)
 # ---------------------------------------------------------------------------
 
-def thread_priorities() -> list[tuple[str, str, int]]:
-    """Inside a rank, after making tensor-parallel groups (each gloo group starts an I/O
-    thread of its own): every thread's name, scheduling policy and niceness, read from the
-    kernel directly (not through launch.py's own reader)."""
+def thread_priorities() -> list[tuple[str, str, int, bool]]:
+    """Inside a rank, after making tensor-parallel groups (each gloo group starts an I/O thread
+    of its own) and then a group of the user's own: every thread's name, scheduling policy and
+    niceness, read from the kernel directly, and whether it is an I/O thread of the user's group."""
+    from parallel.common.threads import io_threads
     from parallel.tp.training import make_layout
 
+    def wait_for_io_threads(count: int) -> list[int]:  # gloo's I/O thread names itself a moment late
+        deadline = time.monotonic() + 10
+        while len(io_threads()) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return io_threads()
+
     make_layout(dist.get_world_size())
+    ours = wait_for_io_threads(2)  # the world's group and the tensor-parallel group
+    users = dist.new_group(list(range(dist.get_world_size())))
+    dist.all_reduce(torch.ones(1), group=users)
+    theirs = set(wait_for_io_threads(len(ours) + 1)) - set(ours)
     policy = {os.SCHED_OTHER: "other", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}
     return [(Path(f"/proc/self/task/{tid}/comm").read_text().strip(), policy[os.sched_getscheduler(int(tid))],
-             os.getpriority(os.PRIO_PROCESS, int(tid)))
+             os.getpriority(os.PRIO_PROCESS, int(tid)), int(tid) in theirs)
             for tid in os.listdir("/proc/self/task")]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
 @pytest.mark.parametrize("setting", [None, "batch", "idle", "0", "19", "7"])
-def test_gloo_io_threads_and_only_they_get_the_set_priority(monkeypatch, setting):
-    """By default gloo's I/O threads run under SCHED_BATCH at their niceness (0); "idle" gives
-    SCHED_IDLE; a number sets that niceness under the normal policy instead; 0 leaves them alone."""
+def test_gloo_io_threads_are_left_alone_unless_asked_and_then_only_ours_change(monkeypatch, setting):
+    """By default (and with 0) no thread's scheduling changes. Asked for, the setting reaches the
+    I/O threads of the groups our launcher and our layout made: "batch" gives SCHED_BATCH, "idle"
+    SCHED_IDLE, a number that niceness under the normal policy; a group the user made, and every
+    other thread, keep the normal policy at niceness 0."""
     from parallel.common.threads import IO_NICE_VAR, IO_THREAD_NAME
 
     if setting is None:
         monkeypatch.delenv(IO_NICE_VAR, raising=False)
     else:
         monkeypatch.setenv(IO_NICE_VAR, setting)  # the spawned ranks inherit it
-    want = {None: ("batch", 0), "batch": ("batch", 0), "idle": ("idle", 0)}.get(setting) or ("other", int(setting))
+    want = {None: ("other", 0), "batch": ("batch", 0), "idle": ("idle", 0)}.get(setting) or ("other", int(setting))
     for threads in launch(thread_priorities, 2, deadline_s=60):
-        io = [(policy, nice) for name, policy, nice in threads if name == IO_THREAD_NAME]
-        assert len(io) >= 2, threads  # the world's group and the tensor-parallel group
-        assert io == [want] * len(io), threads
-        assert all((policy, nice) == ("other", 0) for name, policy, nice in threads if name != IO_THREAD_NAME), threads
+        ours = [(policy, nice) for name, policy, nice, users in threads if name == IO_THREAD_NAME and not users]
+        assert len(ours) >= 2 and ours == [want] * len(ours), threads
+        assert sum(users for *_, users in threads) == 1, threads
+        assert all((policy, nice) == ("other", 0) for name, policy, nice, users in threads
+                   if name != IO_THREAD_NAME or users), threads
+
+
+def io_settings_in_a_group_we_did_not_launch(folder: str) -> list:
+    """As under torchrun: this process joins a group by itself (no launcher of ours started it)."""
+    from parallel.common.launch import run_in_process_group
+    from parallel.common.threads import io_thread_nices
+
+    return run_in_process_group(io_thread_nices, (), "gloo", 30, f"file://{folder}/store", 0, 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
+def test_the_io_setting_is_never_applied_outside_our_own_ranks(tmp_path):
+    code = ("import sys, json; sys.path[:0] = ['.', 'tests']; from test_parallel import "
+            f"io_settings_in_a_group_we_did_not_launch as f; print(json.dumps(f({str(tmp_path)!r})))")
+    from parallel.common.threads import IO_NICE_VAR
+
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, IO_NICE_VAR: "idle"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [0]  # the one I/O thread, left alone
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
@@ -551,9 +672,10 @@ def test_lowering_waits_for_an_io_thread_that_names_itself_late():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
-@pytest.mark.parametrize("setting, recorded", [("7", 7), ("idle", "idle"), (None, "batch")])
+@pytest.mark.parametrize("setting, recorded", [("7", 7), ("idle", "idle"), (None, None)])
 def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path, monkeypatch, setting, recorded):
-    """A record states the setting and what every rank's I/O threads had when it was written."""
+    """A record states the setting (None: left alone, the default) and what every rank's I/O
+    threads had when it was written."""
     from parallel.common.threads import IO_NICE_VAR
 
     monkeypatch.delenv(IO_NICE_VAR, raising=False)  # None: the default
@@ -564,7 +686,7 @@ def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path, monkey
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["gloo_io_nice"] == recorded
-    assert record["gloo_io_thread_nices"] == {str(recorded): 2}  # one group, one I/O thread per rank
+    assert record["gloo_io_thread_nices"] == {str(recorded or 0): 2}  # one group, one I/O thread per rank
 
 
 @pytest.mark.slow
@@ -610,6 +732,37 @@ def test_thread_cpu_puts_each_threads_time_under_its_kind():
     assert alive["other"] - middle["other"] >= 0.15
     for kind in ("gloo I/O", "gloo worker"):  # idle, if an earlier test left a process group here
         assert alive[kind] - middle[kind] < 0.1
+
+
+def small_allreduce(path: str) -> str:
+    """Inside a rank: bench.allreduce at two small sizes and three rounds (the real one takes
+    minutes); returns what the rank wrote on stderr."""
+    import contextlib
+    import io
+
+    from parallel.collectives import bench
+
+    bench.SIZES = [4 << 10, 16 << 10]
+    bench._rounds = lambda nbytes: 3
+    bench._cpp_loop_everywhere = lambda: "not needed at these sizes"  # no C++ build in this test
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        bench.allreduce(Config(), Path(path))
+    return said.getvalue()
+
+
+def test_the_allreduce_benchmark_says_how_far_it_has_got(tmp_path):
+    """Rank 0 reports each size as it completes, on stderr; the record holds the results only."""
+    out = tmp_path / "allreduce.json"
+    said = launch(small_allreduce, 2, (str(out),), deadline_s=240)
+    lines = said[0].splitlines()
+    assert lines[0].startswith("allreduce: 2 sizes, 4 KiB to 16 KiB"), said[0]
+    assert re.fullmatch(r"allreduce: 4 KiB done \(1/2, \d+ s\)", lines[1]), said[0]
+    assert re.fullmatch(r"allreduce: 16 KiB done \(2/2, \d+ s\)", lines[2]), said[0]
+    assert said[1] == ""  # one rank speaks for all
+    record = json.loads(out.read_text())
+    assert {r["bytes"] for r in record["results"]} == {4 << 10, 16 << 10}
+    assert "done" not in out.read_text()
 
 
 def small_burst(path: str) -> None:
@@ -841,6 +994,72 @@ def test_default_run_learns_and_writes_json_and_plot(tmp_path):
     assert {"loss", "accuracy", "samples_per_s", "comm_s"} <= record["epochs"][0].keys()
     if plotting:
         assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def check_trace(record: dict, overlap: bool) -> None:
+    """What every recorded step must show, measured on any machine."""
+    assert [s["step"] for s in record["steps"]] == list(range(2, 10))
+    buckets = len(record["bucket_bytes"])
+    assert buckets > 2 and max(record["bucket_bytes"]) <= max(record["bucket_kb"] * 1024, 64 * 64 * 4)
+    overlapped = []
+    for step in record["steps"]:
+        assert len(step["ranks"]) == 2
+        for rank in step["ranks"]:
+            assert 0 < rank["forward_end_s"] < rank["backward_end_s"] <= rank["step_end_s"]
+            assert len(rank["buckets"]) == buckets
+            for b in rank["buckets"]:
+                assert b["ready"] <= b["start"] <= b["end"] <= rank["step_end_s"]
+                assert b["ready"] <= rank["backward_end_s"]  # a gradient is ready before backward returns
+                if not overlap:
+                    assert b["start"] >= rank["backward_end_s"]
+        overlapped.append(all(r["buckets"][0]["start"] < r["backward_end_s"] for r in step["ranks"]))
+    assert any(overlapped) == overlap  # the first bucket goes while backward still runs: only with overlap
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlap", [True, False])
+def test_trace_records_the_buckets_against_the_backward(tmp_path, overlap):
+    out = tmp_path / "trace.json"
+    result = run_script("distributed.py", "--hidden", "64,64,64", "--bucket-kb", "8", "--epochs", "1",
+                        "--trace", str(out), *([] if overlap else ["--no-overlap"]), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["overlap"] == overlap and record["data_parallel_ranks"] == 2
+    check_trace(record, overlap)
+
+
+def test_trace_needs_buckets_to_record():
+    for args in (["--zero"], ["--world-size", "1"], ["--world-size", "2", "--tp", "2"], ["--bench", "step"]):
+        result = run_script("distributed.py", "--trace", "/tmp/never_written.json", *args, timeout=60)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert "--trace" in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+def made_up_trace(overlap: bool) -> dict:
+    """A trace record as distributed.py --trace writes it, with times made up (for the figure)."""
+    def rank(shift: float) -> dict:
+        buckets = [{"ready": 0.004 + 0.002 * b + shift, "start": 0.0045 + 0.003 * b + shift,
+                    "end": 0.007 + 0.003 * b + shift} for b in range(3)]
+        return {"forward_end_s": 0.003, "backward_end_s": 0.011 + shift, "step_end_s": 0.014 + shift,
+                "buckets": buckets}
+    return {"benchmark": "trace", "overlap": overlap, "bucket_bytes": [8192, 8192, 2600], "bucket_kb": 8,
+            "hidden": [64, 64], "mode": "py", "data_parallel_ranks": 2, "backend": "gloo",
+            "steps": [{"step": s, "ranks": [rank(0.0), rank(0.001 * s)]} for s in range(2, 10)]}
+
+
+@pytest.mark.plot
+@pytest.mark.skipif(__import__("importlib").util.find_spec("matplotlib") is None,
+                    reason="matplotlib (optional) not installed")
+def test_the_overlap_figure_is_drawn_from_a_trace(tmp_path):
+    record = tmp_path / "trace.json"
+    record.write_text(json.dumps(made_up_trace(True)))
+    for extra in ([], ["--step", "4"]):
+        png = tmp_path / f"overlap{len(extra)}.png"
+        result = run_script("-m", "parallel.dp.trace", str(record), "--out", str(png), *extra, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = run_script("-m", "parallel.dp.trace", str(record), "--out", str(tmp_path / "x.png"), "--step", "12")
+    assert result.returncode == 2 and "the record holds steps [2, 3, 4, 5, 6, 7, 8, 9]" in result.stderr
 
 
 @pytest.mark.slow

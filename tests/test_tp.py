@@ -318,6 +318,23 @@ def test_zero_with_tp_is_refused_before_any_rank_starts():
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def layout_groups() -> tuple:
+    """Inside a rank: its place in a dp × tp layout of tp = 2, and the global ranks of its groups."""
+    from parallel.tp.training import make_layout
+
+    layout = make_layout(2)
+    return (layout.tp_rank, layout.dp_rank, dist.get_process_group_ranks(layout.tp_group),
+            dist.get_process_group_ranks(layout.dp_group), layout.mesh.mesh.tolist())
+
+
+def test_the_layout_puts_tensor_parallel_ranks_side_by_side_and_data_parallel_ranks_across():
+    """4 ranks, tp 2: {0, 1} and {2, 3} split the layers, {0, 2} and {1, 3} the batch (DeviceMesh
+    on gloo, on the CPU)."""
+    grid = [[0, 1], [2, 3]]
+    assert launch(layout_groups, 4, deadline_s=120) == [(0, 0, [0, 1], [0, 2], grid), (1, 0, [0, 1], [1, 3], grid),
+                                                        (0, 1, [2, 3], [0, 2], grid), (1, 1, [2, 3], [1, 3], grid)]
+
+
 def test_layer_errors_name_width_and_tp():
     from parallel.tp.layers import TPError, shard_sizes
     from parallel.tp.training import make_layout

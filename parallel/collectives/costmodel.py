@@ -363,10 +363,12 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "fits": fits}
 
 
-def _io_text(setting: int | str) -> str:
+def _io_text(setting: int | str | None) -> str:
     """A record's gloo_io_nice in words ("idle" and "batch" are parallel/common/threads.py's policies)."""
     from parallel.common.threads import POLICIES
 
+    if setting in (None, 0):
+        return "left alone"
     return f"under {POLICIES[setting]}" if setting in POLICIES else f"at niceness {setting}"
 
 

@@ -18,8 +18,8 @@ hands its buckets to a thread of its own for that reason. The test compares the 
 several steps with DDP's default (tests/test_parallel.py).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: register_comm_hook checks the hook's annotations
+# (dist.GradBucket in, torch.futures.Future[torch.Tensor] out) as objects, not as strings.
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn

@@ -84,7 +84,7 @@ def figure(record: dict, path: str, step: int | None = None) -> None:
         raise cli.UserError(f"--step {step}: the record holds steps {sorted(steps)}")
     ranks = chosen["ranks"]
     colours = plt.get_cmap("tab10")
-    fig, ax = plt.subplots(figsize=(9, 0.6 + 1.0 * len(ranks)))
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 1.0 * len(ranks)))
     for r, rank in enumerate(ranks):
         y = len(ranks) - 1 - r  # rank 0 on top
         fwd, bwd = rank["forward_end_s"] or 0.0, rank["backward_end_s"]
@@ -102,11 +102,12 @@ def figure(record: dict, path: str, step: int | None = None) -> None:
     ax.set_yticks([len(ranks) - 1 - r + 0.5 for r in range(len(ranks))], [f"rank {r}" for r in range(len(ranks))])
     ax.set_ylim(0, len(ranks))
     ax.set_xlabel("ms since the step started on that rank")
-    mode = "overlapped with backward" if record["overlap"] else "after backward (--no-overlap)"
-    ax.set_title(f"Step {chosen['step']}: forward (light), backward (dark); below, each bucket's all-reduce, "
-                 f"{mode}; a tick: its last gradient ready; dotted: the step's wait ends.\n"
-                 f"{len(record['bucket_bytes'])} buckets of at most {record['bucket_kb']} KiB, MLP {record['hidden']}, "
-                 f"mode {record['mode']}, {record['data_parallel_ranks']} ranks on {record['backend']}", fontsize=8)
+    how = "started as soon as it is ready" if record["overlap"] else "started after backward (--no-overlap)"
+    ax.set_title(f"Step {chosen['step']}: forward (light grey), backward (dark grey); below, each gradient bucket's "
+                 f"all-reduce, {how}.\nA tick: the bucket's last gradient is ready. Dotted: the step's wait for "
+                 f"the last bucket returns. {len(record['bucket_bytes'])} buckets (at most {record['bucket_kb']} KiB, "
+                 f"or one parameter),\nMLP {record['hidden']}, mode {record['mode']}, "
+                 f"{record['data_parallel_ranks']} ranks on {record['backend']}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -132,8 +132,8 @@ def make_layout(tp: int) -> Layout:
     io_before = len(threads.io_threads()) if gloo else 0
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     mesh = init_device_mesh(device, (dp, tp), mesh_dim_names=("dp", "tp"))
-    if gloo:  # each new gloo group has an I/O thread: the opt-in experiment of parallel/common/threads.py
-        threads.lower_if_opted_in(expect=io_before + 2)
+    if gloo:  # each new gloo group of two ranks or more has an I/O thread (parallel/common/threads.py's
+        threads.lower_if_opted_in(expect=io_before + 1 + (dp > 1))  # opt-in experiment; nothing by default)
     return Layout(tp, dp, mesh.get_local_rank("tp"), mesh.get_local_rank("dp"), mesh.get_group("tp"),
                   mesh.get_group("dp"), mesh)
 
