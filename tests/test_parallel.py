@@ -95,9 +95,9 @@ def scratch_reuse() -> dict:
             "results_untouched": all(torch.equal(p, kept) for p, kept in parts)}
 
 
-def before_variants() -> dict:
-    """The allreduce benchmark's variants "as before": right sums, the switches they turn
-    off really off during the call, and everything as it was after it."""
+def alternative_variants() -> dict:
+    """The allreduce benchmark's alternatives (each with one of the algorithms' choices undone):
+    right sums, the switch each turns off really off during its call, and everything back after it."""
     from parallel.collectives import algorithms as collectives
     from parallel.collectives import bench
     from parallel.dp import ring
@@ -106,7 +106,7 @@ def before_variants() -> dict:
     t = torch.full((n * 5000,), float(rank + 1))
     ring_all_reduce(t)
     held, made = ring._local.buffers[key], []
-    posted, post = [], collectives._post  # the segmented ring goes through _post only as before
+    posted, post = [], collectives._post  # the segmented ring goes through _post only as an alternative
 
     def counted_posts(*args, **kwargs) -> list:
         posted.append(1)
@@ -133,8 +133,8 @@ def before_variants() -> dict:
     ring._messages = counted
     ring.MESSAGE_BYTES = 4096  # small enough to cut this test's pieces
     out = {}
-    for name, fn in [*bench._as_before(t).items(),
-                     ("segmented_ring (now)", lambda: collectives.all_reduce(t, algorithm="segmented_ring"))]:
+    for name, fn in [*bench._alternatives(t).items(),
+                     ("segmented_ring (default)", lambda: collectives.all_reduce(t, algorithm="segmented_ring"))]:
         t.fill_(rank + 1)
         made.clear()
         fresh.clear()
@@ -147,19 +147,18 @@ def before_variants() -> dict:
     return out
 
 
-def test_the_benchmarks_variants_as_before_switch_only_during_their_call():
-    got = launch(before_variants, 2, deadline_s=60)[0]
+def test_the_benchmarks_alternatives_switch_only_during_their_call():
+    got = launch(alternative_variants, 2, deadline_s=60)[0]
     # (right sums, late-send schedules made, a fresh buffer seen, messages cut, posted through
     # collectives._post, late sends back on, buffer back, message size back, direct posts back on)
     on = (True, True, 4096, True)
-    assert got == {"ring, a fresh buffer per call (before)": (True, 1, True, True, False, *on),
-                   "ring, a fresh buffer and a wait per send (before)": (True, 0, True, True, False, *on),
-                   "two_shot, a wait per send (before)": (True, 0, False, True, True, *on),
-                   "ring, one message per piece (before)": (True, 1, False, False, False, *on),
-                   "two_shot, one message per block (before)": (True, 0, False, False, True, *on),
-                   "segmented_ring, through dist.isend/irecv and a shared scratch (before)":
-                       (True, 0, False, False, True, *on),
-                   "segmented_ring (now)": (True, 0, False, False, False, *on)}
+    assert got == {"ring, a fresh buffer per call": (True, 1, True, True, False, *on),
+                   "ring, a fresh buffer and a wait per send": (True, 0, True, True, False, *on),
+                   "two_shot, a wait per send": (True, 0, False, True, True, *on),
+                   "ring, one message per piece": (True, 1, False, False, False, *on),
+                   "two_shot, one message per block": (True, 0, False, False, True, *on),
+                   "segmented_ring, through dist.isend/irecv and a shared scratch": (True, 0, False, False, True, *on),
+                   "segmented_ring (default)": (True, 0, False, False, False, *on)}
 
 
 def segmented_at_sizes() -> dict:
@@ -539,7 +538,7 @@ def abort_while_exiting() -> int:
 
 def test_a_rank_skips_the_interpreters_teardown_once_its_result_is_written():
     """gloo's worker threads, kept by a group that outlives destroy_process_group (as DDP's
-    does), aborted ranks during that teardown (parallel/launch.py, ``_leave``)."""
+    does), can abort a rank during that teardown (parallel/common/launch.py, ``_leave``)."""
     assert launch(abort_while_exiting, 2, deadline_s=60) == [1, 1]
 
 
@@ -564,8 +563,8 @@ def threads_around_a_destroyed_group() -> tuple[int, int, int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads are counted in Linux's /proc")
 def test_our_collectives_keep_no_destroyed_group_alive():
-    """A cache of ours that held the group kept gloo's threads running after
-    destroy_process_group, into the interpreter's teardown, where they aborted the process."""
+    """A cache that held the group would keep gloo's threads running after
+    destroy_process_group, into the interpreter's teardown, where they abort the process."""
     for before, during, after in launch(threads_around_a_destroyed_group, 2, deadline_s=60):
         assert during > before and after == before
 

@@ -53,7 +53,7 @@ gloo/allreduce.cc) runs the same steps on another schedule, and so does
 
 Fixed cost: a call looks up a cached plan (ranks, partners, global ranks) for its group and
 reuses a receive buffer per thread, instead of asking torch.distributed and allocating on
-every call (docs/results/allreduce_overhead_w2.json measures the difference).
+every call (``distributed.py --bench overhead`` measures the difference).
 """
 
 from __future__ import annotations
@@ -71,15 +71,14 @@ from parallel.dp import ring
 from parallel.dp.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wait, ring_all_reduce
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot", "segmented_ring")
-# The segmented ring's largest segment (parallel/collectives/costmodel.py models the same): gloo's own cap.
-# It was 2 MiB. With 4 ranks on 2 cores the C++ loop, which auto runs where loaded, measured
-# higher with 1 MiB in all four cases the allreduce benchmark timed side by side; the Python
-# loop showed no significant difference (parallel/collectives.md, "The segment size").
+# The segmented ring's largest segment (parallel/collectives/costmodel.py models the same):
+# gloo's own cap. The allreduce benchmark times 2 and 8 MiB segments beside it (README.md, "The
+# segment size").
 SEGMENT_BYTES = 1 << 20
-# On gloo the segmented ring posts straight to the process group and keeps a scratch of its own.
-# As first written it went through dist.irecv / dist.isend (ring._post) and took its scratch
-# from the buffer the other algorithms grow (ring._buffer); the allreduce benchmark runs it
-# that way too ("as before"), side by side. Only the benchmark turns this off.
+# On gloo the segmented ring posts straight to the process group (no Python wrapper per message)
+# and keeps a scratch of its own. The allreduce benchmark times the alternative beside it
+# (through dist.irecv / dist.isend, ring._post, with the scratch the other algorithms share);
+# only the benchmark turns this off.
 SEGMENTED_DIRECT = True
 
 __all__ = ["ALGORITHMS", "RingError", "all_reduce", "choose"]
@@ -242,7 +241,7 @@ def _two_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
     slot = {j: buf[i] for i, j in enumerate(others)}
     # reduce-scatter: block j goes to rank j; every other rank's block r comes here
     receives, sends = [(plan.glob[j], slot[j]) for j in others], [(plan.glob[j], blocks[j]) for j in others]
-    if flat.is_cuda or not ring.LATE_SENDS:  # one batch on NCCL; every send waited for as before
+    if flat.is_cuda or not ring.LATE_SENDS:  # one batch on NCCL; or (the benchmark's alternative) a wait per send
         _wait(_post(receives, sends, group))
         sends = []
     else:  # on gloo, add while the sends finish (see ring._LateSends)

@@ -55,49 +55,54 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 
 
 def _calls_per_sample(nbytes: int) -> int:
     """Calls a sample of the allreduce benchmark averages: about 1 MiB's worth, at most 50
-    (4 KiB to 256 KiB), and at least 4 up to 4 MiB and 2 above. With one call per sample from
-    1 MiB, each round's ratio was one call over one other, and in a 2-rank run at 16 MiB `auto`
-    and the ring, the same call, came out at 0.86 and 1.00 of gloo's (the benchmark at commit
-    16c1853; that run was not committed)."""
+    (4 KiB to 256 KiB), and at least 4 up to 4 MiB and 2 above. With one call per sample, a
+    round's ratio is one call over one other, and a single slow message decides it: two
+    variants that make the same call can then land far apart."""
     return max(4 if nbytes <= 4 << 20 else 2, min(50, (1 << 20) // nbytes))
 
 
 def _rounds(nbytes: int) -> int:
     """Rounds of the allreduce benchmark at one size. Now and then a message here takes
-    milliseconds instead of a fraction of one, so the paired ratio is heavy-tailed. With 40
-    rounds at every size below 16 MiB and 12 above (and one call per sample from 1 MiB), the
-    ratio's 95% intervals from 256 KiB were 0.2 to 0.6 wide (the 2-rank run at commit 63a1e37):
-    at 256 KiB, auto and the one-shot it calls landed on either side of the 0.90 goal, 0.88 and
-    1.04. So more rounds there, fewer at the slowest sizes."""
+    milliseconds instead of a fraction of one, so the paired ratio is heavy-tailed, and its 95%
+    interval needs many rounds to be narrower than the differences it judges (with 40 rounds
+    from 256 KiB on, intervals 0.2 to 0.6 wide straddled the 0.90 goal). So 100 rounds in the
+    middle sizes, fewer at the slowest."""
     if nbytes < 256 << 10:
         return 40
     return 100 if nbytes < 16 << 20 else 40 if nbytes < 64 << 20 else 20
 
 
-# A variant as it was -> (the present variant, a fresh buffer per call, a wait per send,
-# one message per piece, posts through dist.isend / dist.irecv and a shared scratch)
-BEFORE = {"ring, a fresh buffer per call (before)": ("ring", True, False, False, False),
-          "ring, a fresh buffer and a wait per send (before)": ("ring", True, True, False, False),
-          "two_shot, a wait per send (before)": ("two_shot", False, True, False, False),
-          "ring, one message per piece (before)": ("ring", False, False, True, False),
-          "two_shot, one message per block (before)": ("two_shot", False, False, True, False),
-          "segmented_ring, through dist.isend/irecv and a shared scratch (before)":
-              ("segmented_ring", False, False, False, True)}
+# Each choice the algorithms make, timed against its alternative in the same run:
+# alternative -> (the variant it alters, a fresh buffer per call, a wait per send, one message
+# per piece, posts through dist.isend / dist.irecv and a shared scratch)
+ALTERNATIVES = {"ring, a fresh buffer per call": ("ring", True, False, False, False),
+                "ring, a fresh buffer and a wait per send": ("ring", True, True, False, False),
+                "two_shot, a wait per send": ("two_shot", False, True, False, False),
+                "ring, one message per piece": ("ring", False, False, True, False),
+                "two_shot, one message per block": ("two_shot", False, False, True, False),
+                "segmented_ring, through dist.isend/irecv and a shared scratch":
+                    ("segmented_ring", False, False, False, True)}
 
 
-def _as_before(t: torch.Tensor) -> dict:
-    """The ring and two-shot as they were before three changes, to measure each: a fresh
-    receive buffer on every call (the ring only: two-shot already kept one), a wait for every
-    send before going on (ring.LATE_SENDS off), and each piece or block sent as one message
-    however large (ring.MESSAGE_BYTES 0); and the segmented ring as first written, posting
-    through dist.isend / dist.irecv with its scratch in the shared buffer
-    (algorithms.SEGMENTED_DIRECT off)."""
+def _alternative(name: str) -> str | None:
+    """The ALTERNATIVES key a record's variant names (records may suffix it " (before)")."""
+    name = name.removesuffix(" (before)")
+    return name if name in ALTERNATIVES else None
+
+
+def _alternatives(t: torch.Tensor) -> dict:
+    """The ring, two-shot and the segmented ring with one of their choices undone, to measure
+    what each is worth: a fresh receive buffer on every call (the ring only: two-shot keeps one
+    either way), a wait for every send before going on (ring.LATE_SENDS off), each piece or
+    block sent as one message however large (ring.MESSAGE_BYTES 0), and the segmented ring
+    posting through dist.isend / dist.irecv with its scratch in the shared buffer
+    (algorithms.SEGMENTED_DIRECT off). Each switch is undone again after its call."""
     calls = {"ring": lambda: ring_all_reduce(t, check=False),
              "two_shot": lambda: all_reduce(t, algorithm="two_shot", check=False),
              "segmented_ring": lambda: all_reduce(t, algorithm="segmented_ring", check=False)}
 
-    def before(fn: Callable[[], object], fresh_buffer: bool, wait_every_send: bool,
-               one_message: bool, indirect: bool) -> Callable[[], None]:
+    def altered(fn: Callable[[], object], fresh_buffer: bool, wait_every_send: bool,
+                one_message: bool, indirect: bool) -> Callable[[], None]:
         def run() -> None:
             kept, message_bytes = ring._local.__dict__.get("buffers"), ring.MESSAGE_BYTES
             if fresh_buffer:
@@ -112,7 +117,7 @@ def _as_before(t: torch.Tensor) -> dict:
                 if fresh_buffer and kept is not None:  # the next variant finds the buffer it left
                     ring._local.buffers = kept
         return run
-    return {name: before(calls[now], *flags) for name, (now, *flags) in BEFORE.items()}
+    return {name: altered(calls[default], *flags) for name, (default, *flags) in ALTERNATIVES.items()}
 
 
 def _segmented_at(t: torch.Tensor, segment_bytes: int, cpp: bool = False) -> None:
@@ -149,7 +154,7 @@ def _against_dist(samples: list[float], ref: list[float]) -> dict:
             "ratio_ci": list(median_ci(ratios) or ()) or None}
 
 
-CPP_LOOP = "segmented ring, loop in C++"  # parallel/cpp_loop.py: the same messages without the interpreter
+CPP_LOOP = "segmented ring, loop in C++"  # cpp_loop.py: the same messages without the interpreter
 
 
 def _cpp_loop_everywhere() -> str | None:
@@ -185,7 +190,7 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
             for piece in (1, 16):
                 fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
                                                                                              segment_bytes=b)
-            fns.update(_as_before(t))
+            fns.update(_alternatives(t))
         # the segmented ring's largest segment against others; below 16 MiB the chunks are too
         # short for the size to change the cut much
         if nbytes >= 16 << 20:
@@ -203,10 +208,10 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
         for variant, samples in slowest.items():
             row = _against_dist(samples, slowest["dist.all_reduce"])
             algbw = nbytes / row["time_us"] / 1e3  # GB/s
-            if variant in BEFORE:  # paired with the present code, round by round
-                before_over_now = [b / m for b, m in zip(samples, slowest[BEFORE[variant][0]])]
-                row["time_over_now"] = statistics.median(before_over_now)
-                row["time_over_now_ci"] = list(median_ci(before_over_now) or ()) or None
+            if variant in ALTERNATIVES:  # paired with the variant it alters, round by round
+                over_default = [a / d for a, d in zip(samples, slowest[ALTERNATIVES[variant][0]])]
+                row["time_over_default"] = statistics.median(over_default)
+                row["time_over_default_ci"] = list(median_ci(over_default) or ()) or None
             if variant == CPP_LOOP:  # paired with the Python loop it repeats
                 over_python = [c / p for c, p in zip(samples, slowest["segmented_ring"])]
                 row["time_over_python_loop"] = statistics.median(over_python)
@@ -314,9 +319,8 @@ BURST_LABELS = {"ring": "ring", "two_shot": "two-shot", "segmented_ring": "segme
 
 
 def _burst_rounds(nbytes: int) -> int:
-    """Rounds of the burst benchmark at one size: with 30 at 1 and 4 MiB (2 ranks), the paired
-    ratios' 95% intervals were 0.3 to 0.5 wide (the first runs of the segmented ring here, not
-    committed); a round there costs tens of milliseconds, so 100."""
+    """Rounds of the burst benchmark at one size: with 30 at 1 and 4 MiB (2 ranks) the paired
+    ratios' 95% intervals are 0.3 to 0.5 wide; a round there costs tens of milliseconds, so 100."""
     return 100 if nbytes <= 4 << 20 else 30 if nbytes < 64 << 20 else 12
 
 
@@ -359,8 +363,7 @@ def burst(config: Config, json_path: Path | None) -> dict:
 
 def burst_table(record: dict) -> str:
     """Per size and burst length: each variant's time per call, then each one's busbw over
-    all_reduce's. The columns are the variants the record holds (an older record: ring and
-    two-shot only)."""
+    all_reduce's. The columns are the variants the record holds."""
     held = {r["variant"] for r in record["results"]}
     variants = [v for v in BURST_VARIANTS if v in held]
     ours = variants[:-1]
@@ -379,7 +382,7 @@ def burst_table(record: dict) -> str:
         predicted = [f"{BURST_LABELS[v]} {by[(nbytes, first, v)]['predicted_us']:.0f}" for v in ours
                      if "predicted_us" in by[(nbytes, first, v)]]
         model.append(f"{size_label(nbytes)}: {', '.join(predicted)}")
-    if all("mean_us" in r for r in record["results"]):  # records from before them have no tails
+    if all("mean_us" in r for r in record["results"]):  # a record without them has no tails
         rows += [f"\nOne call at a time ({first} in a row), the slowest rank's time over the rounds, median / mean / "
                  f"90th percentile in µs:\n",
                  "| size | " + " | ".join(BURST_LABELS[v] for v in variants) + " |",
@@ -477,7 +480,7 @@ def zero_table(record: dict) -> str:
     return "\n".join(rows)
 
 
-ONE_MESSAGE = "one message: irecv, then isend, + wait (after: ring._exchange on gloo)"
+ONE_MESSAGE = "one message: irecv, then isend, + wait (ring._exchange on gloo)"
 
 
 def overhead(config: Config, json_path: str | None) -> None:
@@ -491,14 +494,14 @@ def overhead(config: Config, json_path: str | None) -> None:
     warm_up(right, left)
     t, recv = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4)
     calls = {  # variant -> (callable, messages each rank sends per call)
-        "one message: batch_isend_irecv + wait (before)": (lambda: _wait(dist.batch_isend_irecv(
+        "one message: batch_isend_irecv + wait": (lambda: _wait(dist.batch_isend_irecv(
             [dist.P2POp(dist.isend, t, right), dist.P2POp(dist.irecv, recv, left)])), 1),
         ONE_MESSAGE: (lambda: _wait(_exchange(t, recv, right, left, None)), 1),
-        "ring_all_reduce, check=False (before)": (lambda: ring_all_reduce(t, check=False), 2 * (n - 1)),
-        "all_reduce doubling (after)": (lambda: all_reduce(t, algorithm="doubling", check=False),
-                                        (n.bit_length() - 1) + 2 * (n != 1 << (n.bit_length() - 1))),
-        "all_reduce one-shot (after)": (lambda: all_reduce(t, algorithm="one_shot", check=False), n - 1),
-        "all_reduce auto (after)": (lambda: all_reduce(t, check=False), None),
+        "ring_all_reduce, check=False": (lambda: ring_all_reduce(t, check=False), 2 * (n - 1)),
+        "all_reduce doubling": (lambda: all_reduce(t, algorithm="doubling", check=False),
+                                (n.bit_length() - 1) + 2 * (n != 1 << (n.bit_length() - 1))),
+        "all_reduce one-shot": (lambda: all_reduce(t, algorithm="one_shot", check=False), n - 1),
+        "all_reduce auto": (lambda: all_reduce(t, check=False), None),
         "dist.all_reduce": (lambda: dist.all_reduce(t), None),
     }
     stats = measure({k: v[0] for k, v in calls.items()}, rounds=30, warmup=3, number=50, order="shuffle")
@@ -509,7 +512,8 @@ def overhead(config: Config, json_path: str | None) -> None:
             lambda: (dist.get_rank(), dist.get_world_size(), dist.get_backend()),
         "tensor_split into chunks and pieces + max (ring, per call)":
             lambda: [torch.tensor_split(c, 1) for c in torch.tensor_split(t, n)],
-        "torch.empty receive buffer (ring, per call until it kept one)": lambda: torch.empty(nbytes // 4 // n),
+        "torch.empty receive buffer (what a call that kept none would add)":
+            lambda: torch.empty(nbytes // 4 // n),
         "add_ of one received piece": lambda: t[: nbytes // 4 // n].add_(recv[: nbytes // 4 // n]),
         "cached plan + buffer lookup + choice (all_reduce, per call)":
             lambda: (algorithms._plan(None), algorithms._buffer(nbytes // 4, t),
@@ -572,7 +576,7 @@ def cpp_loop_table(record: dict) -> str:
 
 def _segment_rows(record: dict, how: str) -> list[str]:
     """The segmented ring's segment sizes side by side, per loop: busbw over all_reduce's."""
-    default = record.get("segment_bytes", 2 << 20)  # records from before it was written: 2 MiB
+    default = record.get("segment_bytes", 2 << 20)  # a record without it ran with 2 MiB
     by = {(r["bytes"], r["variant"]): r for r in record["results"]}
     named = {(nbytes, cpp): {b: by[(nbytes, segment_variant(b, cpp))]
                              for b in RECORDED_SEGMENTS if (nbytes, segment_variant(b, cpp)) in by}
@@ -600,7 +604,7 @@ def allreduce_table(record: dict) -> str:
     by = {(r["bytes"], r["variant"]): r for r in record["results"]}
     for nbytes in sorted({r["bytes"] for r in record["results"]}):
         auto, ref, ring = by[(nbytes, "auto")], by[(nbytes, "dist.all_reduce")], by[(nbytes, "ring")]
-        segmented = by.get((nbytes, "segmented_ring"))  # records from before it have none
+        segmented = by.get((nbytes, "segmented_ring"))  # a record may hold none
         picks = auto["algorithm"].replace("_", "-") + (" (C++)" if record.get("auto_cpp_loop")
                                                         and auto["algorithm"] == "segmented_ring" else "")
         rows.append(f"| {size_label(nbytes)} | {picks} "
@@ -628,15 +632,17 @@ def allreduce_table(record: dict) -> str:
             rows.append(f"| {size_label(nbytes)} | " + " | ".join(_ratio_text(c) for c in cells) + " |")
     rows += _segment_rows(record, how)
     rows += _cpp_loop_rows(record, how)
-    befores = [r for r in record["results"] if r["variant"] in BEFORE]
-    if befores:
-        rows.append(f"\n| size | as before | its busbw / all_reduce's ({how}) | present code's "
-                    "| its time / the present code's (paired, 95% CI) |\n|---:|---|---:|---:|---:|")
-        for r in befores:
-            now = by[(r["bytes"], BEFORE[r["variant"]][0])]
-            ci = r.get("time_over_now_ci") or [math.nan, math.nan]
-            rows.append(f"| {size_label(r['bytes'])} | {r['variant'].removesuffix(' (before)')} | {_ratio_text(r)} "
-                        f"| {_ratio_text(now)} | {r['time_over_now']:.2f} ({ci[0]:.2f}–{ci[1]:.2f}) |")
+    altered = [r for r in record["results"] if _alternative(r["variant"])]
+    if altered:
+        rows.append(f"\n| size | alternative | its busbw / all_reduce's ({how}) | the default's "
+                    "| its time / the default's (paired, 95% CI) |\n|---:|---|---:|---:|---:|")
+        for r in altered:
+            name = _alternative(r["variant"])
+            default = by[(r["bytes"], ALTERNATIVES[name][0])]
+            ratio = r.get("time_over_default", r.get("time_over_now"))
+            ci = r.get("time_over_default_ci", r.get("time_over_now_ci")) or [math.nan, math.nan]
+            rows.append(f"| {size_label(r['bytes'])} | {name} | {_ratio_text(r)} "
+                        f"| {_ratio_text(default)} | {ratio:.2f} ({ci[0]:.2f}–{ci[1]:.2f}) |")
     rows.append(f"\n{record['world_size']} ranks on {record['backend']}, {record['threads_per_rank']} thread(s) each, "
                 f"{record['device']}, torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)

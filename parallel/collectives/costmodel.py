@@ -3,7 +3,7 @@
 A message of m bytes between two ranks costs α + m·β: α is the fixed cost of a message (on
 gloo over loopback mostly software: Python, the gloo pair, the kernel's TCP stack), β the
 cost of a byte (the copies, 1/bandwidth). Adding m bytes costs m·γ. The time of every
-algorithm in parallel/collectives.py follows from counting its messages, bytes and additions:
+algorithm in parallel/collectives/algorithms.py follows from counting its messages, bytes and additions:
 
   ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·piece·γ
   segmented ring             2·(α + (n−1)·s·max(m·β, (α + m·β)/2)) + m·γ   (s segments of m bytes
@@ -27,9 +27,9 @@ pieces of at most PIECE_BYTES (a chunk of N/n bytes in ⌈N/n / PIECE_BYTES⌉ e
 ``ring_piece``), so adding one piece overlaps the transfer of the next: of each of its n − 1
 reduce steps only one piece's addition is charged. The direct algorithms add whole
 blocks after they have all arrived and are charged every addition. (Whether the ring's
-additions really hide, the measured 64 MiB times have answered both ways from run to run;
-the term stays because with it the model picks the ring at 64 MiB, which beat two-shot there
-at 2, 3 and 4 ranks: parallel/collectives.md, "A model of the cost".)
+additions really hide, the 64 MiB measurements do not settle; with the term the model
+picks a ring over two-shot at 64 MiB, as the allreduce benchmark measures it: README.md,
+"A model of the cost".)
 
 The segmented ring keeps two segment steps in flight, so a step's fixed cost overlaps the
 other's transfer: each phase pays one α, then a step every max(m·β, (α + m·β)/2) (the wire's
@@ -279,15 +279,15 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     # All sizes and both kinds of step interleaved round by round, so a burst of load from
     # elsewhere hits them alike instead of spoiling one. The same number of calls on every
     # rank: each is a message. A barrier starts every sample, as in the all-reduce benchmark
-    # whose times the model predicts (parallel/bench.py): without it a rank's clock started
+    # whose times the model predicts (parallel/collectives/bench.py): without it a rank's clock started
     # when it finished the previous sample, and the slowest rank's time also counted the skew.
     stats = measure(fns, rounds=rounds, warmup=2, number=4, order="shuffle", sync=dist.barrier)
     for (kind, nbytes), st in stats.items():
         out[kind][nbytes] = st.samples
-    # The additions last: by now the receives have written every page of the buffers. Before,
-    # an untouched page reads as the kernel's shared zero page, from cache, and the add looks
-    # several times faster than it is (measured here: γ at 3 ranks 0.053 ns/byte that way, and
-    # 0.140 in the next fit, taken after the receives).
+    # The additions last: by now the receives have written every page of the buffers. An
+    # untouched page reads as the kernel's shared zero page, from cache, and an add over it looks
+    # several times faster than it is (measured here: γ at 3 ranks 0.053 ns/byte over untouched
+    # pages, 0.140 after the receives).
     for nbytes, (send, recv) in bufs.items():
         out["add"][nbytes] = measure({"add": lambda s=send, r=recv: s.add_(r)}, rounds=5, warmup=1)["add"].median
     out["io_nices"] = io_thread_nices()
@@ -337,7 +337,7 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "bandwidth_gbs": 1e-9 / beta, "add_gbs": 1e-9 / gamma, "points": points,
             "add_points": [{"bytes": m, "measured_us": t * 1e6} for m, t in adds],
             # how many of gloo's I/O threads, over all ranks, had each niceness (as in the
-            # benchmarks' records: parallel/launch.py, lower_io_priority)
+            # benchmarks' records: parallel/common/threads.py)
             "gloo_io_thread_nices": {str(v): nices[v] for v in sorted(nices, key=str)},
         }
         text = ""
@@ -381,7 +381,7 @@ def fit_table(record: dict) -> str:
         if "alpha_direct_s" in f:
             direct = (f"| {f['alpha_direct_s'] * 1e6:.0f} | {f['beta_direct_s_per_byte'] * 1e9:.3f} "
                       f"| {max((p['residual_pct'] for p in f['direct_points']), key=abs):+.0f}% |")
-        else:  # with 2 ranks a direct step is a ring step; older records did not fit it
+        else:  # with 2 ranks a direct step is a ring step; a record may hold no direct fit
             direct = "| = α | = β | — |" if w == "2" else "| — | — | — |"
         rows.append(f"| {w} | {f['alpha_s'] * 1e6:.0f} | {f['beta_s_per_byte'] * 1e9:.3f} ({f['bandwidth_gbs']:.2f}) "
                     f"| {f['gamma_s_per_byte'] * 1e9:.3f} | {max(res, key=abs):+.0f}% | "
@@ -399,7 +399,7 @@ def fit_table(record: dict) -> str:
 # Past this machine: step time, communication share and scaling efficiency
 # ---------------------------------------------------------------------------
 
-# Documented GPU fabrics (sources in parallel/collectives.md). α: NCCL's own tuning model
+# Documented GPU fabrics (sources in parallel/collectives/README.md). α: NCCL's own tuning model
 # (src/graph/tuning.cc) charges a ring step 1.9 µs on NVLink and 4.0 µs over the network
 # (protocol LL128). β: NVLink 4 on an H100 SXM is 900 GB/s in both directions together, 450 GB/s
 # each way; InfiniBand NDR is 400 Gb/s = 50 GB/s per port, one port per GPU in a DGX H100.
@@ -490,7 +490,7 @@ def predict(args: argparse.Namespace, records: list[dict] = ()) -> dict:
             r = project("gloo", n, rec["parameters"], compute, adam, rec["hidden"], rec["batch_per_rank"],
                         fit=args.fit)[strategy]
             measured = by[variant]["step_us"] * 1e-6
-            in_step = by[variant].get("allreduce_in_step_us_by_rank")  # dp only, in records since 2026-11-23
+            in_step = by[variant].get("allreduce_in_step_us_by_rank")  # dp only, where the record holds it
             waiting = by[variant].get("allreduce_in_step_waiting_us_by_rank")  # and its part spent waiting
             validation.append({"ranks": n, "strategy": strategy, "predicted_s": r["step_s"], "measured_s": measured,
                                "error_pct": 100 * (r["step_s"] / measured - 1), "model_comm_s": r["comm_s"],

@@ -1,17 +1,16 @@
-"""Gloo's I/O threads at two priorities, side by side: the before and after of
-parallel/launch.py's ``lower_io_priority``.
+"""Gloo's I/O threads under two settings, side by side: the lock-holder-preemption experiment
+of parallel/common/threads.py (opt-in; by default nothing changes any thread).
 
 Launches the ranks again and again, alternately with two settings of $DENSE_GLOO_IO_NICE
 (--settings; by default 0, gloo's threads left alone, then 19, the lowest niceness; "batch" is
-Linux's SCHED_BATCH policy, the launcher's default, and "idle" SCHED_IDLE), and in each launch
-times single calls of our all-reduce (``auto``) and of dist.all_reduce at 4 KiB and 1 MiB,
-interleaved round by round. Priority can only be lowered without privilege, never raised back,
-so the two settings need separate processes; alternating them pairs each launch at the first
-setting with the next at the second, and the spread over the pairs says how much of a
-difference is the machine's mood. Each launch also reports the CPU time gloo's I/O threads used
-while it timed, as a share of the wall time: while they spin it is large. --busy N keeps N
-other processes spinning on the CPU throughout (a machine loaded by other jobs): a lowered
-thread then waits for them too.
+Linux's SCHED_BATCH policy and "idle" SCHED_IDLE), and in each launch times single calls of our
+all-reduce (``auto``) and of dist.all_reduce at 4 KiB and 1 MiB, interleaved round by round.
+Priority can only be lowered without privilege, never raised back, so the two settings need
+separate processes; alternating them pairs each launch at the first setting with the next at
+the second, and the spread over the pairs says how much of a difference is the machine's mood.
+Each launch also reports the CPU time gloo's I/O threads used while it timed, as a share of the
+wall time: while they spin it is large. --busy N keeps N other processes spinning on the CPU
+throughout (a machine loaded by other jobs): a lowered thread then waits for them too.
 
 Examples:
   python -m parallel.collectives.ionice --world-size 2 --pairs 2 --rounds 200      # about half a minute

@@ -78,7 +78,7 @@ def _peers(group: dist.ProcessGroup | None) -> tuple[int, int, int, int]:
     return rank, size, glob((rank + 1) % size), glob((rank - 1) % size)
 
 
-# Bytes this process has sent, by purpose (parallel/tp_report.py's table of bytes per step).
+# Bytes this process has sent, by purpose (parallel/tp/report.py's table of bytes per step).
 SENT_BYTES = {"data": 0, "metadata": 0}
 
 

@@ -149,7 +149,7 @@ def tp(config: Config, json_path: str | None) -> None:
               "overlapped_over_dtensor": statistics.median(
                   o / t for o, t in zip(slowest["overlapped"], slowest["dtensor"])),
               "results": results, "timeline": timelines,
-              # the goals, judged on this run's paired medians
+              # the goals chapter 7 sets, judged on this run's paired medians
               "goals": {"comm_share_at_least_0.30": by["unoverlapped"]["comm_share"] >= 0.30,
                         "overlapped_at_most_0.85_of_unoverlapped": by["overlapped"]["ratio_to_unoverlapped"] <= 0.85,
                         "overlapped_no_slower_than_dtensor": statistics.median(
@@ -205,7 +205,7 @@ def tp_table(record: dict) -> str:
     rows = ["| variant | step µs (IQR) | step / unoverlapped (paired; IQR) | communication µs | computation µs |",
             "|---|---:|---:|---:|---:|"]
     for r in record["results"]:
-        spread = f" ({r['ratio_spread']:.3f})" if "ratio_spread" in r else ""  # older records lack it
+        spread = f" ({r['ratio_spread']:.3f})" if "ratio_spread" in r else ""  # a record may lack it
         rows.append(f"| {r['variant']} | {r['step_us']:.0f} ({r['spread_us']:.0f}) | "
                     f"{r['ratio_to_unoverlapped']:.3f}{spread} | {r['comm_us']:.0f} | {r['compute_us']:.0f} |")
     rows.append(f"\nMLP pair {record['d']} → {record['h']} → {record['d']} (mode {record['mode']}), global batch "

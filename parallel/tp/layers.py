@@ -1,4 +1,4 @@
-"""Tensor parallelism on our ring (chapter 6): split one layer's weights between ranks.
+"""Tensor parallelism on our ring (chapter 7): split one layer's weights between ranks.
 
     col = ColumnParallelDense(1024, 4096, mode="cpp", group=tp_group)   # W's rows (outputs) split
     row = RowParallelDense(4096, 1024, mode="cpp", group=tp_group)      # W's columns (inputs) split
@@ -16,7 +16,7 @@ reduce-scatters its output, and with ``overlap=True`` each of those collectives 
 steps with a GEMM on the chunk in hand while the next chunk travels (collective matmul),
 forward and backward.
 
-Every collective is the ring of parallel/ring.py on ``group``; without a process group (or
+Every collective is the ring of parallel/dp/ring.py on ``group``; without a process group (or
 with a group of one) the layers compute the unsharded result alone.
 """
 
