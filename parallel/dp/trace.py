@@ -21,23 +21,56 @@ import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is 
 # isort: split
 import datetime
 import sys
+import time
 
 STEPS = range(1, 9)  # the steps recorded, counted from 0: the first epoch's 2nd to 9th
 EVENTS = ("ready", "start", "end")  # per bucket
 
 
-def write(config, how) -> None:
-    """Every rank: gather every rank's recorded steps; rank 0 writes the record to config.trace.
-    ``how`` is the trainer's DataParallel strategy, which recorded them."""
+class Tracer:
+    """Held by the trainer's strategy (parallel/dp/trainer.py) in a traced run: notes the times of
+    the recorded steps, with the GradReducer's record of its buckets."""
+
+    def __init__(self, reducer) -> None:
+        self.reducer = reducer
+        self.steps: list[dict] = []  # one per recorded step
+        self._step: dict | None = None  # the step being recorded
+
+    def step_started(self, epoch: int, step: int) -> None:
+        if epoch == 0 and step in STEPS:
+            self._step = {"step": step, "start": time.perf_counter()}
+            self.reducer.trace = {}  # the reducer notes each bucket's ready, start and end
+
+    def forward_ended(self, *_) -> None:  # a forward hook on the model
+        if self._step is not None:
+            self._step["forward_end_s"] = time.perf_counter() - self._step["start"]
+
+    def step_ended(self, backward_end: float) -> None:
+        """After the wait for the last bucket; ``backward_end``: when backward returned."""
+        if self._step is None:
+            return
+        step, self._step = self._step, None
+        t0, events = step.pop("start"), self.reducer.trace
+        self.reducer.trace = None
+        self.steps.append({**step, "backward_end_s": backward_end - t0, "step_end_s": time.perf_counter() - t0,
+                           "buckets": [[events[i][k] - t0 if k in events.get(i, {}) else None for k in EVENTS]
+                                       for i in range(len(self.reducer.buckets))]})
+
+    def write(self, config, data_parallel_ranks: int) -> None:
+        """Every rank: gather every rank's recorded steps; rank 0 writes the record to config.trace."""
+        write(config, self, data_parallel_ranks)
+
+
+def write(config, tracer: Tracer, data_parallel_ranks: int) -> None:
     import torch
 
     from parallel.common.harness import every_rank
     from parallel.common.launch import world
 
-    buckets, steps = len(how.reducer.buckets), len(how.trace)
+    buckets, steps = len(tracer.reducer.buckets), len(tracer.steps)
     fields = ["step", "forward_end_s", "backward_end_s", "step_end_s"]
     mine = torch.full((steps, len(fields) + 3 * buckets), float("nan"), dtype=torch.float64)
-    for i, s in enumerate(how.trace):
+    for i, s in enumerate(tracer.steps):
         mine[i, : len(fields)] = torch.tensor([s.get(f, float("nan")) for f in fields], dtype=torch.float64)
         mine[i, len(fields):] = torch.tensor([float("nan") if v is None else v for b in s["buckets"] for v in b],
                                              dtype=torch.float64)
@@ -56,9 +89,9 @@ def write(config, how) -> None:
                           "buckets": [dict(zip(EVENTS, map(value, row[len(fields) + 3 * b: len(fields) + 3 * b + 3])))
                                       for b in range(buckets)]})
         recorded.append({"step": int(table[0, i, 0].item()) + 1, "ranks": ranks})  # counted from 1
-    sizes = [sum(p.numel() * p.element_size() for p in bucket) for bucket in how.reducer.buckets]
+    sizes = [sum(p.numel() * p.element_size() for p in bucket) for bucket in tracer.reducer.buckets]
     record = {"benchmark": "trace", "torch": torch.__version__, "backend": torch.distributed.get_backend(),
-              "world_size": world()[1], "data_parallel_ranks": how.size, "mode": config.mode,
+              "world_size": world()[1], "data_parallel_ranks": data_parallel_ranks, "mode": config.mode,
               "hidden": list(config.hidden), "global_batch": config.batch_size, "bucket_kb": config.bucket_kb,
               "overlap": config.overlap, "bucket_bytes": sizes,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -120,8 +120,8 @@ def train(config: Config) -> dict:
                 save(config, how, model, opt, ds, epoch, history)
     finally:
         how.close()
-    if config.trace:
-        how.write_trace(config)
+    if how.tracer:
+        how.tracer.write(config, how.size)
     result = {"epochs": history, "final_accuracy": evaluate(model, ds.test, device, how)}
     if config.return_state:
         result["state"] = how.full_state(model, None)[0]
@@ -145,8 +145,7 @@ class DataParallel:
         # gloo sends CPU tensors only: CUDA gradients then travel through host memory
         gloo = self.size > 1 and torch.distributed.get_backend() == "gloo"
         self.staging = "cpu" if config.device != "cpu" and gloo else None
-        self.trace: list[dict] = []  # with config.trace: one entry per recorded step
-        self._step: dict | None = None  # the step being traced
+        self.tracer = None  # with config.trace: parallel/dp/trace.py's Tracer
 
     def build_model(self, ds: data_mod.Dataset) -> nn.Module:
         return build_model(ds.features, tuple(self.config.hidden), ds.classes, self.config.mode, self.config.device)
@@ -160,8 +159,11 @@ class DataParallel:
         if self.size > 1:
             self.reducer = GradReducer(list(model.parameters()), bucket_bytes=self.config.bucket_kb * 1024,
                                        overlap=self.config.overlap, staging_device=self.staging, group=self.group)
-        if self.config.trace:
-            model.register_forward_hook(lambda *_: self._mark("forward_end_s"))
+        if self.config.trace and self.reducer is not None:
+            from parallel.dp.trace import Tracer
+
+            self.tracer = Tracer(self.reducer)
+            model.register_forward_hook(self.tracer.forward_ended)
 
     def broadcast(self, model: nn.Module) -> None:
         if self.size == 1:
@@ -174,17 +176,16 @@ class DataParallel:
 
     def before_step(self, epoch: int, step: int) -> None:
         """Only a traced run does anything here: it notes when the step started."""
-        if self.config.trace and self.reducer is not None and _traced(epoch, step):
-            self._step = {"step": step, "start": time.perf_counter()}
-            self.reducer.trace = {}
+        if self.tracer:
+            self.tracer.step_started(epoch, step)
 
     def after_backward(self) -> None:
         if self.reducer is None:
             return
         backward_end = time.perf_counter()
         self.reducer.finish()  # wait for the last bucket (and start any not yet started)
-        if self._step is not None:
-            self._record_step(backward_end)
+        if self.tracer:
+            self.tracer.step_ended(backward_end)
 
     def comm_s(self) -> float:
         """Seconds spent in communication so far (the gradient buckets' all-reduces)."""
@@ -204,25 +205,6 @@ class DataParallel:
         if self.reducer:
             self.reducer.close()
 
-    # -- the trace of the gradient buckets (parallel/dp/trace.py) ---------------------------
-
-    def _mark(self, key: str) -> None:
-        if self._step is not None:
-            self._step[key] = time.perf_counter() - self._step["start"]
-
-    def _record_step(self, backward_end: float) -> None:
-        step, self._step = self._step, None
-        t0, events = step.pop("start"), self.reducer.trace
-        self.reducer.trace = None
-        self.trace.append({**step, "backward_end_s": backward_end - t0, "step_end_s": time.perf_counter() - t0,
-                           "buckets": [[events[i][k] - t0 if k in events.get(i, {}) else None
-                                        for k in ("ready", "start", "end")] for i in range(len(self.reducer.buckets))]})
-
-    def write_trace(self, config: Config) -> None:
-        from parallel.dp import trace
-
-        trace.write(config, self)
-
 
 def strategy(config: Config) -> DataParallel:
     """Plain data parallelism, unless the config asks for ZeRO or tensor parallelism."""
@@ -235,13 +217,6 @@ def strategy(config: Config) -> DataParallel:
 
         return ZeRO(config)
     return DataParallel(config)
-
-
-def _traced(epoch: int, step: int) -> bool:
-    """The steps a traced run records: the first epoch's 2nd to 9th (the 1st warms up)."""
-    from parallel.dp.trace import STEPS
-
-    return epoch == 0 and step in STEPS
 
 
 # ---------------------------------------------------------------------------
