@@ -363,6 +363,8 @@ def test_choice_follows_the_model():
         for nbytes in costmodel.SIZES:
             assert choose(nbytes // 4, 4, n) == costmodel.choose(n, nbytes, costmodel.link_for(n))
     assert choose(10, 4, 1) == "ring"
+    for n in (2, 3, 4, 5):  # on NCCL a fixed rule, not this machine's gloo fit
+        assert {choose(nbytes // 4, 4, n, "nccl") for nbytes in costmodel.SIZES} == {"ring"}
 
 
 def test_fit_recovers_a_line():
@@ -373,8 +375,37 @@ def test_fit_recovers_a_line():
 
 def test_committed_fit_is_read():
     links = costmodel.fitted_links()
-    assert {2, 3, 4} <= set(links), "docs/results/alphabeta_gloo.json lacks world sizes 2-4"
+    assert {2, 3, 4} <= set(links), "parallel/collectives/alphabeta_gloo.json lacks world sizes 2-4"
     assert all(link.alpha > 0 and link.beta > 0 for link in links.values())
+
+
+def test_show_and_predict_use_the_fit_they_are_given_and_say_which(tmp_path, capsys):
+    """A fit made with `fit --json PATH` is used by `--fit PATH`, not silently replaced by the
+    one auto reads; stderr names the fit either way."""
+    record = json.loads(costmodel.FIT_PATH.read_text())
+    for fit in record["fits"].values():  # a slower machine: ten times the fixed costs
+        fit["alpha_s"] *= 10
+        if "alpha_direct_s" in fit:
+            fit["alpha_direct_s"] *= 10
+    mine = tmp_path / "fit.json"
+    mine.write_text(json.dumps(record))
+    projections = {}
+    for given in (None, mine):
+        out = tmp_path / f"predict_{'mine' if given else 'default'}.json"
+        args = ["predict", "--hidden", "64", "--compute-ms", "10", "--optimizer-ms", "1", "--json", str(out)]
+        assert costmodel.main(args + (["--fit", str(given)] if given else [])) == 0
+        said = capsys.readouterr()
+        shown = str(given) if given else "parallel/collectives/alphabeta_gloo.json"
+        assert f"using the fit in {shown}" in said.err and f"gloo: the fit in {shown};" in said.out
+        predicted = json.loads(out.read_text())
+        assert predicted["fit"] == shown
+        projections[shown] = {(r["ranks"], r["strategy"]): r["comm_s"] for r in predicted["projections"]
+                              if r["fabric"] == "gloo"}
+    default, slower = projections.values()
+    assert all(slower[k] > default[k] for k in default)
+    assert costmodel.main(["show", "--fit", str(mine)]) == 0
+    said = capsys.readouterr()
+    assert f"using the fit in {mine}" in said.err and "2 ranks: 4 KiB→" in said.out
 
 
 # ---------------------------------------------------------------------------
