@@ -64,6 +64,7 @@ class Tracer:
 def write(config, tracer: Tracer, data_parallel_ranks: int) -> None:
     import torch
 
+    from parallel.common import threads
     from parallel.common.harness import every_rank
     from parallel.common.launch import world
 
@@ -93,7 +94,7 @@ def write(config, tracer: Tracer, data_parallel_ranks: int) -> None:
     record = {"benchmark": "trace", "torch": torch.__version__, "backend": torch.distributed.get_backend(),
               "world_size": world()[1], "data_parallel_ranks": data_parallel_ranks, "mode": config.mode,
               "hidden": list(config.hidden), "global_batch": config.batch_size, "bucket_kb": config.bucket_kb,
-              "overlap": config.overlap, "bucket_bytes": sizes,
+              "overlap": config.overlap, "bucket_bytes": sizes, "gloo_io_nice": threads.active_setting(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": "python distributed.py " + " ".join(sys.argv[1:]),
               "how": "seconds from the step's start on each rank (time.perf_counter); buckets in the order they are "
