@@ -26,7 +26,6 @@ _PUBLIC = {
     "GradReducer": "parallel.dp.reducer", "all_reduce": "parallel.collectives.algorithms",
     "ZeroAdam": "parallel.collectives.zero",
     "ColumnParallelDense": "parallel.tp.layers", "RowParallelDense": "parallel.tp.layers",
-    "launch": "parallel.common.launch",
 }
 __all__ = sorted(_PUBLIC)
 
