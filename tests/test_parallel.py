@@ -232,6 +232,21 @@ def test_broadcast_is_bit_exact_including_negative_zero():
     assert results[0] == results[1] == results[2] == torch.tensor([-0.0, 1.5, float("inf"), -2.0]).numpy().tobytes()
 
 
+def test_the_public_names_are_where_a_reader_looks():
+    """From parallel, and from each chapter's folder; looked up only when used, so that a script
+    run with -m prints its --help without importing torch first."""
+    import parallel
+    from parallel.dp import ring as ring_module
+    from parallel.tp import ColumnParallelDense, RowParallelDense, layers
+
+    assert parallel.ring_all_reduce is ring_module.ring_all_reduce is ring_all_reduce
+    assert parallel.ColumnParallelDense is ColumnParallelDense is layers.ColumnParallelDense
+    assert parallel.RowParallelDense is RowParallelDense is layers.RowParallelDense
+    code = "import sys, parallel, parallel.collectives, parallel.dp, parallel.tp; print('torch' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert imported.stdout.strip() == "False", imported.stderr
+
+
 # ---------------------------------------------------------------------------
 # The ring on one screen (parallel/dp/simple.py), and the loop that uses it
 # ---------------------------------------------------------------------------
