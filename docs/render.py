@@ -39,10 +39,10 @@ MARK = re.compile(r"(<!-- (\w+): (\S+) -->\n)(.*?)(<!-- end \2 -->)", re.S)
 def renderers() -> dict[str, Callable[[dict], str]]:
     """Marker kind -> function from a JSON record to Markdown. Stages add their own."""
     import benchmark
-    from parallel import bench, costmodel, ionice, trainer
+    import parallel
 
     return {"table": benchmark.table, "roofline": benchmark.roofline_table, "sweep": benchmark.sweep_table,
-            "run": trainer.table, **bench.RENDERERS, **costmodel.RENDERERS, "ionice": ionice.table,
+            **parallel.renderers(),
             "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table,
             "cpp_overhead": _script("cpp/overhead.py").render,
             "sweep_summary": benchmark.sweep_summary,

@@ -23,8 +23,9 @@ import cli
 import distributed
 import grad_check
 from conftest import REASONS, ROOT, run_script
-from parallel import data as data_mod
-from parallel.trainer import CheckpointError, Config, check_resume, save_checkpoint, train
+from parallel.common import data as data_mod
+from parallel.common.checkpoint import CheckpointError, save_checkpoint
+from parallel.dp.trainer import Config, check_resume, train
 from test_parallel import make_mnist, write_idx
 
 SCRIPTS = ["benchmark.py", "grad_check.py", "distributed.py", "docs/render.py"]
@@ -130,7 +131,7 @@ def test_checkpoint_onto_a_directory_leaves_no_temporary_file(tmp_path):
     target = tmp_path / "ckpt.pt"
     target.mkdir()
     with pytest.raises(CheckpointError, match="cannot write the checkpoint"):
-        save_checkpoint(str(target), model, opt, 1, [], {}, Config())
+        save_checkpoint(str(target), model.state_dict(), opt.state_dict(), 1, [], {}, Config())
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
 
 
@@ -154,7 +155,7 @@ def test_numeric_nonsense_is_a_usage_error(capsys, flag, value):
 @pytest.mark.parametrize("backend, platform", [("nccl", "linux"), ("gloo", "darwin")])
 def test_the_cpu_benchmark_refuses_what_it_cannot_read(monkeypatch, backend, platform):
     """--bench cpu reads gloo's threads from /proc: on NCCL, or off Linux, a clear error before any rank starts."""
-    from parallel.trainer import Config
+    from parallel.dp.trainer import Config
 
     monkeypatch.setattr(distributed.sys, "platform", platform)
     args = distributed.build_parser().parse_args(["--bench", "cpu", "--world-size", "2"])
@@ -164,7 +165,7 @@ def test_the_cpu_benchmark_refuses_what_it_cannot_read(monkeypatch, backend, pla
 
 def test_the_burst_benchmark_refuses_nccl():
     """--bench burst times CPU tensors: on NCCL, a clear error before any rank starts."""
-    from parallel.trainer import Config
+    from parallel.dp.trainer import Config
 
     args = distributed.build_parser().parse_args(["--bench", "burst", "--world-size", "2"])
     with pytest.raises(cli.UserError, match="gloo backend only"):
@@ -176,8 +177,8 @@ def test_the_benchmarks_build_the_cpp_loop_first_or_say_why_not(monkeypatch, cap
     """Without a compiler the benchmark runs without the C++ loop and says so; a build that
     fails is one clear error, before any rank starts."""
     import modes
-    from parallel import cpp_loop
-    from parallel.trainer import Config
+    from parallel.collectives import cpp_loop
+    from parallel.dp.trainer import Config
 
     args = distributed.build_parser().parse_args(["--bench", bench, "--world-size", "2"])
     monkeypatch.setattr(cpp_loop, "unavailable", lambda: "needs a C++ compiler (test)")
@@ -398,7 +399,7 @@ def test_fast_gradcheck_runs_where_the_full_one_is_refused():
 # --help examples never overwrite a tracked file (tests/test_records.py: the committed records)
 # ---------------------------------------------------------------------------
 
-OUTPUT_FLAGS = ("--json", "--plot", "--checkpoint")
+OUTPUT_FLAGS = ("--json", "--plot", "--checkpoint", "--trace", "--out")
 
 
 def help_examples(*invocation: str) -> list[list[str]]:
@@ -419,10 +420,11 @@ def help_examples(*invocation: str) -> list[list[str]]:
 
 # Every script and subcommand that has --help: the commands of the chapters and docs/README.md.
 INVOCATIONS = [(s,) for s in SCRIPTS] + [
-    ("docs/records.py",),
-    ("-m", "parallel.ionice"), ("cpp/overhead.py",), ("cuda/static_report.py",), ("ptx/sass_report.py",),
-    *[("-m", "parallel.costmodel", c) for c in ("fit", "show", "plot", "predict")],
-    *[("parallel/tp_report.py", c) for c in ("bytes", "shards", "timeline")]]
+    ("docs/records.py",), ("cuda/figures.py",), ("cuda/emulated.py",), ("tiles/compiler_report.py",),
+    ("tiles/bench_gpu.py",),
+    ("-m", "parallel.collectives.ionice"), ("cpp/overhead.py",), ("cuda/static_report.py",), ("ptx/sass_report.py",),
+    *[("-m", "parallel.collectives.costmodel", c) for c in ("fit", "show", "plot", "predict")],
+    *[("-m", "parallel.tp.report", c) for c in ("bytes", "shards", "timeline")], ("-m", "parallel.dp.trace")]
 
 
 @pytest.mark.parametrize("invocation", INVOCATIONS, ids=" ".join)
@@ -612,7 +614,7 @@ def test_replicates_only_with_sweep():
 @pytest.mark.plot
 def test_sweep_and_training_plots(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib (optional) not installed")
-    from parallel.trainer import plot as training_plot
+    from parallel.common.runs import plot as training_plot
 
     record = benchmark.run_sweep(["reference", "py"], [(1, 8, 8), (4, 8, 8)], "cpu", torch.float32,
                                  min_rounds=6, ci_target=0.5, budget_s=0.5)
@@ -642,18 +644,21 @@ def test_cli_positive_rejects_nonsense():
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
-    ("-m", "parallel.costmodel", "fit", "--world-sizes", "2", "--json", "{missing}/fit.json"),
-    ("-m", "parallel.costmodel", "predict", "--compute-ms", "1", "--optimizer-ms", "0.1",
+    ("-m", "parallel.collectives.costmodel", "fit", "--world-sizes", "2", "--json", "{missing}/fit.json"),
+    ("-m", "parallel.collectives.costmodel", "predict", "--compute-ms", "1", "--optimizer-ms", "0.1",
      "--json", "{missing}/p.json"),
-    ("-m", "parallel.costmodel", "predict", "--validate", "{missing}/zero.json"),
-    ("-m", "parallel.costmodel", "plot", "{missing}/allreduce.json", "--out", "{tmp}/m.png"),
-    ("-m", "parallel.ionice", "--json", "{missing}/ionice.json"),
-    ("parallel/tp_report.py", "bytes", "--json", "{missing}/bytes.json"),
-    ("parallel/tp_report.py", "shards", "--out", "{missing}/s.png"),
+    ("-m", "parallel.collectives.costmodel", "predict", "--validate", "{missing}/zero.json"),
+    ("-m", "parallel.collectives.costmodel", "plot", "{missing}/allreduce.json", "--out", "{tmp}/m.png"),
+    ("-m", "parallel.collectives.ionice", "--json", "{missing}/ionice.json"),
+    ("-m", "parallel.tp.report", "bytes", "--json", "{missing}/bytes.json"),
+    ("-m", "parallel.tp.report", "shards", "--out", "{missing}/s.png"),
+    ("-m", "parallel.dp.trace", "{missing}/trace.json", "--out", "{tmp}/t.png"),
+    ("-m", "parallel.dp.trace", "{tmp}/trace.json", "--out", "{missing}/t.png"),
+    ("-m", "parallel.collectives.costmodel", "show", "--fit", "{missing}/fit.json"),
     ("cuda/static_report.py", "--json", "{tmp}"),
     ("ptx/sass_report.py", "--json", "{missing}/s.json"),
 ], ids=["fit-json", "predict-json", "predict-validate", "plot-record", "ionice-json", "bytes-json", "shards-out",
-        "static-json-dir", "sass-json"])
+        "trace-record", "trace-out", "show-fit", "static-json-dir", "sass-json"])
 def test_report_scripts_refuse_bad_paths_before_any_work(tmp_path, args):
     from conftest import run_script
 
@@ -716,7 +721,7 @@ def test_a_figure_name_matplotlib_cannot_write_is_refused_before_any_work(tmp_pa
 
 
 def test_more_local_ranks_than_memory_can_start_are_refused_before_any_starts():
-    from parallel.launch import launch
+    from parallel.common.launch import launch
 
     started = time.monotonic()
     with pytest.raises(cli.UserError, match="100000 local ranks need about .* use fewer ranks"):
@@ -741,13 +746,17 @@ def test_more_local_ranks_than_memory_can_start_are_refused_before_any_starts():
     (["plot", "docs/results/zero_gloo_w2.json", "--out", "{tmp}/m.png"], "this needs a record of kind 'allreduce'"),
     (["fit", "--rounds", "0"], "must be at least 1, got '0'"),
     (["fit", "--world-sizes", "2,2"], "each world size once"),
+    (["predict", "--compute-ms", "12", "--optimizer-ms", "2", "--fit", "docs/results/zero_gloo_w2.json"],
+     "this needs a record of kind 'alphabeta'"),
+    (["show", "--fit", "{tmp}/no_variants.json"], "this needs a record of kind 'alphabeta'"),
 ], ids=["no-optimizer", "neither", "optimizer-over-compute", "zero", "nan", "negative-gpu", "zero-width",
-        "zero-batch", "validate-allreduce", "validate-damaged", "plot-zero", "fit-rounds", "fit-twice"])
+        "zero-batch", "validate-allreduce", "validate-damaged", "plot-zero", "fit-rounds", "fit-twice",
+        "predict-fit-kind", "show-fit-kind"])
 def test_the_cost_models_commands_refuse_nonsense_in_one_line(tmp_path, args, message):
     (tmp_path / "no_variants.json").write_text(json.dumps(
         {"benchmark": "zero", "results": [], "world_size": 2, "parameters": 1, "hidden": [1], "batch_per_rank": 1}))
     args = [a.format(tmp=tmp_path) for a in args]
-    result = run_script("-m", "parallel.costmodel", *args, timeout=60)
+    result = run_script("-m", "parallel.collectives.costmodel", *args, timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     no_traceback(result)
     assert message in result.stderr.strip().splitlines()[-1]  # argparse's usage lines may come first
@@ -755,6 +764,6 @@ def test_the_cost_models_commands_refuse_nonsense_in_one_line(tmp_path, args, me
 
 @pytest.mark.parametrize("size", ["0", "1", "-1"])
 def test_ionice_asks_for_two_ranks_or_more_in_the_same_words(size):
-    result = run_script("-m", "parallel.ionice", "--world-size", size, timeout=60)
+    result = run_script("-m", "parallel.collectives.ionice", "--world-size", size, timeout=60)
     assert result.returncode == 2 and "--world-size must be at least 2 (a collective needs a peer)" in result.stderr
 

@@ -11,12 +11,13 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from conftest import all_reduce_case
-from parallel import costmodel
-from parallel.collectives import ALGORITHMS, RingError, all_reduce, choose
-from parallel.launch import launch
-from parallel.trainer import Config, train
+from parallel.collectives import costmodel
+from parallel.collectives.algorithms import ALGORITHMS, RingError, all_reduce, choose
+from parallel.common.launch import launch
+from parallel.dp.trainer import Config, train
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -123,7 +124,7 @@ def test_nan_payloads_identical_on_every_rank_and_disagreeing_ranks_all_get_a_cl
 def split_into_messages(message_bytes: int) -> list:
     """Every collective with each tensor cut into messages of ``message_bytes`` (ring._post),
     and with one message per tensor: the same bits must come out."""
-    from parallel import ring
+    from parallel.dp import ring
 
     rank, out, default = dist.get_rank(), [], ring.MESSAGE_BYTES
     for numel in (1, 17, 1000, 4099):
@@ -160,7 +161,8 @@ def segmented_against_the_ring(segment_bytes: int) -> list:
     """The segmented ring with segments of ``segment_bytes`` (so a chunk of a few hundred bytes
     goes in many, and the two in flight straddle the steps) against ring_all_reduce: the same
     additions in the same order must give the same bits, NaN payloads included."""
-    from parallel import collectives, ring
+    from parallel.collectives import algorithms as collectives
+    from parallel.dp import ring
 
     rank, out = dist.get_rank(), []
     collectives.SEGMENT_BYTES = segment_bytes
@@ -175,7 +177,7 @@ def segmented_against_the_ring(segment_bytes: int) -> list:
                     dist.all_reduce(expected)
                     expected /= dist.get_world_size() if op == "avg" else 1
                 theirs = ring.ring_all_reduce(t.clone(), op)
-                for direct in (True, False):  # as it posts now, and as the benchmark's "before" runs it
+                for direct in (True, False):  # as it posts by default, and as the benchmark's alternative
                     collectives.SEGMENTED_DIRECT = direct
                     mine = all_reduce(t.clone(), op, "segmented_ring")
                     same = mine.view(-1).view(torch.uint8).numpy().tobytes() == \
@@ -206,7 +208,7 @@ def test_the_segmented_ring_gives_the_rings_bits_with_many_segments(world_size):
 
 
 def test_two_steps_in_flight_and_each_finished_before_the_one_two_later_is_posted():
-    from parallel.collectives import _in_pairs
+    from parallel.collectives.algorithms import _in_pairs
 
     events: list[str] = []
     _in_pairs(5, lambda i: (events.append(f"post {i}") or i,), lambda i: events.append(f"finish {i}"))
@@ -218,7 +220,7 @@ def test_two_steps_in_flight_and_each_finished_before_the_one_two_later_is_poste
 
 
 def test_a_tensor_is_cut_into_nearly_equal_messages_of_about_message_bytes():
-    from parallel import ring
+    from parallel.dp import ring
 
     t = torch.arange(1001, dtype=torch.float64)  # 8008 bytes
     for limit, count in ((0, 1), (1 << 20, 1), (8008, 1), (8000, 2), (1024, 8), (12, 668), (8, 1001)):
@@ -305,7 +307,7 @@ def test_fit_record_with_direct_steps_is_read_and_shown(tmp_path):
 
 
 def test_the_model_knows_the_rings_piece_size():
-    from parallel.ring import DEFAULT_SEGMENT_BYTES, _pieces
+    from parallel.dp.ring import DEFAULT_SEGMENT_BYTES, _pieces
 
     assert costmodel.PIECE_BYTES == DEFAULT_SEGMENT_BYTES
     # the piece the model charges is the piece the ring cuts, whole pieces and split ones alike
@@ -318,7 +320,7 @@ def test_the_model_knows_the_rings_piece_size():
 
 
 def test_the_model_knows_the_segmented_rings_segments():
-    from parallel import collectives
+    from parallel.collectives import algorithms as collectives
 
     assert costmodel.SEGMENT_BYTES == collectives.SEGMENT_BYTES
     # the segments the model charges are the ones the code cuts
@@ -361,6 +363,8 @@ def test_choice_follows_the_model():
         for nbytes in costmodel.SIZES:
             assert choose(nbytes // 4, 4, n) == costmodel.choose(n, nbytes, costmodel.link_for(n))
     assert choose(10, 4, 1) == "ring"
+    for n in (2, 3, 4, 5):  # on NCCL a fixed rule, not this machine's gloo fit
+        assert {choose(nbytes // 4, 4, n, "nccl") for nbytes in costmodel.SIZES} == {"ring"}
 
 
 def test_fit_recovers_a_line():
@@ -371,8 +375,37 @@ def test_fit_recovers_a_line():
 
 def test_committed_fit_is_read():
     links = costmodel.fitted_links()
-    assert {2, 3, 4} <= set(links), "docs/results/alphabeta_gloo.json lacks world sizes 2-4"
+    assert {2, 3, 4} <= set(links), "parallel/collectives/alphabeta_gloo.json lacks world sizes 2-4"
     assert all(link.alpha > 0 and link.beta > 0 for link in links.values())
+
+
+def test_show_and_predict_use_the_fit_they_are_given_and_say_which(tmp_path, capsys):
+    """A fit made with `fit --json PATH` is used by `--fit PATH`, not silently replaced by the
+    one auto reads; stderr names the fit either way."""
+    record = json.loads(costmodel.FIT_PATH.read_text())
+    for fit in record["fits"].values():  # a slower machine: ten times the fixed costs
+        fit["alpha_s"] *= 10
+        if "alpha_direct_s" in fit:
+            fit["alpha_direct_s"] *= 10
+    mine = tmp_path / "fit.json"
+    mine.write_text(json.dumps(record))
+    projections = {}
+    for given in (None, mine):
+        out = tmp_path / f"predict_{'mine' if given else 'default'}.json"
+        args = ["predict", "--hidden", "64", "--compute-ms", "10", "--optimizer-ms", "1", "--json", str(out)]
+        assert costmodel.main(args + (["--fit", str(given)] if given else [])) == 0
+        said = capsys.readouterr()
+        shown = str(given) if given else "parallel/collectives/alphabeta_gloo.json"
+        assert f"using the fit in {shown}" in said.err and f"gloo: the fit in {shown};" in said.out
+        predicted = json.loads(out.read_text())
+        assert predicted["fit"] == shown
+        projections[shown] = {(r["ranks"], r["strategy"]): r["comm_s"] for r in predicted["projections"]
+                              if r["fabric"] == "gloo"}
+    default, slower = projections.values()
+    assert all(slower[k] > default[k] for k in default)
+    assert costmodel.main(["show", "--fit", str(mine)]) == 0
+    said = capsys.readouterr()
+    assert f"using the fit in {mine}" in said.err and "2 ranks: 4 KiB→" in said.out
 
 
 # ---------------------------------------------------------------------------
@@ -402,7 +435,7 @@ def test_zero_trains_like_plain_data_parallelism(world_size):
 
 
 def zero_state_bytes() -> tuple[int, int]:
-    from parallel.zero import ZeroAdam
+    from parallel.collectives.zero import ZeroAdam
 
     torch.manual_seed(0)
     model = torch.nn.Linear(100, 10)  # 1010 parameters
@@ -417,6 +450,52 @@ def test_zero_optimizer_state_falls_as_one_over_world_size(world_size):
     for state_bytes, shard in launch(zero_state_bytes, world_size, deadline_s=60):
         assert shard == -(-1010 // world_size)
         assert state_bytes == 2 * 4 * shard + 4  # two float32 moments of the shard, and the step counter
+
+
+def zero_twins(steps: int = 5) -> dict:
+    """Inside a rank: the same model and batches, stepped by ZeroAdam in our loop (the loss
+    scaled by the global batch, gradients reduce-scattered by the optimiser) and by torch's
+    ZeroRedundancyOptimizer behind DDP (gradients averaged by DDP, parameters broadcast by their
+    owners)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from parallel.collectives.zero import ZeroAdam, torch_zero
+    from parallel.common import data as data_mod
+    from parallel.dp.trainer import build_model
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    ds = data_mod.synthetic(0)
+    batches = [torch.arange(i * 32, (i + 1) * 32) for i in range(steps)]  # equal shards: DDP's mean is global
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return build_model(ds.features, (24, 24), ds.classes, "py")
+
+    ours = model()
+    opt = ZeroAdam(ours.parameters(), lr=1e-2)
+    for batch in batches:
+        idx = data_mod.shard(batch, rank, n)
+        (F.cross_entropy(ours(ds.train.x[idx]), ds.train.y[idx], reduction="sum") / len(batch)).backward()
+        opt.step()
+        opt.zero_grad()
+    theirs = model()
+    ddp, zro = DistributedDataParallel(theirs), torch_zero(theirs.parameters(), lr=1e-2)
+    for batch in batches:
+        idx = data_mod.shard(batch, rank, n)
+        F.cross_entropy(ddp(ds.train.x[idx]), ds.train.y[idx]).backward()
+        zro.step()
+        zro.zero_grad()
+    untrained = model()
+    return {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
+            for name, m in (("ZeroAdam", ours), ("ZeroRedundancyOptimizer", theirs), ("untrained", untrained))}
+
+
+def test_zero_adam_and_torchs_zero_redundancy_optimizer_train_alike():
+    for rank in launch(zero_twins, 2, deadline_s=120):
+        ours, theirs = rank["ZeroAdam"], rank["ZeroRedundancyOptimizer"]
+        for k in ours:
+            assert not torch.equal(ours[k], rank["untrained"][k]), k
+            torch.testing.assert_close(ours[k], theirs[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 @pytest.mark.slow
@@ -435,7 +514,7 @@ def test_zero_and_plain_checkpoints_are_interchangeable(tmp_path):
 
 
 def test_allreduce_table_judges_the_goal_with_intervals():
-    from parallel.bench import allreduce_table, cpp_loop_table
+    from parallel.collectives.bench import allreduce_table, cpp_loop_table
 
     def row(nbytes: int, variant: str, ratio: float, ci: list[float] | None) -> dict:
         return {"bytes": nbytes, "variant": variant, "time_us": 100.0, "spread_us": 5.0, "busbw_gbs": 1.0,
@@ -454,10 +533,14 @@ def test_allreduce_table_judges_the_goal_with_intervals():
     results.append(row(16384, "segmented_ring", 0.97, [0.9, 1.0]))
     assert "| 0.85 (0.70–1.10) | 0.50 | 0.97 |" in allreduce_table(record)
     assert "met at 4 KiB; missed at 16 KiB, 64 KiB; significantly below 0.90 (interval under it) at 64 KiB." in text
-    assert "as before" not in text  # no variant as it was: no such table
+    assert "alternative" not in text  # no alternative in the record: no such table
     results += [row(65536, "two_shot", 0.9, [0.85, 0.95]),
-                {**row(65536, "two_shot, a wait per send (before)", 0.8, [0.75, 0.85]),
-                 "time_over_now": 1.12, "time_over_now_ci": [1.05, 1.2]}]
+                {**row(65536, "two_shot, a wait per send", 0.8, [0.75, 0.85]),
+                 "time_over_default": 1.12, "time_over_default_ci": [1.05, 1.2]}]
+    assert "| 64 KiB | two_shot, a wait per send | 0.80 (0.75–0.85) | 0.90 (0.85–0.95) | 1.12 (1.05–1.20) |" in \
+        allreduce_table(record)
+    results[-1] = {**row(65536, "two_shot, a wait per send (before)", 0.8, [0.75, 0.85]),  # as a record may name it
+                   "time_over_now": 1.12, "time_over_now_ci": [1.05, 1.2]}
     assert "| 64 KiB | two_shot, a wait per send | 0.80 (0.75–0.85) | 0.90 (0.85–0.95) | 1.12 (1.05–1.20) |" in \
         allreduce_table(record)
     assert "loop in C++" not in allreduce_table(record)
@@ -478,7 +561,7 @@ def test_allreduce_table_judges_the_goal_with_intervals():
 
 
 def test_allreduce_table_compares_segment_sizes_per_loop():
-    from parallel.bench import CPP_LOOP, allreduce_table, segment_variant
+    from parallel.collectives.bench import CPP_LOOP, allreduce_table, segment_variant
 
     def row(variant: str, ratio: float, algorithm: str | None = None) -> dict:
         return {"bytes": 16 << 20, "variant": variant, "time_us": 100.0, "spread_us": 5.0, "busbw_gbs": 1.0,
@@ -507,7 +590,7 @@ def test_allreduce_table_compares_segment_sizes_per_loop():
     assert "| 16 MiB | segmented-ring (C++) |" in new
 
 def _burst_record(variants: tuple[str, ...], why: str | None = None) -> dict:
-    from parallel.bench import BURSTS
+    from parallel.collectives.bench import BURSTS
 
     results = [{"bytes": nbytes, "calls_in_a_row": k, "variant": v, "time_us": 1000.0 * k + i, "spread_us": 1.0,
                 "busbw_ratio_to_dist": 0.9 + i / 100, "ratio_ci": [0.8, 1.0],
@@ -519,7 +602,7 @@ def _burst_record(variants: tuple[str, ...], why: str | None = None) -> dict:
 
 def test_burst_table_shows_every_size_and_burst_with_the_models_time():
     """A record from before the segmented ring was timed (ring and two-shot only) renders as it did."""
-    from parallel.bench import BURSTS, burst_table
+    from parallel.collectives.bench import BURSTS, burst_table
 
     text = burst_table(_burst_record(("ring", "two_shot", "dist.all_reduce")))
     assert text.splitlines()[0] == ("| size | calls in a row | ring µs per call | two-shot µs per call "
@@ -531,7 +614,7 @@ def test_burst_table_shows_every_size_and_burst_with_the_models_time():
 
 
 def test_burst_table_shows_the_segmented_ring_and_its_cpp_loop_or_why_not():
-    from parallel.bench import BURST_VARIANTS, CPP_LOOP, burst_table
+    from parallel.collectives.bench import BURST_VARIANTS, CPP_LOOP, burst_table
 
     text = burst_table(_burst_record(BURST_VARIANTS))
     header = text.splitlines()[0]
@@ -553,7 +636,7 @@ def test_burst_table_shows_the_segmented_ring_and_its_cpp_loop_or_why_not():
 
 def test_predict_validation_shows_the_models_communication_and_the_all_reduce_inside_the_step(tmp_path, capsys):
     """A zero record's dp row carries each rank's time inside the gradient all-reduce; predict
-    shows it beside the model's communication. An older record without it shows a dash."""
+    shows it beside the model's communication. A record without it shows a dash."""
     results = [{"variant": "compute only", "step_us": 10000.0}, {"variant": "adam step alone", "step_us": 2000.0},
                {"variant": "dp", "step_us": 20000.0, "allreduce_in_step_us_by_rank": [6000.0, 4500.0],
                 "allreduce_in_step_waiting_us_by_rank": [1500.0, 0.0]},

@@ -1,4 +1,4 @@
-"""The segmented ring with its loop in C++ (parallel/cpp_loop.py): the Python version's bits.
+"""The segmented ring with its loop in C++ (parallel/collectives/cpp_loop.py): the Python version's bits.
 
 Functions that run inside the ranks are top-level, so the spawned processes can import them.
 """
@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 from conftest import all_reduce_case
-from parallel import cpp_loop
-from parallel.launch import launch
+from parallel.collectives import cpp_loop
+from parallel.common.launch import launch
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 NEEDS_BUILD = pytest.mark.skipif(cpp_loop.unavailable() is not None, reason=f"{cpp_loop.unavailable()}")
@@ -26,7 +26,8 @@ def built():
 def cpp_against_python(segment_bytes: int) -> list:
     """Both loops on the same inputs, NaN payloads and infinities included, with segments of
     ``segment_bytes`` (a few bytes: many segments, and the two in flight straddle the steps)."""
-    from parallel import collectives, cpp_loop
+    from parallel.collectives import algorithms as collectives
+    from parallel.collectives import cpp_loop
 
     rank, out = dist.get_rank(), []
     collectives.SEGMENT_BYTES = segment_bytes
@@ -75,7 +76,7 @@ def test_the_cpp_loop_on_a_subgroup(built):
 
 
 def refusals() -> list[str]:
-    from parallel.ring import RingError
+    from parallel.dp.ring import RingError
 
     out = []
     for call in (lambda: cpp_loop.segmented_ring(torch.arange(6.0).view(2, 3).t()),
@@ -103,7 +104,8 @@ def auto_before_and_after_loading() -> list:
     """``auto`` picking the segmented ring (forced here, so that small tensors take it): the
     Python loop until this process loads the library, the C++ loop after, the same bits both
     times, non-contiguous tensors included. The Python loop's ``_in_pairs`` counts its calls."""
-    from parallel import collectives, cpp_loop
+    from parallel.collectives import algorithms as collectives
+    from parallel.collectives import cpp_loop
 
     python_loops, run_pairs = [], collectives._in_pairs
     collectives._in_pairs = lambda *a: python_loops.append(1) or run_pairs(*a)
@@ -143,7 +145,8 @@ def test_auto_runs_the_cpp_loop_once_the_process_has_loaded_it(built, world_size
 def one_rank_loaded() -> tuple[int, bytes, bytes]:
     """Rank 0 has loaded the library, the others have not: ``auto`` runs the C++ loop on rank 0
     and the Python loop elsewhere. They send the same messages, so they interoperate."""
-    from parallel import collectives, cpp_loop
+    from parallel.collectives import algorithms as collectives
+    from parallel.collectives import cpp_loop
 
     collectives.choose = lambda *a: "segmented_ring"
     collectives.SEGMENT_BYTES = 40

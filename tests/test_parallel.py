@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,10 +23,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from conftest import ROOT, all_reduce_case, run_script
-from parallel import data as data_mod
-from parallel.launch import LaunchError, launch
-from parallel.ring import RingError, ring_all_reduce, ring_broadcast_from_rank0
-from parallel.trainer import CheckpointError, Config, build_model, train
+from parallel.common import data as data_mod
+from parallel.common.checkpoint import CheckpointError
+from parallel.common.launch import LaunchError, launch
+from parallel.dp.ring import RingError, ring_all_reduce, ring_broadcast_from_rank0
+from parallel.dp.trainer import Config, build_model, train
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -74,8 +76,8 @@ def scratch_reuse() -> dict:
     """Two rounds of the ring collectives on one thread: the second must reuse the first's
     scratch buffer (a buffer grown in the first round is replaced, not the point), and nothing
     a call returned may live in it."""
-    from parallel import ring
-    from parallel.collectives import all_reduce
+    from parallel.collectives.algorithms import all_reduce
+    from parallel.dp import ring
     rank, n = dist.get_rank(), dist.get_world_size()
     key = (torch.float32, torch.device("cpu"), "")  # the buffer the algorithms share
     total = n * (n + 1) / 2
@@ -93,16 +95,18 @@ def scratch_reuse() -> dict:
             "results_untouched": all(torch.equal(p, kept) for p, kept in parts)}
 
 
-def before_variants() -> dict:
-    """The allreduce benchmark's variants "as before": right sums, the switches they turn
-    off really off during the call, and everything as it was after it."""
-    from parallel import bench, collectives, ring
+def alternative_variants() -> dict:
+    """The allreduce benchmark's alternatives (each with one of the algorithms' choices undone):
+    right sums, the switch each turns off really off during its call, and everything back after it."""
+    from parallel.collectives import algorithms as collectives
+    from parallel.collectives import bench
+    from parallel.dp import ring
     rank, n = dist.get_rank(), dist.get_world_size()
     key = (torch.float32, torch.device("cpu"), "")  # the buffer the algorithms share
     t = torch.full((n * 5000,), float(rank + 1))
     ring_all_reduce(t)
     held, made = ring._local.buffers[key], []
-    posted, post = [], collectives._post  # the segmented ring goes through _post only as before
+    posted, post = [], collectives._post  # the segmented ring goes through _post only as an alternative
 
     def counted_posts(*args, **kwargs) -> list:
         posted.append(1)
@@ -129,8 +133,8 @@ def before_variants() -> dict:
     ring._messages = counted
     ring.MESSAGE_BYTES = 4096  # small enough to cut this test's pieces
     out = {}
-    for name, fn in [*bench._as_before(t).items(),
-                     ("segmented_ring (now)", lambda: collectives.all_reduce(t, algorithm="segmented_ring"))]:
+    for name, fn in [*bench._alternatives(t).items(),
+                     ("segmented_ring (default)", lambda: collectives.all_reduce(t, algorithm="segmented_ring"))]:
         t.fill_(rank + 1)
         made.clear()
         fresh.clear()
@@ -143,24 +147,24 @@ def before_variants() -> dict:
     return out
 
 
-def test_the_benchmarks_variants_as_before_switch_only_during_their_call():
-    got = launch(before_variants, 2, deadline_s=60)[0]
+def test_the_benchmarks_alternatives_switch_only_during_their_call():
+    got = launch(alternative_variants, 2, deadline_s=60)[0]
     # (right sums, late-send schedules made, a fresh buffer seen, messages cut, posted through
     # collectives._post, late sends back on, buffer back, message size back, direct posts back on)
     on = (True, True, 4096, True)
-    assert got == {"ring, a fresh buffer per call (before)": (True, 1, True, True, False, *on),
-                   "ring, a fresh buffer and a wait per send (before)": (True, 0, True, True, False, *on),
-                   "two_shot, a wait per send (before)": (True, 0, False, True, True, *on),
-                   "ring, one message per piece (before)": (True, 1, False, False, False, *on),
-                   "two_shot, one message per block (before)": (True, 0, False, False, True, *on),
-                   "segmented_ring, through dist.isend/irecv and a shared scratch (before)":
-                       (True, 0, False, False, True, *on),
-                   "segmented_ring (now)": (True, 0, False, False, False, *on)}
+    assert got == {"ring, a fresh buffer per call": (True, 1, True, True, False, *on),
+                   "ring, a fresh buffer and a wait per send": (True, 0, True, True, False, *on),
+                   "two_shot, a wait per send": (True, 0, False, True, True, *on),
+                   "ring, one message per piece": (True, 1, False, False, False, *on),
+                   "two_shot, one message per block": (True, 0, False, False, True, *on),
+                   "segmented_ring, through dist.isend/irecv and a shared scratch": (True, 0, False, False, True, *on),
+                   "segmented_ring (default)": (True, 0, False, False, False, *on)}
 
 
 def segmented_at_sizes() -> dict:
     """The benchmark's segment-size variants: the segments each cuts, its sums, the default after."""
-    from parallel import bench, collectives
+    from parallel.collectives import algorithms as collectives
+    from parallel.collectives import bench
 
     rank, n = dist.get_rank(), dist.get_world_size()
     seen, count = [], collectives._segments_per_chunk
@@ -177,7 +181,7 @@ def segmented_at_sizes() -> dict:
 
 
 def test_the_benchmarks_segment_sizes_apply_only_during_their_call():
-    from parallel.collectives import SEGMENT_BYTES
+    from parallel.collectives.algorithms import SEGMENT_BYTES
 
     got = launch(segmented_at_sizes, 2, deadline_s=60)[0]
     # 10 MiB chunks: 40 segments of 256 KiB, 10 of 1 MiB, 2 of 5 MiB (the default, 1 MiB, cuts 10)
@@ -228,6 +232,71 @@ def test_broadcast_is_bit_exact_including_negative_zero():
     assert results[0] == results[1] == results[2] == torch.tensor([-0.0, 1.5, float("inf"), -2.0]).numpy().tobytes()
 
 
+def test_the_public_names_are_where_a_reader_looks():
+    """From parallel, and from each chapter's folder; looked up only when used, so that a script
+    run with -m prints its --help without importing torch first."""
+    import parallel
+    from parallel.dp import ring as ring_module
+    from parallel.tp import ColumnParallelDense, RowParallelDense, layers
+
+    assert parallel.ring_all_reduce is ring_module.ring_all_reduce is ring_all_reduce
+    assert parallel.ColumnParallelDense is ColumnParallelDense is layers.ColumnParallelDense
+    assert parallel.RowParallelDense is RowParallelDense is layers.RowParallelDense
+    code = "import sys, parallel, parallel.collectives, parallel.dp, parallel.tp; print('torch' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert imported.stdout.strip() == "False", imported.stderr
+
+
+# ---------------------------------------------------------------------------
+# The ring on one screen (parallel/dp/simple.py), and the loop that uses it
+# ---------------------------------------------------------------------------
+
+def short_ring_cases() -> list:
+    from parallel.dp.simple import ring_all_reduce as short_ring
+
+    n, out = dist.get_world_size(), []
+    for numel in (1, n, 7 * n + 1, 1000, 12345):  # fewer elements than ranks, and uneven chunks
+        for dtype in (torch.float32, torch.float64, torch.int64):
+            t, expected = all_reduce_case(numel, dtype, "sum", 1000)
+            short_ring(t)
+            out.append((numel, str(dtype), t, expected))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_the_short_ring_matches_dist_all_reduce_and_is_identical_on_every_rank(world_size):
+    results = launch(short_ring_cases, world_size, deadline_s=120)
+    for case, (numel, dtype, got, expected) in enumerate(results[0]):
+        if dtype.endswith("int64"):
+            assert torch.equal(got, expected), (numel, dtype)
+        else:  # another order of additions than gloo's: equal up to rounding
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-3, msg=f"{numel} {dtype}")
+        for other in results[1:]:  # every chunk is finished on one rank and copied: the same bits
+            assert other[case][2].numpy().tobytes() == got.numpy().tobytes(), (numel, dtype)
+
+
+def short_loop_weights() -> dict:
+    from parallel.dp import ring, simple
+
+    before = ring.SENT_BYTES["data"]  # the production ring's counter: the short loop must not use it
+    weights = {"short ring": simple.train().state_dict(),
+               "dist.all_reduce": simple.train(all_reduce=dist.all_reduce).state_dict()}
+    return {**weights, "production ring bytes": ring.SENT_BYTES["data"] - before}
+
+
+def test_the_short_loop_trains_as_one_process_does_and_as_with_dist_all_reduce():
+    from parallel.dp import simple
+
+    torch.manual_seed(0)
+    untrained = simple.train(steps=0).state_dict()
+    alone = simple.train().state_dict()  # no process group here: one process, the whole batch
+    assert not torch.equal(alone["0.weight"], untrained["0.weight"])
+    for rank in launch(short_loop_weights, 2, deadline_s=120):
+        assert rank["production ring bytes"] == 0
+        assert_same_weights(rank["short ring"], alone)
+        assert_same_weights(rank["short ring"], rank["dist.all_reduce"])
+
+
 # ---------------------------------------------------------------------------
 # Data: sharding, the data order, IDX files
 # ---------------------------------------------------------------------------
@@ -254,7 +323,7 @@ def test_synthetic_data_is_deterministic_and_balanced():
 
     a, b = data_mod.synthetic(3), data_mod.synthetic(3)
     assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.y, b.test.y)
-    code = ("import hashlib, torch; torch.set_num_threads(1); from parallel.data import synthetic; "
+    code = ("import hashlib, torch; torch.set_num_threads(1); from parallel.common.data import synthetic; "
             "print(hashlib.sha256(synthetic(3).train.x.numpy().tobytes()).hexdigest())")
     other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert other.stdout.strip() == hashlib.sha256(a.train.x.numpy().tobytes()).hexdigest(), other.stderr
@@ -366,6 +435,42 @@ def test_data_parallel_matches_one_process_and_ddp(mode):
     assert_same_weights(ours[2], ddp[0])
 
 
+def ddp_hook_weights(steps: int = 6) -> dict:
+    """Inside a rank: the same model trained by DDP twice, its buckets reduced by gloo's
+    all_reduce (DDP's default) and by our ring (parallel/dp/ddp.py); small buckets, so there are
+    several."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from parallel.dp import ring
+    from parallel.dp.ddp import ddp_with_our_ring
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    ds = data_mod.synthetic(0)
+
+    def run(wrap) -> dict:
+        torch.manual_seed(0)
+        model = build_model(ds.features, (48, 48), ds.classes, "py")
+        ddp = wrap(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for i in range(steps):
+            idx = data_mod.shard(torch.arange(i * 40, (i + 1) * 40), rank, n)  # equal shards: DDP averages
+            F.cross_entropy(ddp(ds.train.x[idx]), ds.train.y[idx]).backward()
+            opt.step()
+            opt.zero_grad()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    default = run(lambda m: DistributedDataParallel(m, bucket_cap_mb=0.004))
+    before = ring.SENT_BYTES["data"]
+    ours = run(lambda m: ddp_with_our_ring(m, bucket_cap_mb=0.004))
+    return {"default": default, "our ring": ours, "ring bytes": ring.SENT_BYTES["data"] - before}
+
+
+def test_ddp_with_our_ring_as_its_comm_hook_trains_as_ddp_does():
+    for rank in launch(ddp_hook_weights, 2, deadline_s=120):
+        assert rank["ring bytes"] > 0  # the buckets went round our ring
+        assert_same_weights(rank["our ring"], rank["default"])
+
+
 @pytest.mark.slow
 def test_overlap_and_small_buckets_change_nothing_but_speed():
     base = launch(train, 2, (Config(**QUICK),), deadline_s=240)[0]["state"]
@@ -448,7 +553,7 @@ def abort_while_exiting() -> int:
 
 def test_a_rank_skips_the_interpreters_teardown_once_its_result_is_written():
     """gloo's worker threads, kept by a group that outlives destroy_process_group (as DDP's
-    does), aborted ranks during that teardown (parallel/launch.py, ``_leave``)."""
+    does), can abort a rank during that teardown (parallel/common/launch.py, ``_leave``)."""
     assert launch(abort_while_exiting, 2, deadline_s=60) == [1, 1]
 
 
@@ -456,7 +561,7 @@ def threads_around_a_destroyed_group() -> tuple[int, int, int]:
     """Inside a rank: how many threads this process has before a new group, once our
     collectives ran on it, and after it was destroyed. (Counted, not named: gloo's threads
     name themselves a moment after they start.)"""
-    from parallel.collectives import ALGORITHMS, all_reduce
+    from parallel.collectives.algorithms import ALGORITHMS, all_reduce
 
     def count() -> int:
         return len(os.listdir("/proc/self/task"))
@@ -473,53 +578,87 @@ def threads_around_a_destroyed_group() -> tuple[int, int, int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads are counted in Linux's /proc")
 def test_our_collectives_keep_no_destroyed_group_alive():
-    """A cache of ours that held the group kept gloo's threads running after
-    destroy_process_group, into the interpreter's teardown, where they aborted the process."""
+    """A cache that held the group would keep gloo's threads running after
+    destroy_process_group, into the interpreter's teardown, where they abort the process."""
     for before, during, after in launch(threads_around_a_destroyed_group, 2, deadline_s=60):
         assert during > before and after == before
 
 
 # ---------------------------------------------------------------------------
-# gloo's I/O threads at the lowest priority (parallel/launch.py, lower_io_priority)
+# gloo's I/O threads: left alone, unless asked, and then only in our own ranks (parallel/common/threads.py)
 # ---------------------------------------------------------------------------
 
-def thread_priorities() -> list[tuple[str, str, int]]:
-    """Inside a rank, after making tensor-parallel groups (each gloo group starts an I/O
-    thread of its own): every thread's name, scheduling policy and niceness, read from the
-    kernel directly (not through launch.py's own reader)."""
-    from parallel.tp import make_layout
+def thread_priorities() -> list[tuple[str, str, int, bool]]:
+    """Inside a rank, after making tensor-parallel groups (each gloo group starts an I/O thread
+    of its own) and then a group of the user's own: every thread's name, scheduling policy and
+    niceness, read from the kernel directly, and whether it is an I/O thread of the user's group."""
+    from parallel.common.threads import io_threads
+    from parallel.tp.training import make_layout
+
+    def wait_for_io_threads(count: int) -> list[int]:  # gloo's I/O thread names itself a moment late
+        deadline = time.monotonic() + 10
+        while len(io_threads()) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return io_threads()
 
     make_layout(dist.get_world_size())
+    ours = wait_for_io_threads(2)  # the world's group and the tensor-parallel group
+    users = dist.new_group(list(range(dist.get_world_size())))
+    dist.all_reduce(torch.ones(1), group=users)
+    theirs = set(wait_for_io_threads(len(ours) + 1)) - set(ours)
     policy = {os.SCHED_OTHER: "other", os.SCHED_IDLE: "idle", os.SCHED_BATCH: "batch"}
     return [(Path(f"/proc/self/task/{tid}/comm").read_text().strip(), policy[os.sched_getscheduler(int(tid))],
-             os.getpriority(os.PRIO_PROCESS, int(tid)))
+             os.getpriority(os.PRIO_PROCESS, int(tid)), int(tid) in theirs)
             for tid in os.listdir("/proc/self/task")]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
 @pytest.mark.parametrize("setting", [None, "batch", "idle", "0", "19", "7"])
-def test_gloo_io_threads_and_only_they_get_the_set_priority(monkeypatch, setting):
-    """By default gloo's I/O threads run under SCHED_BATCH at their niceness (0); "idle" gives
-    SCHED_IDLE; a number sets that niceness under the normal policy instead; 0 leaves them alone."""
-    from parallel.launch import IO_NICE_VAR, IO_THREAD_NAME
+def test_gloo_io_threads_are_left_alone_unless_asked_and_then_only_ours_change(monkeypatch, setting):
+    """By default (and with 0) no thread's scheduling changes. Asked for, the setting reaches the
+    I/O threads of the groups our launcher and our layout made: "batch" gives SCHED_BATCH, "idle"
+    SCHED_IDLE, a number that niceness under the normal policy; a group the user made, and every
+    other thread, keep the normal policy at niceness 0."""
+    from parallel.common.threads import IO_NICE_VAR, IO_THREAD_NAME
 
     if setting is None:
         monkeypatch.delenv(IO_NICE_VAR, raising=False)
     else:
         monkeypatch.setenv(IO_NICE_VAR, setting)  # the spawned ranks inherit it
-    want = {None: ("batch", 0), "batch": ("batch", 0), "idle": ("idle", 0)}.get(setting) or ("other", int(setting))
+    want = {None: ("other", 0), "batch": ("batch", 0), "idle": ("idle", 0)}.get(setting) or ("other", int(setting))
     for threads in launch(thread_priorities, 2, deadline_s=60):
-        io = [(policy, nice) for name, policy, nice in threads if name == IO_THREAD_NAME]
-        assert len(io) >= 2, threads  # the world's group and the tensor-parallel group
-        assert io == [want] * len(io), threads
-        assert all((policy, nice) == ("other", 0) for name, policy, nice in threads if name != IO_THREAD_NAME), threads
+        ours = [(policy, nice) for name, policy, nice, users in threads if name == IO_THREAD_NAME and not users]
+        assert len(ours) >= 2 and ours == [want] * len(ours), threads
+        assert sum(users for *_, users in threads) == 1, threads
+        assert all((policy, nice) == ("other", 0) for name, policy, nice, users in threads
+                   if name != IO_THREAD_NAME or users), threads
+
+
+def io_settings_in_a_group_we_did_not_launch(folder: str) -> list:
+    """As under torchrun: this process joins a group by itself (no launcher of ours started it)."""
+    from parallel.common.launch import run_in_process_group
+    from parallel.common.threads import io_thread_nices
+
+    return run_in_process_group(io_thread_nices, (), "gloo", 30, f"file://{folder}/store", 0, 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
+def test_the_io_setting_is_never_applied_outside_our_own_ranks(tmp_path):
+    code = ("import sys, json; sys.path[:0] = ['.', 'tests']; from test_parallel import "
+            f"io_settings_in_a_group_we_did_not_launch as f; print(json.dumps(f({str(tmp_path)!r})))")
+    from parallel.common.threads import IO_NICE_VAR
+
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, IO_NICE_VAR: "idle"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [0]  # the one I/O thread, left alone
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
 def test_lowering_waits_for_an_io_thread_that_names_itself_late():
     """Gloo's I/O thread names itself a moment after it starts; a search made before that must
     not miss it. A stand-in thread renames itself 0.2 s late and keeps running until checked."""
-    from parallel.launch import IO_THREAD_NAME, io_threads, lower_io_priority
+    from parallel.common.threads import IO_THREAD_NAME, io_threads, lower_io_priority
 
     started, checked, tid = threading.Event(), threading.Event(), []
 
@@ -547,10 +686,11 @@ def test_lowering_waits_for_an_io_thread_that_names_itself_late():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
-@pytest.mark.parametrize("setting, recorded", [("7", 7), ("idle", "idle"), (None, "batch")])
+@pytest.mark.parametrize("setting, recorded", [("7", 7), ("idle", "idle"), (None, None)])
 def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path, monkeypatch, setting, recorded):
-    """A record states the setting and what every rank's I/O threads had when it was written."""
-    from parallel.launch import IO_NICE_VAR
+    """A record states the setting (None: left alone, the default) and what every rank's I/O
+    threads had when it was written."""
+    from parallel.common.threads import IO_NICE_VAR
 
     monkeypatch.delenv(IO_NICE_VAR, raising=False)  # None: the default
     out = tmp_path / "overhead.json"
@@ -560,18 +700,18 @@ def test_benchmark_records_say_what_priority_the_io_threads_had(tmp_path, monkey
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["gloo_io_nice"] == recorded
-    assert record["gloo_io_thread_nices"] == {str(recorded): 2}  # one group, one I/O thread per rank
+    assert record["gloo_io_thread_nices"] == {str(recorded or 0): 2}  # one group, one I/O thread per rank
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
 def test_the_fit_record_says_what_priority_the_io_threads_had(tmp_path):
     """The α-β fit, like the benchmarks, records the setting and what the ranks' I/O threads had."""
-    from parallel.launch import IO_NICE_VAR
+    from parallel.common.threads import IO_NICE_VAR
 
     out = tmp_path / "fit.json"
-    result = run_script("-m", "parallel.costmodel", "fit", "--world-sizes", "2", "--rounds", "1", "--json", str(out),
-                        timeout=180, env={IO_NICE_VAR: "7"})
+    result = run_script("-m", "parallel.collectives.costmodel", "fit", "--world-sizes", "2", "--rounds", "1",
+                        "--json", str(out), timeout=180, env={IO_NICE_VAR: "7"})
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["gloo_io_nice"] == 7
@@ -582,7 +722,7 @@ def test_the_fit_record_says_what_priority_the_io_threads_had(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU time comes from Linux's /proc")
 def test_thread_cpu_puts_each_threads_time_under_its_kind():
     """Work on the main thread counts as "main", work on another Python thread as "other"."""
-    from parallel.launch import THREAD_KINDS, thread_cpu_s
+    from parallel.common.threads import THREAD_KINDS, thread_cpu_s
 
     def spin(seconds: float) -> None:
         end = time.thread_time() + seconds
@@ -608,9 +748,40 @@ def test_thread_cpu_puts_each_threads_time_under_its_kind():
         assert alive[kind] - middle[kind] < 0.1
 
 
+def small_allreduce(path: str) -> str:
+    """Inside a rank: bench.allreduce at two small sizes and three rounds (the real one takes
+    minutes); returns what the rank wrote on stderr."""
+    import contextlib
+    import io
+
+    from parallel.collectives import bench
+
+    bench.SIZES = [4 << 10, 16 << 10]
+    bench._rounds = lambda nbytes: 3
+    bench._cpp_loop_everywhere = lambda: "not needed at these sizes"  # no C++ build in this test
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        bench.allreduce(Config(), Path(path))
+    return said.getvalue()
+
+
+def test_the_allreduce_benchmark_says_how_far_it_has_got(tmp_path):
+    """Rank 0 reports each size as it completes, on stderr; the record holds the results only."""
+    out = tmp_path / "allreduce.json"
+    said = launch(small_allreduce, 2, (str(out),), deadline_s=240)
+    lines = said[0].splitlines()
+    assert lines[0].startswith("allreduce: 2 sizes, 4 KiB to 16 KiB"), said[0]
+    assert re.fullmatch(r"allreduce: 4 KiB done \(1/2, \d+ s\)", lines[1]), said[0]
+    assert re.fullmatch(r"allreduce: 16 KiB done \(2/2, \d+ s\)", lines[2]), said[0]
+    assert said[1] == ""  # one rank speaks for all
+    record = json.loads(out.read_text())
+    assert {r["bytes"] for r in record["results"]} == {4 << 10, 16 << 10}
+    assert "done" not in out.read_text()
+
+
 def small_burst(path: str) -> None:
     """Inside a rank: bench.burst at two small sizes and three rounds (the real one takes minutes)."""
-    from parallel import bench
+    from parallel.collectives import bench
 
     bench.BURST_SIZES = [4 << 10, 64 << 10]
     bench._burst_rounds = lambda nbytes: 3
@@ -621,8 +792,8 @@ def test_burst_benchmark_times_every_variant_at_every_size_and_burst(tmp_path):
     """--bench burst: one row per size, burst length and variant, the C++ loop included where it
     builds (and why not where it does not), the model's time for the model's algorithms, and
     all_reduce as the reference of the pairing."""
-    from parallel import cpp_loop
-    from parallel.bench import BURST_VARIANTS, BURSTS, CPP_LOOP
+    from parallel.collectives import cpp_loop
+    from parallel.collectives.bench import BURST_VARIANTS, BURSTS, CPP_LOOP
 
     with_cpp = cpp_loop.unavailable() is None
     if with_cpp:
@@ -647,8 +818,8 @@ def test_burst_benchmark_times_every_variant_at_every_size_and_burst(tmp_path):
 def test_cpu_benchmark_finds_gloos_work_on_its_worker_threads_and_ours_on_the_main_thread(tmp_path):
     """--bench cpu: dist.all_reduce's CPU time shows on gloo's worker threads and ours on the main
     thread (the classification works), and no more cores are busy than the machine has."""
-    from parallel import cpp_loop
-    from parallel.bench import CPP_LOOP, CPU_SIZES, CPU_VARIANTS
+    from parallel.collectives import cpp_loop
+    from parallel.collectives.bench import CPP_LOOP, CPU_SIZES, CPU_VARIANTS
 
     out = tmp_path / "cpu.json"
     result = run_script("distributed.py", "--bench", "cpu", "--world-size", "2", "--json", str(out), timeout=300)
@@ -668,15 +839,16 @@ def test_cpu_benchmark_finds_gloos_work_on_its_worker_threads_and_ours_on_the_ma
         by = r["cpu_us_by_thread"]
         if variant == "dist.all_reduce":
             assert by["gloo worker"] > 0.1 * r["cpu_us"] and r["cpu_over_dist"] == 1.0
-        else:
-            assert by["gloo worker"] < 0.02 * r["cpu_us"] and by["main"] > 0.2 * r["cpu_us"]
+        else:  # ours posts and adds on the main thread; gloo's I/O threads, at their own priority,
+            # may spin for most of the rest on a machine with more busy threads than cores
+            assert by["gloo worker"] < 0.02 * r["cpu_us"] and by["main"] > 0.05 * r["cpu_us"], (variant, by)
         assert 0 < r["cores_busy"] <= 1.1 * record["cores"]
     assert "CPU / gloo's" in result.stdout
 
 
 def clocks_compared(unreadable_on: int | None) -> bool:
-    """Inside a rank: bench._one_clock, with the boot id unreadable on one rank if asked."""
-    from parallel import bench
+    """Inside a rank: harness.one_clock, with the boot id unreadable on one rank if asked."""
+    from parallel.common import harness
 
     if dist.get_rank() == unreadable_on:
         real = Path.read_bytes
@@ -686,7 +858,7 @@ def clocks_compared(unreadable_on: int | None) -> bool:
                 raise PermissionError(13, "Permission denied", str(self))
             return real(self)
         Path.read_bytes = read_bytes
-    return bench._one_clock()
+    return harness.one_clock()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ranks' clocks are compared via Linux's boot id")
@@ -716,7 +888,7 @@ def test_zero_benchmark_splits_the_dp_all_reduce_into_waiting_and_the_call(tmp_p
 
 @pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5", "IDLE", "Batch", ""])
 def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
-    from parallel.launch import IO_NICE_VAR, io_nice
+    from parallel.common.threads import IO_NICE_VAR, io_nice
 
     monkeypatch.setenv(IO_NICE_VAR, bad)
     with pytest.raises(ValueError, match=f"{IO_NICE_VAR} must be 'batch' .* 'idle' .* or an integer from 0"):
@@ -728,21 +900,21 @@ def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
 
 
 def test_ionice_needs_a_peer():
-    result = run_script("-m", "parallel.ionice", "--world-size", "1", timeout=60)
+    result = run_script("-m", "parallel.collectives.ionice", "--world-size", "1", timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "--world-size must be at least 2" in result.stderr
 
 
 @pytest.mark.parametrize("bad, says", [("-1", "must be at least 0"), ("x", "expected a whole number")])
 def test_ionice_refuses_a_bad_busy_count(bad, says):
-    result = run_script("-m", "parallel.ionice", "--busy", bad, timeout=60)
+    result = run_script("-m", "parallel.collectives.ionice", "--busy", bad, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "--busy" in result.stderr and says in result.stderr
 
 
 @pytest.mark.parametrize("bad", ["19", "19,19", "19,20", "idle,x", "0,19,idle"])
 def test_ionice_takes_two_different_settings(bad):
-    result = run_script("-m", "parallel.ionice", "--settings", bad, timeout=60)
+    result = run_script("-m", "parallel.collectives.ionice", "--settings", bad, timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert "setting" in result.stderr.strip().splitlines()[-1]
 
@@ -752,7 +924,7 @@ def test_ionice_takes_two_different_settings(bad):
 def test_ionice_keeps_other_processes_busy_and_stops_them(tmp_path):
     """--busy N: N spinning processes run throughout the launches (counted from /proc while the
     script runs) and are gone when it ends; the record and the table say so."""
-    from parallel import ionice
+    from parallel.collectives import ionice
 
     def spinners() -> int:
         count = 0
@@ -764,7 +936,7 @@ def test_ionice_keeps_other_processes_busy_and_stops_them(tmp_path):
         return count
 
     out, before = tmp_path / "busy.json", spinners()
-    script = subprocess.Popen([sys.executable, "-m", "parallel.ionice", "--world-size", "2", "--pairs", "1",
+    script = subprocess.Popen([sys.executable, "-m", "parallel.collectives.ionice", "--world-size", "2", "--pairs", "1",
                                "--rounds", "5", "--settings", "0,batch", "--busy", "2", "--json", str(out)],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen, deadline = 0, time.monotonic() + 60
@@ -782,10 +954,10 @@ def test_ionice_keeps_other_processes_busy_and_stops_them(tmp_path):
 
 @pytest.mark.slow
 def test_ionice_compares_niceness_19_with_sched_idle(tmp_path):
-    from parallel import ionice
+    from parallel.collectives import ionice
 
     out = tmp_path / "ionice.json"
-    result = run_script("-m", "parallel.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
+    result = run_script("-m", "parallel.collectives.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
                         "--settings", "19,idle", "--json", str(out), timeout=180)
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
@@ -800,7 +972,7 @@ def test_ionice_compares_niceness_19_with_sched_idle(tmp_path):
 @pytest.mark.slow
 def test_ionice_compares_both_settings_and_records_them(tmp_path):
     out = tmp_path / "ionice.json"
-    result = run_script("-m", "parallel.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
+    result = run_script("-m", "parallel.collectives.ionice", "--world-size", "2", "--pairs", "1", "--rounds", "5",
                         "--json", str(out), timeout=180)
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
@@ -837,6 +1009,72 @@ def test_default_run_learns_and_writes_json_and_plot(tmp_path):
     assert {"loss", "accuracy", "samples_per_s", "comm_s"} <= record["epochs"][0].keys()
     if plotting:
         assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def check_trace(record: dict, overlap: bool) -> None:
+    """What every recorded step must show, measured on any machine."""
+    assert [s["step"] for s in record["steps"]] == list(range(2, 10))
+    buckets = len(record["bucket_bytes"])
+    assert buckets > 2 and max(record["bucket_bytes"]) <= max(record["bucket_kb"] * 1024, 64 * 64 * 4)
+    overlapped = []
+    for step in record["steps"]:
+        assert len(step["ranks"]) == 2
+        for rank in step["ranks"]:
+            assert 0 < rank["forward_end_s"] < rank["backward_end_s"] <= rank["step_end_s"]
+            assert len(rank["buckets"]) == buckets
+            for b in rank["buckets"]:
+                assert b["ready"] <= b["start"] <= b["end"] <= rank["step_end_s"]
+                assert b["ready"] <= rank["backward_end_s"]  # a gradient is ready before backward returns
+                if not overlap:
+                    assert b["start"] >= rank["backward_end_s"]
+        overlapped.append(all(r["buckets"][0]["start"] < r["backward_end_s"] for r in step["ranks"]))
+    assert any(overlapped) == overlap  # the first bucket goes while backward still runs: only with overlap
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlap", [True, False])
+def test_trace_records_the_buckets_against_the_backward(tmp_path, overlap):
+    out = tmp_path / "trace.json"
+    result = run_script("distributed.py", "--hidden", "64,64,64", "--bucket-kb", "8", "--epochs", "1",
+                        "--trace", str(out), *([] if overlap else ["--no-overlap"]), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["overlap"] == overlap and record["data_parallel_ranks"] == 2
+    check_trace(record, overlap)
+
+
+def test_trace_needs_buckets_to_record():
+    for args in (["--zero"], ["--world-size", "1"], ["--world-size", "2", "--tp", "2"], ["--bench", "step"]):
+        result = run_script("distributed.py", "--trace", "/tmp/never_written.json", *args, timeout=60)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert "--trace" in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+def made_up_trace(overlap: bool) -> dict:
+    """A trace record as distributed.py --trace writes it, with times made up (for the figure)."""
+    def rank(shift: float) -> dict:
+        buckets = [{"ready": 0.004 + 0.002 * b + shift, "start": 0.0045 + 0.003 * b + shift,
+                    "end": 0.007 + 0.003 * b + shift} for b in range(3)]
+        return {"forward_end_s": 0.003, "backward_end_s": 0.011 + shift, "step_end_s": 0.014 + shift,
+                "buckets": buckets}
+    return {"benchmark": "trace", "overlap": overlap, "bucket_bytes": [8192, 8192, 2600], "bucket_kb": 8,
+            "hidden": [64, 64], "mode": "py", "data_parallel_ranks": 2, "backend": "gloo",
+            "steps": [{"step": s, "ranks": [rank(0.0), rank(0.001 * s)]} for s in range(2, 10)]}
+
+
+@pytest.mark.plot
+@pytest.mark.skipif(__import__("importlib").util.find_spec("matplotlib") is None,
+                    reason="matplotlib (optional) not installed")
+def test_the_overlap_figure_is_drawn_from_a_trace(tmp_path):
+    record = tmp_path / "trace.json"
+    record.write_text(json.dumps(made_up_trace(True)))
+    for extra in ([], ["--step", "4"]):
+        png = tmp_path / f"overlap{len(extra)}.png"
+        result = run_script("-m", "parallel.dp.trace", str(record), "--out", str(png), *extra, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = run_script("-m", "parallel.dp.trace", str(record), "--out", str(tmp_path / "x.png"), "--step", "12")
+    assert result.returncode == 2 and "the record holds steps [2, 3, 4, 5, 6, 7, 8, 9]" in result.stderr
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Tensor parallelism (chapter 6): the ring all-gather and reduce-scatter, the autograd pieces,
+"""Tensor parallelism (chapter 7): the ring all-gather and reduce-scatter, the autograd pieces,
 the sharded layers against the unsharded MLP, training with --tp, checkpoints across tp sizes.
 
 Functions that run inside the ranks are top-level, so the spawned processes can import them.
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from parallel.launch import launch
-from parallel.ring import RingError, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from parallel.common.launch import launch
+from parallel.dp.ring import RingError, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -178,7 +178,8 @@ LAYOUTS = ["megatron", "sequence", "sequence-overlap"]
 def pair_case(modes_to_run: list[str]) -> list:
     """(name, ours, reference) for the Megatron pair column -> row, in every layout, mode and dtype."""
     from modes import Dense
-    from parallel.tp import ColumnParallelDense, RowParallelDense, _gather_dim, full_state_dict
+    from parallel.tp import ColumnParallelDense, RowParallelDense
+    from parallel.tp.training import _gather_dim, full_state_dict
 
     rank, n = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     out = []
@@ -267,7 +268,7 @@ def _same_run(a: dict, b: dict) -> None:
 def test_tensor_parallel_training_gives_the_data_parallel_curve(mode, world_size, tp):
     """hidden (16, 12, 8): a column/row pair and an unpaired column layer (output gathered);
     8 and 12 split unevenly over 3 ranks. The unsharded reference is one process."""
-    from parallel.trainer import Config, train
+    from parallel.dp.trainer import Config, train
 
     single = train(Config(mode=mode, world_size=1, **QUICK_TP))
     ranks = launch(train, world_size, (Config(mode=mode, world_size=world_size, tp=tp, **QUICK_TP),),
@@ -280,8 +281,8 @@ def test_tensor_parallel_training_gives_the_data_parallel_curve(mode, world_size
 
 @pytest.mark.slow
 def test_checkpoint_of_a_tp_run_resumes_with_another_tp_and_loads_into_the_plain_mlp(tmp_path):
-    from parallel import data as data_mod
-    from parallel.trainer import Config, build_model, train
+    from parallel.common import data as data_mod
+    from parallel.dp.trainer import Config, build_model, train
 
     ckpt = str(tmp_path / "ckpt.pt")
     straight = train(Config(world_size=1, **{**QUICK_TP, "epochs": 3}))
@@ -317,8 +318,26 @@ def test_zero_with_tp_is_refused_before_any_rank_starts():
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def layout_groups() -> tuple:
+    """Inside a rank: its place in a dp × tp layout of tp = 2, and the global ranks of its groups."""
+    from parallel.tp.training import make_layout
+
+    layout = make_layout(2)
+    return (layout.tp_rank, layout.dp_rank, dist.get_process_group_ranks(layout.tp_group),
+            dist.get_process_group_ranks(layout.dp_group), layout.mesh.mesh.tolist())
+
+
+def test_the_layout_puts_tensor_parallel_ranks_side_by_side_and_data_parallel_ranks_across():
+    """4 ranks, tp 2: {0, 1} and {2, 3} split the layers, {0, 2} and {1, 3} the batch (DeviceMesh
+    on gloo, on the CPU)."""
+    grid = [[0, 1], [2, 3]]
+    assert launch(layout_groups, 4, deadline_s=120) == [(0, 0, [0, 1], [0, 2], grid), (1, 0, [0, 1], [1, 3], grid),
+                                                        (0, 1, [2, 3], [0, 2], grid), (1, 1, [2, 3], [1, 3], grid)]
+
+
 def test_layer_errors_name_width_and_tp():
-    from parallel.tp import TPError, make_layout, shard_sizes
+    from parallel.tp.layers import TPError, shard_sizes
+    from parallel.tp.training import make_layout
 
     assert shard_sizes(7, 3) == [3, 2, 2]
     with pytest.raises(TPError, match="out_features 3 cannot be split between 4"):
@@ -352,7 +371,7 @@ def test_bench_tp_writes_every_variant_with_its_split_and_timeline(tmp_path):
 
 def pieces_case() -> list:
     """(name, got, expected) for every piece's forward and backward; inputs differ per rank."""
-    from parallel import tp as tp_mod
+    from parallel.tp import layers as tp_mod
 
     rank, n = dist.get_rank(), dist.get_world_size()
 

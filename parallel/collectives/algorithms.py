@@ -1,7 +1,7 @@
 """All-reduce by recursive doubling, halving-doubling, one-shot, two-shot or a segmented ring, and
 an entry point that picks by size.
 
-The ring (parallel/ring.py) sends the fewest bytes but takes 2(n − 1) steps: for small
+The ring (parallel/dp/ring.py) sends the fewest bytes but takes 2(n − 1) steps: for small
 tensors each step's fixed cost α dominates. These take log₂ of that:
 
   recursive doubling   log₂p steps; at step k rank r swaps its whole tensor with r XOR 2ᵏ and
@@ -36,7 +36,7 @@ Bit-identical results on every rank: in two-shot one rank finishes each block an
 copy it. In one-shot every rank computes ((t₀ + t₁) + t₂) + … with the same operands in the
 same order, so the same bits come out everywhere, NaN payloads included.
 
-The ring itself can be scheduled another way. ``ring`` (parallel/ring.py) sends each step's
+The ring itself can be scheduled another way. ``ring`` (parallel/dp/ring.py) sends each step's
 chunk as pieces of up to 4 MiB, waits for a whole piece, adds it, and lets the all-gather of
 early pieces overlap the reduce-scatter of later ones. gloo's own all_reduce (``ring`` in
 gloo/allreduce.cc) runs the same steps on another schedule, and so does
@@ -47,13 +47,13 @@ gloo/allreduce.cc) runs the same steps on another schedule, and so does
                        wire, then segment i + 2 is posted. The all-gather does the same once the
                        reduce-scatter is done. The ring's bytes and additions, in the ring's
                        order (its results are the ring's, bit for bit), in more, smaller messages.
-                       Its loop also exists in C++ (parallel/cpp_loop.py), which ``auto`` runs
+                       Its loop also exists in C++ (parallel/collectives/cpp_loop.py), which ``auto`` runs
                        where the process has loaded it: the interpreter's share of a call,
                        between every pair of segments, is what 4 ranks on 2 cores could not afford.
 
 Fixed cost: a call looks up a cached plan (ranks, partners, global ranks) for its group and
 reuses a receive buffer per thread, instead of asking torch.distributed and allocating on
-every call (docs/results/allreduce_overhead_w2.json measures the difference).
+every call (``distributed.py --bench overhead`` measures the difference).
 """
 
 from __future__ import annotations
@@ -66,19 +66,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from parallel import costmodel, ring
-from parallel.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wait, ring_all_reduce
+from parallel.collectives import costmodel
+from parallel.dp import ring
+from parallel.dp.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wait, ring_all_reduce
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot", "segmented_ring")
-# The segmented ring's largest segment (parallel/costmodel.py models the same): gloo's own cap.
-# It was 2 MiB. With 4 ranks on 2 cores the C++ loop, which auto runs where loaded, measured
-# higher with 1 MiB in all four cases the allreduce benchmark timed side by side; the Python
-# loop showed no significant difference (parallel/collectives.md, "The segment size").
+# The segmented ring's largest segment (parallel/collectives/costmodel.py models the same):
+# gloo's own cap. The allreduce benchmark times 2 and 8 MiB segments beside it (README.md, "The
+# segment size").
 SEGMENT_BYTES = 1 << 20
-# On gloo the segmented ring posts straight to the process group and keeps a scratch of its own.
-# As first written it went through dist.irecv / dist.isend (ring._post) and took its scratch
-# from the buffer the other algorithms grow (ring._buffer); the allreduce benchmark runs it
-# that way too ("as before"), side by side. Only the benchmark turns this off.
+# On gloo the segmented ring posts straight to the process group (no Python wrapper per message)
+# and keeps a scratch of its own. The allreduce benchmark times the alternative beside it
+# (through dist.irecv / dist.isend, ring._post, with the scratch the other algorithms share);
+# only the benchmark turns this off.
 SEGMENTED_DIRECT = True
 
 __all__ = ["ALGORITHMS", "RingError", "all_reduce", "choose"]
@@ -96,7 +96,7 @@ class _Plan:
 # Weak keys: a cached plan must not keep its group alive. A group that outlived
 # destroy_process_group() kept gloo's worker threads running into interpreter shutdown, where
 # one of them, freeing a finished request, took the GIL and aborted the process ("terminate
-# called without an active exception"; parallel/launch.py, ``_leave``).
+# called without an active exception"; parallel/common/launch.py, ``_leave``).
 _plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -123,8 +123,17 @@ def _add_ordered(mine: Tensor, theirs: Tensor, i_am_lower: bool) -> None:
 _choices: dict[tuple[int, int], str] = {}
 
 
-def choose(numel: int, element_size: int, world_size: int) -> str:
-    """The algorithm ``auto`` uses: the fastest by the fitted cost model (the same on every rank)."""
+def choose(numel: int, element_size: int, world_size: int, backend: str = "gloo") -> str:
+    """The algorithm ``auto`` uses (the same on every rank). On gloo, the fastest by the cost
+    model fitted on this machine (parallel/collectives/alphabeta_gloo.json).
+
+    On NCCL, always the ring: a fixed rule, not a fit. The fit measures gloo over loopback on a
+    CPU, whose α (tens of µs of software per message) says nothing about NVLink or InfiniBand,
+    and no fit of our algorithms over NCCL exists here (the GPU machines have one GPU each, and
+    NCCL refuses two ranks on one GPU). The ring sends the fewest bytes an all-reduce can send,
+    which is what matters for gradient buckets of megabytes."""
+    if backend == "nccl":
+        return "ring"
     key = (numel * element_size, world_size)
     choice = _choices.get(key)
     if choice is None:  # a training loop asks about the same few sizes every step
@@ -232,7 +241,7 @@ def _two_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
     slot = {j: buf[i] for i, j in enumerate(others)}
     # reduce-scatter: block j goes to rank j; every other rank's block r comes here
     receives, sends = [(plan.glob[j], slot[j]) for j in others], [(plan.glob[j], blocks[j]) for j in others]
-    if flat.is_cuda or not ring.LATE_SENDS:  # one batch on NCCL; every send waited for as before
+    if flat.is_cuda or not ring.LATE_SENDS:  # one batch on NCCL; or (the benchmark's alternative) a wait per send
         _wait(_post(receives, sends, group))
         sends = []
     else:  # on gloo, add while the sends finish (see ring._LateSends)
@@ -265,7 +274,7 @@ def _segments_per_chunk(longest_chunk_bytes: int) -> int:
 
 
 def _loop_in_cpp() -> bool:
-    """Whether this process has loaded parallel/segmented_ring.cpp (parallel.cpp_loop.build()):
+    """Whether this process has loaded parallel/collectives/segmented_ring.cpp (parallel.collectives.cpp_loop.build()):
     then ``auto``'s segmented ring runs its loop there. Nothing here builds it."""
     return hasattr(torch.ops.dense_collectives, "segmented_ring_")
 
@@ -339,10 +348,11 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
                *, check: bool = True) -> Tensor:
     """Sum (or average) ``tensor`` over the ranks of ``group`` in place; returns it.
 
-    ``algorithm="auto"`` picks by size from the fitted cost model (parallel/costmodel.py);
+    ``algorithm="auto"`` picks by size from the fitted cost model on gloo (parallel/collectives/costmodel.py),
+    and the ring on NCCL (``choose``);
     where it picks the segmented ring on CPU and this process has loaded the C++ loop
-    (parallel.cpp_loop.build()), that loop runs it: the same messages and the same bits.
-    "ring" is parallel.ring.ring_all_reduce. Every rank ends with bit-identical values.
+    (parallel.collectives.cpp_loop.build()), that loop runs it: the same messages and the same bits.
+    "ring" is parallel.dp.ring.ring_all_reduce. Every rank ends with bit-identical values.
     ``check=True`` first makes the ranks agree on numel, dtype and op (a RingError on every
     rank if they differ); callers that agreed once already pass ``check=False``.
     """
@@ -351,7 +361,7 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
     _check_device(tensor, plan.backend)
     cpp = False
     if algorithm == "auto":
-        algorithm = choose(tensor.numel(), tensor.element_size(), plan.size)
+        algorithm = choose(tensor.numel(), tensor.element_size(), plan.size, plan.backend)
         cpp = algorithm == "segmented_ring" and tensor.device.type == "cpu" and _loop_in_cpp()
     if algorithm == "ring":
         return ring_all_reduce(tensor, op, group, check=check)

@@ -15,6 +15,16 @@ elementwise, so each element gets the update it would get unsharded.
 ``state_dict()`` gathers the shards into torch.optim.Adam's own format (one entry per
 parameter) and ``load_state_dict()`` takes that format and keeps its shard: checkpoints are
 full and interchangeable with unsharded runs. Both are collective: every rank calls them.
+
+torch's own ZeRO stage 1 is ``torch.distributed.optim.ZeroRedundancyOptimizer``
+(``torch_zero`` below builds one; a test trains the same model with both and compares the
+weights). It shards differently: it hands out whole parameters, each to one rank (greedily,
+to balance their sizes), expects the gradients already averaged (by DDP's all-reduce), steps
+the parameters it owns, and then broadcasts each updated parameter from its owner. ZeroAdam cuts
+one flat vector into equal shards, reduce-scatters the gradients itself, and all-gathers the
+updated shards: the ring's bytes, and shards that balance to one element whatever the
+parameters' sizes. Past stage 1, the parameters and gradients are sharded too (stages 2 and 3,
+or FSDP); torch's FSDP2 does it with ``torch.distributed.fsdp.fully_shard``.
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parallel.ring import ring_all_gather, ring_reduce_scatter
+from parallel.dp.ring import ring_all_gather, ring_reduce_scatter
+from parallel.dp.trainer import DataParallel
 
 
 class ZeroAdam:
@@ -136,3 +147,39 @@ class ZeroAdam:
         if len(steps) != 1:
             raise ValueError(f"the checkpoint's parameters were stepped different numbers of times: {sorted(steps)}")
         self.opt.state[self.shard] = {"step": states[0]["step"].clone(), **shard}
+
+
+def torch_zero(params, lr: float = 1e-3, group: dist.ProcessGroup | None = None, **adam_kwargs):
+    """The library's twin of ZeroAdam: torch.optim.Adam's state sharded by whole parameters
+    (ZeroRedundancyOptimizer). Its step expects gradients already averaged over the ranks."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam, process_group=group, lr=lr,
+                                   **adam_kwargs)
+
+
+# ---------------------------------------------------------------------------
+# In the training loop (python distributed.py --zero)
+# ---------------------------------------------------------------------------
+
+class ZeRO(DataParallel):
+    """parallel/dp/trainer.py's loop with ZeroAdam: the optimiser reduce-scatters the gradients
+    itself in its step, so there are no all-reduce buckets during backward."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        if self.staging:
+            raise ValueError("--zero reduce-scatters on the parameters' device: CUDA parameters need nccl "
+                             "(one GPU per rank), not gloo")
+
+    def make_optimizer(self, model: nn.Module) -> ZeroAdam:
+        self.opt = ZeroAdam(model.parameters(), lr=self.config.lr, group=self.group)
+        return self.opt
+
+    def start(self, model: nn.Module) -> None:
+        self.broadcast(model)  # the same weights everywhere; no buckets
+
+    def comm_s(self) -> float:
+        return self.opt.comm_s
+    # Checkpoints need nothing more: ZeroAdam.state_dict() gathers the shards into torch.optim.Adam's
+    # format (every rank takes part), and its load_state_dict keeps this rank's shard.

@@ -1,11 +1,11 @@
-"""Chapter 6's measured figures: bytes sent per step (DP, TP, DP × TP), who holds which shard,
+"""Chapter 7's measured figures: bytes sent per step (DP, TP, DP × TP), who holds which shard,
 and the overlap timeline of a `distributed.py --bench tp` run.
 
 Examples:
-  python parallel/tp_report.py bytes                      # print the table (4 local ranks)
-  python parallel/tp_report.py bytes --json /tmp/tp_bytes.json
-  python parallel/tp_report.py shards --out /tmp/tp_shards.png           # needs matplotlib
-  python parallel/tp_report.py timeline docs/results/tp_gloo_w2.json --out /tmp/tp_timeline.png
+  python -m parallel.tp.report bytes                      # print the table (4 local ranks)
+  python -m parallel.tp.report bytes --json /tmp/tp_bytes.json
+  python -m parallel.tp.report shards --out /tmp/tp_shards.png           # needs matplotlib
+  python -m parallel.tp.report timeline docs/results/tp_gloo_w2.json --out /tmp/tp_timeline.png
 
 The chapter's files come from the same commands with --json docs/results/tp_bytes.json,
 --out docs/results/tp_shards.png and --out docs/results/tp_timeline_w2.png.
@@ -13,18 +13,14 @@ The chapter's files come from the same commands with --json docs/results/tp_byte
 
 from __future__ import annotations
 
+import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is one line too
+
+# isort: split
 import datetime
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import cli  # noqa: E402
+import torch
+import torch.nn.functional as F
 
 # The model of the bytes table: features -> hidden pair -> classes, a global batch, 4 ranks.
 FEATURES, HIDDEN, CLASSES, BATCH, WORLD = 64, (256, 256), 16, 128, 4
@@ -33,10 +29,11 @@ LAYOUTS = {"DP": 1, "TP": 4, "DP × TP": 2}  # name -> tp (dp = WORLD / tp)
 
 def _one_step(tp: int) -> dict:
     """One training step on this rank; the bytes this rank's ring sends during it."""
-    from parallel import ring
-    from parallel.reducer import GradReducer
-    from parallel.tp import build_tp_model, make_layout
-    from parallel.trainer import build_model
+    from parallel.dp import ring
+    from parallel.dp.reducer import GradReducer
+    from parallel.dp.trainer import build_model
+    from parallel.tp.layers import build_tp_model
+    from parallel.tp.training import make_layout
 
     layout = make_layout(tp)
     torch.manual_seed(0)
@@ -76,7 +73,7 @@ def formula(tp: int) -> dict:
 
 
 def bytes_record() -> dict:
-    from parallel.launch import launch
+    from parallel.common.launch import launch
 
     results = []
     for name, tp in LAYOUTS.items():
@@ -87,7 +84,7 @@ def bytes_record() -> dict:
                         "parameters_per_rank": ranks[0]["parameters_per_rank"]})
     return {"benchmark": "tp_bytes", "torch": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python parallel/tp_report.py " + " ".join(sys.argv[1:]),
+            "command": "python -m parallel.tp.report " + " ".join(sys.argv[1:]),
             "model": {"features": FEATURES, "hidden": list(HIDDEN), "classes": CLASSES, "global_batch": BATCH,
                       "world_size": WORLD, "dtype": "float32"}, "results": results}
 

@@ -4,7 +4,7 @@ Parameters are grouped, in reverse order of registration (the order backward pro
 gradients), into buckets of about ``bucket_bytes``. A hook on each parameter
 (``register_post_accumulate_grad_hook``) notes when its gradient is ready; when a bucket is
 complete it is handed to a communication thread, which flattens it, all-reduces it (the
-algorithm chosen by size, parallel/collectives.py) and writes the result back, while autograd
+algorithm chosen by size, parallel/collectives/algorithms.py) and writes the result back, while autograd
 goes on with the earlier layers. ``finish()`` waits for the last bucket before the optimiser step.
 
 Buckets always start in index order on every rank: an all-reduce is a sequence of point-to-point
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parallel.collectives import all_reduce
+from parallel.collectives.algorithms import all_reduce
 
 
 class GradReducer:
@@ -59,6 +59,9 @@ class GradReducer:
         # Set to a list to record each all-reduce's start and end (time.perf_counter(), the
         # machine-wide monotonic clock on Linux): the zero benchmark compares ranks' arrivals.
         self.calls: list[tuple[float, float]] | None = None
+        # Set to a dict to record, per bucket index, when its last gradient was ready and when
+        # its all-reduce started and ended (parallel/dp/trace.py draws them).
+        self.trace: dict[int, dict[str, float]] | None = None
         self._error: BaseException | None = None
         self._jobs: queue.Queue[int | None] = queue.Queue()
         self._done = threading.Semaphore(0)
@@ -75,6 +78,8 @@ class GradReducer:
     def _ready(self, p: nn.Parameter) -> None:
         i = self.where[p]
         self._pending[i] -= 1
+        if self.trace is not None and self._pending[i] == 0:
+            self.trace.setdefault(i, {})["ready"] = time.perf_counter()
         if self.overlap:
             self._start_ready()
 
@@ -110,6 +115,8 @@ class GradReducer:
         self.comm_s += end - start
         if self.calls is not None:
             self.calls.append((start, end))
+        if self.trace is not None:
+            self.trace.setdefault(i, {}).update(start=start, end=end)
         offset = 0
         for p in self.buckets[i]:
             grad = buf[offset: offset + p.numel()].view_as(p)
@@ -134,10 +141,3 @@ class GradReducer:
             h.remove()
         self._jobs.put(None)
         self._thread.join(timeout=5)
-
-
-def world() -> tuple[int, int]:
-    """(rank, world size) of the default group, or (0, 1) without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1

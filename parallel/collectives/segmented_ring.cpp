@@ -1,10 +1,10 @@
-// The segmented ring of parallel/collectives.py with its loop in C++: the op
-// dense_collectives::segmented_ring_. It asked "how much of the gap to gloo's own all_reduce
-// is the interpreter?"; with 4 ranks on 2 cores the answer was enough that all_reduce's auto
-// now runs it wherever a process has loaded it (parallel/collectives.md, "Where it stands").
+// The segmented ring of parallel/collectives/algorithms.py with its loop in C++: the op
+// dense_collectives::segmented_ring_. It answers "how much of the gap to gloo's own all_reduce
+// is the interpreter?"; all_reduce's auto runs it wherever a process has loaded it
+// (parallel/collectives/README.md, "How much is the interpreter?").
 //
 // Build and check:  python -m pytest tests/test_collectives_cpp.py     (JIT build, cached in
-//                   build/jit/dense_collectives; parallel/cpp_loop.py loads it)
+//                   build/jit/dense_collectives; parallel/collectives/cpp_loop.py loads it)
 // Measure:          python distributed.py --bench cpu --world-size 4       (CPU time by thread)
 //                   python distributed.py --bench allreduce --world-size 4 (busbw against gloo's)
 //

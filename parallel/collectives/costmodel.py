@@ -3,7 +3,7 @@
 A message of m bytes between two ranks costs α + m·β: α is the fixed cost of a message (on
 gloo over loopback mostly software: Python, the gloo pair, the kernel's TCP stack), β the
 cost of a byte (the copies, 1/bandwidth). Adding m bytes costs m·γ. The time of every
-algorithm in parallel/collectives.py follows from counting its messages, bytes and additions:
+algorithm in parallel/collectives/algorithms.py follows from counting its messages, bytes and additions:
 
   ring all-reduce            2(n−1)·α + 2(n−1)/n·N·β + (n−1)·piece·γ
   segmented ring             2·(α + (n−1)·s·max(m·β, (α + m·β)/2)) + m·γ   (s segments of m bytes
@@ -27,9 +27,9 @@ pieces of at most PIECE_BYTES (a chunk of N/n bytes in ⌈N/n / PIECE_BYTES⌉ e
 ``ring_piece``), so adding one piece overlaps the transfer of the next: of each of its n − 1
 reduce steps only one piece's addition is charged. The direct algorithms add whole
 blocks after they have all arrived and are charged every addition. (Whether the ring's
-additions really hide, the measured 64 MiB times have answered both ways from run to run;
-the term stays because with it the model picks the ring at 64 MiB, which beat two-shot there
-at 2, 3 and 4 ranks: parallel/collectives.md, "A model of the cost".)
+additions really hide, the 64 MiB measurements do not settle; with the term the model
+picks a ring over two-shot at 64 MiB, as the allreduce benchmark measures it: README.md,
+"A model of the cost".)
 
 The segmented ring keeps two segment steps in flight, so a step's fixed cost overlaps the
 other's transfer: each phase pays one α, then a step every max(m·β, (α + m·β)/2) (the wire's
@@ -38,13 +38,16 @@ addition is charged. It sends the ring's bytes; what the model gives it over the
 α of all but one step a phase and the smaller addition in the open.
 
 Examples:
-  python -m parallel.costmodel fit --world-sizes 2 --rounds 2          # a quick look: 2 ranks, about 10 s
-  python -m parallel.costmodel fit --json /tmp/alphabeta.json          # measure and fit, W = 2, 3, 4
-  python -m parallel.costmodel show                                     # the committed fit and its choices
-  python -m parallel.costmodel plot docs/results/allreduce_gloo_w2.json --out /tmp/model.png
-  python -m parallel.costmodel predict --compute-ms 12 --optimizer-ms 2 --json /tmp/predict.json
-  python -m parallel.costmodel predict --validate docs/results/zero_gloo_w2.json   # compute taken from the record
-(docs/results/alphabeta_gloo.json records the command that wrote it.)
+  python -m parallel.collectives.costmodel fit --world-sizes 2 --rounds 2          # a quick look: 2 ranks, about 10 s
+  python -m parallel.collectives.costmodel fit --json /tmp/alphabeta.json          # measure and fit, W = 2, 3, 4
+  python -m parallel.collectives.costmodel show                      # the fit auto reads, and its choices
+  python -m parallel.collectives.costmodel show --fit /tmp/alphabeta.json           # the one you just made
+  python -m parallel.collectives.costmodel plot docs/results/allreduce_gloo_w2.json --out /tmp/model.png
+  python -m parallel.collectives.costmodel predict --compute-ms 12 --optimizer-ms 2 --json /tmp/predict.json
+  python -m parallel.collectives.costmodel predict --compute-ms 12 --optimizer-ms 2 --fit /tmp/alphabeta.json
+  python -m parallel.collectives.costmodel predict --validate docs/results/zero_gloo_w2.json   # compute from the record
+(The fit auto reads is parallel/collectives/alphabeta_gloo.json, beside this file; show, plot and
+predict use it unless given --fit, and say on stderr which fit they used.)
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ from pathlib import Path
 
 import cli
 
-ROOT = Path(__file__).resolve().parent.parent
-FIT_PATH = ROOT / "docs" / "results" / "alphabeta_gloo.json"
+ROOT = Path(__file__).resolve().parent.parent.parent
+FIT_PATH = Path(__file__).resolve().parent / "alphabeta_gloo.json"
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 # Ties go to the earlier: at n = 2 one-shot is doubling step for step, and two-shot sends the
 # ring's messages (in blocks, where the ring sends pieces).
@@ -99,12 +102,12 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
-PIECE_BYTES = 4 << 20  # parallel.ring.DEFAULT_SEGMENT_BYTES (a test checks that they agree)
+PIECE_BYTES = 4 << 20  # parallel.dp.ring.DEFAULT_SEGMENT_BYTES (a test checks that they agree)
 
 
 def ring_piece(n: int, nbytes: float) -> float:
     """The bytes of one of the ring's pieces: it cuts each chunk (N/n) into as many equal pieces
-    as it takes to keep them at most PIECE_BYTES (parallel.ring._pieces), so a chunk of 1.5
+    as it takes to keep them at most PIECE_BYTES (parallel.dp.ring._pieces), so a chunk of 1.5
     pieces' worth travels as two of 0.75."""
     chunk = nbytes / n
     return chunk / max(1, math.ceil(chunk / PIECE_BYTES))
@@ -131,12 +134,12 @@ def ring(n: int, nbytes: float, link: Link) -> float:
     return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta + _ring_adds(n, nbytes, link)
 
 
-SEGMENT_BYTES = 1 << 20  # parallel.collectives.SEGMENT_BYTES (a test checks that they agree)
+SEGMENT_BYTES = 1 << 20  # parallel.collectives.algorithms.SEGMENT_BYTES (a test checks that they agree)
 
 
 def ring_segments(n: int, nbytes: float) -> tuple[int, float]:
     """(segments a chunk, bytes a segment) of the segmented ring: at least two, at most
-    SEGMENT_BYTES each (parallel.collectives._segmented_ring)."""
+    SEGMENT_BYTES each (parallel.collectives.algorithms._segmented_ring)."""
     chunk = nbytes / n
     s = max(2, math.ceil(chunk / SEGMENT_BYTES))
     return s, chunk / s
@@ -212,8 +215,9 @@ def best(n: int, nbytes: float, link: Link) -> float:
 # The fitted links of this machine
 # ---------------------------------------------------------------------------
 
-# Used only if docs/results/alphabeta_gloo.json is missing: the rounded W = 2 fit it held when
-# this was written, so that "auto" still chooses sensibly.
+# The fit ``auto`` reads is configuration, kept beside the code (FIT_PATH: written by `fit --json`,
+# its command inside). Used only if that file is missing: a rounded 2-rank fit of the 2-core
+# machine, so that "auto" still chooses sensibly.
 _FALLBACK = Link(alpha=150e-6, beta=1.0e-9, gamma=0.25e-9, name="gloo (fallback)")
 _links: dict[Path, dict[int, Link]] = {}
 
@@ -232,9 +236,10 @@ def fitted_links(path: Path = FIT_PATH) -> dict[int, Link]:
     return _links[path]
 
 
-def link_for(n: int) -> Link:
-    """The fit for n ranks, or for the nearest measured world size (every rank gets the same)."""
-    links = fitted_links()
+def link_for(n: int, fit: Path = FIT_PATH) -> Link:
+    """The fit in ``fit`` for n ranks, or for the nearest measured world size (every rank gets
+    the same)."""
+    links = fitted_links(fit)
     if not links:
         return _FALLBACK
     return links[min(links, key=lambda w: (abs(w - n), w))]
@@ -243,26 +248,6 @@ def link_for(n: int) -> Link:
 # ---------------------------------------------------------------------------
 # Measuring and fitting (run with `fit`)
 # ---------------------------------------------------------------------------
-
-def warm_up(right: int, left: int, group=None, seconds: float = 0.5) -> None:
-    """Exchange small messages for a while first: the first few hundred on a fresh gloo pair are
-    several times slower (measured here: the first size timed took 5× the next one)."""
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    from parallel.ring import _exchange, _wait
-
-    a, b = torch.zeros(1024), torch.zeros(1024)
-    end = torch.tensor([time.perf_counter() + seconds], dtype=torch.float64)
-    dist.broadcast(end, 0, group)  # every rank stops after the same number of exchanges
-    go = torch.ones(1)
-    while go.item():
-        _wait(_exchange(a, b, right, left, group))
-        go.fill_(float(time.perf_counter() < end.item()))
-        dist.broadcast(go, 0, group)
-
 
 def _p2p_job(sizes: list[int], rounds: int) -> dict:
     """On every rank: time one ring step (ring._exchange: send right, receive left) per size;
@@ -274,8 +259,9 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     import torch.distributed as dist
 
     from benchmark import measure
-    from parallel.launch import io_thread_nices
-    from parallel.ring import _exchange, _peers, _post, _wait
+    from parallel.common.harness import warm_up
+    from parallel.common.threads import io_thread_nices
+    from parallel.dp.ring import _exchange, _peers, _post, _wait
 
     rank, n, right, left = _peers(None)
     out: dict = {"steps": {}, "direct": {}, "add": {}}
@@ -293,15 +279,15 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     # All sizes and both kinds of step interleaved round by round, so a burst of load from
     # elsewhere hits them alike instead of spoiling one. The same number of calls on every
     # rank: each is a message. A barrier starts every sample, as in the all-reduce benchmark
-    # whose times the model predicts (parallel/bench.py): without it a rank's clock started
+    # whose times the model predicts (parallel/collectives/bench.py): without it a rank's clock started
     # when it finished the previous sample, and the slowest rank's time also counted the skew.
     stats = measure(fns, rounds=rounds, warmup=2, number=4, order="shuffle", sync=dist.barrier)
     for (kind, nbytes), st in stats.items():
         out[kind][nbytes] = st.samples
-    # The additions last: by now the receives have written every page of the buffers. Before,
-    # an untouched page reads as the kernel's shared zero page, from cache, and the add looks
-    # several times faster than it is (measured here: γ at 3 ranks 0.053 ns/byte that way, and
-    # 0.140 in the next fit, taken after the receives).
+    # The additions last: by now the receives have written every page of the buffers. An
+    # untouched page reads as the kernel's shared zero page, from cache, and an add over it looks
+    # several times faster than it is (measured here: γ at 3 ranks 0.053 ns/byte over untouched
+    # pages, 0.140 after the receives).
     for nbytes, (send, recv) in bufs.items():
         out["add"][nbytes] = measure({"add": lambda s=send, r=recv: s.add_(r)}, rounds=5, warmup=1)["add"].median
     out["io_nices"] = io_thread_nices()
@@ -336,7 +322,8 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
     import torch
 
     from benchmark import describe_device
-    from parallel.launch import io_nice, launch
+    from parallel.common.launch import launch
+    from parallel.common.threads import io_nice
 
     fits = {}
     for w in world_sizes:
@@ -350,7 +337,7 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "bandwidth_gbs": 1e-9 / beta, "add_gbs": 1e-9 / gamma, "points": points,
             "add_points": [{"bytes": m, "measured_us": t * 1e6} for m, t in adds],
             # how many of gloo's I/O threads, over all ranks, had each niceness (as in the
-            # benchmarks' records: parallel/launch.py, lower_io_priority)
+            # benchmarks' records: parallel/common/threads.py)
             "gloo_io_thread_nices": {str(v): nices[v] for v in sorted(nices, key=str)},
         }
         text = ""
@@ -364,7 +351,7 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
     return {"benchmark": "alphabeta", "device": describe_device("cpu"), "torch": torch.__version__,
             "backend": "gloo", "threads_per_rank": 1, "gloo_io_nice": io_nice(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
+            "command": "python -m parallel.collectives.costmodel " + " ".join(sys.argv[1:]),
             "method": "per size: median over rounds (all sizes interleaved in each round; a barrier, then 4 timed "
                       "steps, per sample) of the slowest rank's time of one ring._exchange step "
                       "(send right, receive left: on gloo irecv, then isend); "
@@ -376,10 +363,12 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "fits": fits}
 
 
-def _io_text(setting: int | str) -> str:
-    """A record's gloo_io_nice in words ("idle" and "batch" are parallel/launch.py's policies)."""
-    from parallel.launch import POLICIES
+def _io_text(setting: int | str | None) -> str:
+    """A record's gloo_io_nice in words ("idle" and "batch" are parallel/common/threads.py's policies)."""
+    from parallel.common.threads import POLICIES
 
+    if setting in (None, 0):
+        return "left alone"
     return f"under {POLICIES[setting]}" if setting in POLICIES else f"at niceness {setting}"
 
 
@@ -392,7 +381,7 @@ def fit_table(record: dict) -> str:
         if "alpha_direct_s" in f:
             direct = (f"| {f['alpha_direct_s'] * 1e6:.0f} | {f['beta_direct_s_per_byte'] * 1e9:.3f} "
                       f"| {max((p['residual_pct'] for p in f['direct_points']), key=abs):+.0f}% |")
-        else:  # with 2 ranks a direct step is a ring step; older records did not fit it
+        else:  # with 2 ranks a direct step is a ring step; a record may hold no direct fit
             direct = "| = α | = β | — |" if w == "2" else "| — | — | — |"
         rows.append(f"| {w} | {f['alpha_s'] * 1e6:.0f} | {f['beta_s_per_byte'] * 1e9:.3f} ({f['bandwidth_gbs']:.2f}) "
                     f"| {f['gamma_s_per_byte'] * 1e9:.3f} | {max(res, key=abs):+.0f}% | "
@@ -410,7 +399,7 @@ def fit_table(record: dict) -> str:
 # Past this machine: step time, communication share and scaling efficiency
 # ---------------------------------------------------------------------------
 
-# Documented GPU fabrics (sources in parallel/collectives.md). α: NCCL's own tuning model
+# Documented GPU fabrics (sources in parallel/collectives/README.md). α: NCCL's own tuning model
 # (src/graph/tuning.cc) charges a ring step 1.9 µs on NVLink and 4.0 µs over the network
 # (protocol LL128). β: NVLink 4 on an H100 SXM is 900 GB/s in both directions together, 450 GB/s
 # each way; InfiniBand NDR is 400 Gb/s = 50 GB/s per port, one port per GPU in a DGX H100.
@@ -420,11 +409,11 @@ INFINIBAND = Link(alpha=4.0e-6, beta=1 / 50e9, gamma=3 / 3.35e12, name="InfiniBa
 GPUS_PER_NODE = 8
 
 
-def fabric(kind: str, n: int) -> Link:
+def fabric(kind: str, n: int, fit: Path = FIT_PATH) -> Link:
     """The link a collective over n ranks is limited by: NVLink inside an 8-GPU node, the network
-    beyond it (a flat ring over the slowest link); on gloo, this machine's fit."""
+    beyond it (a flat ring over the slowest link); on gloo, this machine's fit (the file ``fit``)."""
     if kind == "gloo":
-        return link_for(n)
+        return link_for(n, fit)
     return NVLINK if n <= GPUS_PER_NODE else INFINIBAND
 
 
@@ -434,11 +423,11 @@ def mlp_parameters(hidden: list[int], features: int = 32, classes: int = 10) -> 
 
 
 def project(kind: str, n: int, params: int, compute_s: float, optimizer_s: float, hidden: list[int],
-            batch_per_rank: int, tp: int = GPUS_PER_NODE) -> dict:
+            batch_per_rank: int, tp: int = GPUS_PER_NODE, fit: Path = FIT_PATH) -> dict:
     """Predicted step of DP, DP + ZeRO-1 and DP × TP at n ranks (weak scaling: every rank's
     computation is the same at every n). Communication is not overlapped with computation."""
     grad = 4 * params  # float32 gradients
-    link = fabric(kind, n)
+    link = fabric(kind, n, fit)
     out = {}
     out["dp"] = (compute_s, best(n, grad, link), 8 * params)
     # ZeRO-1: reduce-scatter + all-gather (the ring's bytes), Adam on 1/n of the parameters
@@ -448,11 +437,11 @@ def project(kind: str, n: int, params: int, compute_s: float, optimizer_s: float
     # all-reduce of the activations per pair forward and one backward); each replica of t ranks
     # takes t ranks' samples; the replicas all-reduce their 1/t of the gradient over the network.
     t = min(tp, n)
-    tp_link = fabric(kind, t)
+    tp_link = fabric(kind, t, fit)
     activations = 4 * batch_per_rank * t * max(hidden)
     tp_comm = 2 * math.ceil(len(hidden) / 2) * best(t, activations, tp_link)
     replicas = n // t
-    dp_link = fabric(kind, n) if replicas > 1 else tp_link
+    dp_link = fabric(kind, n, fit) if replicas > 1 else tp_link
     dp_comm = best(replicas, grad / t, dp_link) if replicas > 1 else 0.0
     out["dp×tp"] = (compute_s, tp_comm + dp_comm, 8 * params / t)
     return {name: {"compute_s": c, "comm_s": m, "step_s": c + m, "comm_share": m / (c + m),
@@ -489,7 +478,7 @@ def predict(args: argparse.Namespace, records: list[dict] = ()) -> dict:
             args.compute_ms * 1e-3)
         for n in ranks:
             for strategy, r in project(kind.split("+")[0], n, params, compute, opt, args.hidden,
-                                       args.batch_per_rank).items():
+                                       args.batch_per_rank, fit=args.fit).items():
                 rows.append({"fabric": kind, "ranks": n, "strategy": strategy, **r})
     validation = []
     for path, rec in zip(args.validate or [], records):
@@ -498,9 +487,10 @@ def predict(args: argparse.Namespace, records: list[dict] = ()) -> dict:
         compute, adam = by["compute only"]["step_us"] * 1e-6, by["adam step alone"]["step_us"] * 1e-6
         for strategy, variant in (("dp", "dp"), ("dp+zero", "zero")):
             # the measured computation of this run, plus the model's communication
-            r = project("gloo", n, rec["parameters"], compute, adam, rec["hidden"], rec["batch_per_rank"])[strategy]
+            r = project("gloo", n, rec["parameters"], compute, adam, rec["hidden"], rec["batch_per_rank"],
+                        fit=args.fit)[strategy]
             measured = by[variant]["step_us"] * 1e-6
-            in_step = by[variant].get("allreduce_in_step_us_by_rank")  # dp only, in records since 2026-11-23
+            in_step = by[variant].get("allreduce_in_step_us_by_rank")  # dp only, where the record holds it
             waiting = by[variant].get("allreduce_in_step_waiting_us_by_rank")  # and its part spent waiting
             validation.append({"ranks": n, "strategy": strategy, "predicted_s": r["step_s"], "measured_s": measured,
                                "error_pct": 100 * (r["step_s"] / measured - 1), "model_comm_s": r["comm_s"],
@@ -508,11 +498,12 @@ def predict(args: argparse.Namespace, records: list[dict] = ()) -> dict:
                                **({"allreduce_waiting_s": [t * 1e-6 for t in waiting]} if waiting else {}),
                                "source": path})
     return {"benchmark": "predict", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m parallel.costmodel " + " ".join(sys.argv[1:]),
+            "command": "python -m parallel.collectives.costmodel " + " ".join(sys.argv[1:]),
             "model": {"hidden": args.hidden, "parameters": params, "batch_per_rank": args.batch_per_rank,
                       "compute_ms": args.compute_ms, "gpu_compute_ms": args.gpu_compute_ms,
                       "optimizer_ms": args.optimizer_ms},
-            "links": {"gloo": {str(w): vars(link) for w, link in fitted_links().items()},
+            "fit": _shown(args.fit),
+            "links": {"gloo": {str(w): vars(link) for w, link in fitted_links(args.fit).items()},
                       "nvlink": vars(NVLINK), "infiniband": vars(INFINIBAND)},
             "projections": rows, "validation": validation}
 
@@ -531,9 +522,10 @@ def predict_table(record: dict) -> str:
             cells.append(f"{r['step_s'] * 1e3:.2f} ({100 * r['comm_share']:.0f}%, {100 * r['efficiency']:.0f}%)")
         rows.append(f"| {fab} | {n} | " + " | ".join(cells) + " |")
     m = record["model"]
+    fit = f"gloo: the fit in {record['fit']}; " if "fit" in record else ""  # the α-β fit the gloo rows used
     rows.append(f"\nMLP {m['hidden']} ({m['parameters']:,} parameters), {m['batch_per_rank']} samples per rank; "
                 f"computation {m['compute_ms']:.1f} ms per step on this CPU (Adam {m['optimizer_ms']:.1f} ms of it), "
-                f"{m['gpu_compute_ms']} ms assumed on a GPU; "
+                f"{m['gpu_compute_ms']} ms assumed on a GPU; {fit}"
                 f"{record['date']}: `{record['command']}`")
     if record["validation"]:
         rows.append("\n| ranks (gloo, here) | strategy | predicted ms | measured ms | error "
@@ -570,8 +562,8 @@ def plot_predict(record: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def plot_model(records: list[dict], path: str) -> None:
-    """Model (lines) against measurement (markers): one panel per world size."""
+def plot_model(records: list[dict], path: str, fit: Path = FIT_PATH) -> None:
+    """Model (lines, from the fit in ``fit``) against measurement (markers): one panel per world size."""
     from benchmark import pyplot
 
     plt = pyplot()
@@ -580,7 +572,7 @@ def plot_model(records: list[dict], path: str) -> None:
                "one_shot": "tab:red", "two_shot": "tab:purple", "dist.all_reduce": "black"}
     for ax, record in zip(axes[0], records):
         n = record["world_size"]
-        link = link_for(n)
+        link = link_for(n, fit)
         sizes = sorted({r["bytes"] for r in record["results"]})
         for algorithm, colour in colours.items():
             measured = [r for r in record["results"] if r["variant"] == algorithm]
@@ -610,7 +602,7 @@ def model_table(record: dict) -> str:
         rows.append(f"| {size_label(m)} | " + " | ".join(
             f"{PREDICT[a](n, m, link) * 1e6:.0f} / " + (f"{by[(m, a)]['time_us']:.0f}" if (m, a) in by else "—")
             for a in ALL_REDUCE) + " |")
-    rows.append(f"\n{n} ranks; model: the fit in docs/results/alphabeta_gloo.json for {link.name}; measured: "
+    rows.append(f"\n{n} ranks; model: the fit in {_shown(FIT_PATH)} for {link.name}; measured: "
                 f"`{record['command']}` ({record['date']})")
     return "\n".join(rows)
 
@@ -625,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--world-sizes", default="2,3,4", help="comma-separated, each at least 2")
     f.add_argument("--rounds", type=cli.positive(int), default=15)
     f.add_argument("--json", metavar="PATH", help="write the fit and its residuals here")
-    cli.command(sub, "show", __doc__, "print the committed fit and the algorithm it chooses per size")
+    sh = cli.command(sub, "show", __doc__, "print a fit (default: the one auto reads) and the algorithm it chooses")
     pl = cli.command(sub, "plot", __doc__, "draw the model against allreduce benchmark records (needs matplotlib)")
     pl.add_argument("records", nargs="+", help="JSON written by distributed.py --bench allreduce")
     pl.add_argument("--out", required=True, metavar="PNG")
@@ -641,7 +633,13 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--validate", nargs="*", metavar="JSON", help="zero benchmark records to check predictions against")
     pr.add_argument("--json", metavar="PATH")
     pr.add_argument("--plot", metavar="PATH", help="scaling efficiency against ranks (needs matplotlib)")
+    for sp in (sh, pl, pr):
+        sp.add_argument("--fit", metavar="JSON", type=Path, default=FIT_PATH,
+                        help=f"the α-β fit to use, as `fit --json` writes it (default: {_shown(FIT_PATH)}, "
+                             "the one auto reads)")
     args = parser.parse_args(argv)
+    if args.command != "fit":
+        _check_fit(args.fit)
     if args.command == "fit":
         try:
             sizes = [int(s) for s in args.world_sizes.split(",")]
@@ -678,6 +676,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.optimizer_ms >= args.compute_ms:
             parser.error(f"--optimizer-ms {args.optimizer_ms:g} is the part of --compute-ms {args.compute_ms:g} that "
                          "is Adam's step: it must be smaller")
+        _say_fit(args.fit)
         record = predict(args, records)
         return cli.publish(predict_table(record), [(json_path, cli.json_writer(record)),
                                                    (plot_path, lambda p: plot_predict(record, p))])
@@ -685,18 +684,37 @@ def main(argv: list[str] | None = None) -> int:
         records = [cli.read_record(p, "plot", "allreduce", "distributed.py --bench allreduce",
                                    keys=("world_size", "results")) for p in args.records]
         cli.check_plot(args.out, "--out")
-        plot_model(records, args.out)
+        _say_fit(args.fit)
+        plot_model(records, args.out, args.fit)
     elif args.command == "show":
-        where = FIT_PATH.relative_to(ROOT)
-        if not FIT_PATH.exists():
-            raise cli.UserError(f"{where} is missing: git checkout it, or measure a new one with "
-                                f"python -m parallel.costmodel fit --json {where}")
-        record = cli.read_record(str(FIT_PATH), "show", "alphabeta", "python -m parallel.costmodel fit",
-                                 keys=("fits", "threads_per_rank", "device", "torch", "date", "command"))
-        print(fit_table(record))
-        for w in sorted(fitted_links()):
-            print(f"{w} ranks: " + ", ".join(f"{s >> 10} KiB→{choose(w, s, link_for(w))}" for s in SIZES))
+        _say_fit(args.fit)
+        print(fit_table(_check_fit(args.fit)))
+        for w in sorted(fitted_links(args.fit)):
+            print(f"{w} ranks: " + ", ".join(f"{s >> 10} KiB→{choose(w, s, link_for(w, args.fit))}" for s in SIZES))
     return 0
+
+
+def _shown(path: Path) -> str:
+    """A path as the user would type it: relative to the repository where it lies inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _say_fit(path: Path) -> None:
+    """Which fit the numbers below come from (on stderr: stdout carries the table)."""
+    print(f"using the fit in {_shown(path)}", file=sys.stderr, flush=True)
+
+
+def _check_fit(path: Path) -> dict:
+    """The fit record at ``path``, or one line saying what is wrong with it."""
+    if Path(path).resolve() == FIT_PATH and not FIT_PATH.exists():
+        raise cli.UserError(f"{_shown(FIT_PATH)} is missing: git checkout it, or measure a new one with "
+                            f"python -m parallel.collectives.costmodel fit --json {_shown(FIT_PATH)}")
+    record = cli.read_record(str(path), "--fit", "alphabeta", "python -m parallel.collectives.costmodel fit",
+                             keys=("fits", "threads_per_rank", "device", "torch", "date", "command"))
+    if not fitted_links(Path(path)):
+        raise cli.UserError(f"--fit {path}: its fits cannot be read (damaged, or written by another version)")
+    return record
 
 
 if __name__ == "__main__":

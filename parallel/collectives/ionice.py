@@ -1,23 +1,22 @@
-"""Gloo's I/O threads at two priorities, side by side: the before and after of
-parallel/launch.py's ``lower_io_priority``.
+"""Gloo's I/O threads under two settings, side by side: the lock-holder-preemption experiment
+of parallel/common/threads.py (opt-in; by default nothing changes any thread).
 
 Launches the ranks again and again, alternately with two settings of $DENSE_GLOO_IO_NICE
 (--settings; by default 0, gloo's threads left alone, then 19, the lowest niceness; "batch" is
-Linux's SCHED_BATCH policy, the launcher's default, and "idle" SCHED_IDLE), and in each launch
-times single calls of our all-reduce (``auto``) and of dist.all_reduce at 4 KiB and 1 MiB,
-interleaved round by round. Priority can only be lowered without privilege, never raised back,
-so the two settings need separate processes; alternating them pairs each launch at the first
-setting with the next at the second, and the spread over the pairs says how much of a
-difference is the machine's mood. Each launch also reports the CPU time gloo's I/O threads used
-while it timed, as a share of the wall time: while they spin it is large. --busy N keeps N
-other processes spinning on the CPU throughout (a machine loaded by other jobs): a lowered
-thread then waits for them too.
+Linux's SCHED_BATCH policy and "idle" SCHED_IDLE), and in each launch times single calls of our
+all-reduce (``auto``) and of dist.all_reduce at 4 KiB and 1 MiB, interleaved round by round.
+Priority can only be lowered without privilege, never raised back, so the two settings need
+separate processes; alternating them pairs each launch at the first setting with the next at
+the second, and the spread over the pairs says how much of a difference is the machine's mood.
+Each launch also reports the CPU time gloo's I/O threads used while it timed, as a share of the
+wall time: while they spin it is large. --busy N keeps N other processes spinning on the CPU
+throughout (a machine loaded by other jobs): a lowered thread then waits for them too.
 
 Examples:
-  python -m parallel.ionice --world-size 2 --pairs 2 --rounds 200      # about half a minute
-  python -m parallel.ionice --world-size 2 --pairs 2 --rounds 200 --settings 19,idle
-  python -m parallel.ionice --world-size 4 --json /tmp/ionice_w4.json
-  python -m parallel.ionice --world-size 2 --pairs 2 --rounds 50 --settings 0,batch --busy 2
+  python -m parallel.collectives.ionice --world-size 2 --pairs 2 --rounds 200      # about half a minute
+  python -m parallel.collectives.ionice --world-size 2 --pairs 2 --rounds 200 --settings 19,idle
+  python -m parallel.collectives.ionice --world-size 4 --json /tmp/ionice_w4.json
+  python -m parallel.collectives.ionice --world-size 2 --pairs 2 --rounds 50 --settings 0,batch --busy 2
 (docs/results/ionice_gloo_w*.json record the commands that wrote them.)
 """
 
@@ -39,7 +38,7 @@ SLOW_US = 1000.0    # a call slower than this is one of the stalls
 
 def _io_cpu_s() -> float:
     """CPU seconds used so far by this process's gloo I/O threads (from /proc)."""
-    from parallel.launch import thread_cpu_s
+    from parallel.common.threads import thread_cpu_s
 
     return thread_cpu_s().get("gloo I/O", 0.0)
 
@@ -50,10 +49,11 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
     import torch.distributed as dist
 
     from benchmark import measure
-    from parallel.collectives import all_reduce
-    from parallel.costmodel import size_label, warm_up
-    from parallel.launch import io_thread_nices
-    from parallel.ring import _peers
+    from parallel.collectives.algorithms import all_reduce
+    from parallel.collectives.costmodel import size_label
+    from parallel.common.harness import warm_up
+    from parallel.common.threads import io_thread_nices
+    from parallel.dp.ring import _peers
 
     warm_up(*_peers(None)[2:])
     fns = {}
@@ -69,15 +69,15 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
 
 
 def _label(setting: int | str) -> str:
-    from parallel.launch import POLICIES
+    from parallel.common.threads import POLICIES
 
     return POLICIES.get(setting, f"nice {setting}")
 
 
 def settings_pair(text: str) -> tuple[int | str, int | str]:
     """--settings: two different settings of $DENSE_GLOO_IO_NICE, comma-separated (each as
-    parallel.launch.parse_io_setting reads it)."""
-    from parallel.launch import parse_io_setting
+    parallel.common.threads.parse_io_setting reads it)."""
+    from parallel.common.threads import parse_io_setting
 
     values = [parse_io_setting(part, "each setting of --settings") for part in text.split(",")]
     if len(values) != 2 or values[0] == values[1]:
@@ -87,7 +87,8 @@ def settings_pair(text: str) -> tuple[int | str, int | str]:
 
 def run(world_size: int, pairs: int, rounds: int, settings: tuple[int | str, int | str] = SETTINGS,
         busy: int = 0) -> dict:
-    from parallel.launch import IO_NICE_VAR, launch
+    from parallel.common.launch import launch
+    from parallel.common.threads import IO_NICE_VAR
 
     launches = []
     saved = os.environ.get(IO_NICE_VAR)
@@ -137,7 +138,7 @@ def run(world_size: int, pairs: int, rounds: int, settings: tuple[int | str, int
     return {"benchmark": "ionice", "device": describe_device("cpu"), "torch": torch.__version__, "backend": "gloo",
             "world_size": world_size, "threads_per_rank": 1, "settings": [first, second], "busy": busy,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m parallel.ionice " + " ".join(sys.argv[1:]),
+            "command": "python -m parallel.collectives.ionice " + " ".join(sys.argv[1:]),
             "method": f"{pairs} pairs of launches ({IO_NICE_VAR}={first}, then ={second}); in each, {rounds} rounds "
                       f"of one call "
                       f"of every variant (in a new order each round), the slowest rank's time per call; "

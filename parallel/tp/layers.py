@@ -1,4 +1,4 @@
-"""Tensor parallelism on our ring (chapter 6): split one layer's weights between ranks.
+"""Tensor parallelism on our ring (chapter 7): split one layer's weights between ranks.
 
     col = ColumnParallelDense(1024, 4096, mode="cpp", group=tp_group)   # W's rows (outputs) split
     row = RowParallelDense(4096, 1024, mode="cpp", group=tp_group)      # W's columns (inputs) split
@@ -16,7 +16,7 @@ reduce-scatters its output, and with ``overlap=True`` each of those collectives 
 steps with a GEMM on the chunk in hand while the next chunk travels (collective matmul),
 forward and backward.
 
-Every collective is the ring of parallel/ring.py on ``group``; without a process group (or
+Every collective is the ring of parallel/dp/ring.py on ``group``; without a process group (or
 with a group of one) the layers compute the unsharded result alone.
 """
 
@@ -25,15 +25,13 @@ from __future__ import annotations
 import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 import modes
-from parallel.launch import io_threads, lower_io_priority
-from parallel.ring import _agree, _exchange, _peers, _wait, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from parallel.dp.ring import _agree, _exchange, _peers, _wait, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 
 class TPError(ValueError):
@@ -493,7 +491,7 @@ class RowParallelDense(_ParallelDense):
 
 def build_tp_model(features: int, hidden: tuple[int, ...], classes: int, mode: str,
                    group: dist.ProcessGroup | None, device: str = "cpu") -> nn.Sequential:
-    """parallel.trainer.build_model, tensor-parallel: hidden layers in Megatron's pairs
+    """parallel.dp.trainer.build_model, tensor-parallel: hidden layers in Megatron's pairs
     (column then row), an unpaired last hidden layer column-parallel with its output gathered,
     and the linear head whole on every rank. Same indices, so the same state_dict keys."""
     layers: list[nn.Module] = []
@@ -507,118 +505,3 @@ def build_tp_model(features: int, hidden: tuple[int, ...], classes: int, mode: s
         features = width
     layers.append(nn.Linear(features, classes, device=device))
     return nn.Sequential(*layers)
-
-
-# ---------------------------------------------------------------------------
-# Full (unsharded) state: what checkpoints hold
-# ---------------------------------------------------------------------------
-
-def tp_dims(model: nn.Module) -> dict[str, int | None]:
-    """Parameter name -> the dimension its shards are split along (None: whole everywhere)."""
-    dims: dict[str, int | None] = {}
-    for prefix, module in model.named_modules():
-        for name, _ in module.named_parameters(recurse=False):
-            key = f"{prefix}.{name}" if prefix else name
-            dims[key] = getattr(module, "tp_dims", {}).get(name)
-    return dims
-
-
-def _gather_dim(t: Tensor, dim: int, group) -> Tensor:
-    return _all_gather(t.movedim(dim, 0).contiguous(), group).movedim(0, dim).contiguous()
-
-
-def full_state_dict(model: nn.Module, group) -> dict[str, Tensor]:
-    """The unsharded state_dict (on the CPU), gathered from every rank of ``group`` (every
-    rank must call it). It loads into parallel.trainer.build_model's model."""
-    dims = tp_dims(model)
-    out = {}
-    for key, value in model.state_dict().items():
-        dim = dims.get(key)
-        value = value.detach()
-        out[key] = (value if dim is None or size_of(group) == 1 else _gather_dim(value, dim, group)).cpu().clone()
-    return out
-
-
-def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], group) -> None:
-    """Load an unsharded state_dict, keeping this rank's shard of each split parameter."""
-    dims, own = tp_dims(model), model.state_dict()
-    sharded = {}
-    for key, value in state.items():
-        dim = dims.get(key)
-        part = value if dim is None else _own_part(value, dim, group)
-        if key in own and part.shape != own[key].shape:
-            raise TPError(f"{key}: the checkpoint's {tuple(value.shape)} does not split into this rank's "
-                          f"{tuple(own[key].shape)}")
-        sharded[key] = part
-    model.load_state_dict(sharded)
-
-
-def _optimizer_dims(model: nn.Module) -> list[int | None]:
-    dims = tp_dims(model)
-    return [dims[name] for name, _ in model.named_parameters()]
-
-
-def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, group) -> dict:
-    """The optimiser's state_dict with every per-parameter tensor (Adam's moments) unsharded,
-    as the same optimiser on the unsharded model would hold it. Parameters are numbered in
-    model.parameters() order, which is the unsharded model's order too."""
-    state = opt.state_dict()
-    dims, params = _optimizer_dims(model), list(model.parameters())
-    full = {}
-    for i, entry in state["state"].items():
-        full[i] = {k: (_gather_dim(v, dims[i], group).cpu() if isinstance(v, Tensor) and dims[i] is not None
-                       and v.shape == params[i].shape and size_of(group) > 1 else v)
-                   for k, v in entry.items()}
-    return {"state": full, "param_groups": state["param_groups"]}
-
-
-def load_full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, state: dict, group) -> None:
-    dims, params = _optimizer_dims(model), list(model.parameters())
-    own = {}
-    for i, entry in state["state"].items():
-        i = int(i)
-        own[i] = {k: (_own_part(v, dims[i], group) if isinstance(v, Tensor) and dims[i] is not None
-                      and v.dim() == params[i].dim() and v.dim() > 0 else v) for k, v in entry.items()}
-    opt.load_state_dict({"state": own, "param_groups": state["param_groups"]})
-
-
-# ---------------------------------------------------------------------------
-# Two dimensions: data-parallel groups of tensor-parallel groups
-# ---------------------------------------------------------------------------
-
-@dataclass
-class Layout:
-    """Where this rank stands in a world of dp × tp ranks. Global rank = dp_rank · tp + tp_rank:
-    the ranks of a tensor-parallel group are neighbours (on a real cluster, one machine's GPUs,
-    because tensor parallelism communicates inside every layer). ``tp_group`` runs the sharded
-    layers; ``dp_group`` (the ranks with the same tp_rank) averages their gradients."""
-
-    tp: int
-    dp: int
-    tp_rank: int
-    dp_rank: int
-    tp_group: dist.ProcessGroup | None
-    dp_group: dist.ProcessGroup | None
-
-
-def make_layout(tp: int) -> Layout:
-    """Create the groups (every rank must call this, in the same order). tp = 1: the world is
-    one data-parallel group and no group is made."""
-    rank, world = _group_info(None)
-    if tp < 1 or world % tp:
-        raise TPError(f"--tp {tp} must divide the world size {world}")
-    dp = world // tp
-    if tp == 1:
-        return Layout(1, dp, 0, rank, None, None)
-    gloo = dist.get_backend() == "gloo"
-    io_before = len(io_threads()) if gloo else 0
-    tp_group = dp_group = None
-    for d in range(dp):  # dist.new_group is collective: every rank creates every group
-        g = dist.new_group([d * tp + t for t in range(tp)])
-        tp_group = g if d == rank // tp else tp_group
-    for t in range(tp):
-        g = dist.new_group([d * tp + t for d in range(dp)])
-        dp_group = g if t == rank % tp else dp_group
-    if gloo:
-        lower_io_priority(expect=io_before + 2)  # each new gloo group (ours: 2) has an I/O thread of its own
-    return Layout(tp, dp, rank % tp, rank // tp, tp_group, dp_group)

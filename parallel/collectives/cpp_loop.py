@@ -1,4 +1,4 @@
-"""The segmented ring with its loop in C++ (parallel/segmented_ring.cpp).
+"""The segmented ring with its loop in C++ (parallel/collectives/segmented_ring.cpp).
 
 Both loops send the same messages through the same process group, in the same order, and add
 the same segments (the results are equal, bit for bit; a test compares them). The benchmarks
@@ -8,7 +8,7 @@ runs this loop wherever it picks the segmented ring for a CPU tensor in a proces
 loaded the extension; nothing builds it implicitly: it needs a C++ compiler and a minute.
 A rank that has loaded it and one that has not still reduce together: the messages are the same.
 
-    from parallel import cpp_loop
+    from parallel.collectives import cpp_loop
     cpp_loop.unavailable()                # None, or why it cannot be built here
     cpp_loop.build()                      # before the ranks start: a JIT build, once; then in
                                           # each rank, which loads the cached library
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch.distributed as dist
 from torch import Tensor
 
-from parallel import collectives
-from parallel.ring import _agree
+from parallel.collectives import algorithms
+from parallel.dp.ring import _agree
 
 NAME = "dense_collectives"
 SOURCE = Path(__file__).resolve().parent / "segmented_ring.cpp"
@@ -51,9 +51,9 @@ def segmented_ring(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | N
     ``all_reduce(tensor, op, "segmented_ring", group)`` does, with the loop in C++.
     ``check=True`` first makes the ranks agree on numel, dtype and op (a RingError on every rank
     if they differ), as all_reduce does; the benchmarks pass ``check=False``."""
-    collectives._validate(tensor, op, "segmented_ring")
-    plan = collectives._plan(group)
-    collectives._check_device(tensor, plan.backend)
+    algorithms._validate(tensor, op, "segmented_ring")
+    plan = algorithms._plan(group)
+    algorithms._check_device(tensor, plan.backend)
     if tensor.device.type != "cpu":
         raise ValueError(f"the C++ segmented ring takes CPU tensors only; this tensor is on {tensor.device}")
     if not tensor.is_contiguous():
@@ -63,5 +63,5 @@ def segmented_ring(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | N
     if plan.size == 1 or tensor.numel() == 0:
         return tensor
     build()
-    collectives._segmented_ring(tensor.view(-1), plan, op, group, cpp=True)
+    algorithms._segmented_ring(tensor.view(-1), plan, op, group, cpp=True)
     return tensor

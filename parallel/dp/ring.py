@@ -1,4 +1,5 @@
-"""Ring collectives written on torch.distributed's point-to-point operations.
+"""Ring collectives written on torch.distributed's point-to-point operations: the ring the
+project uses (the gradient buckets, ZeRO, the tensor-parallel layers).
 
 n ranks stand in a ring; each sends to its right neighbour and receives from its left.
 A tensor is cut into n chunks (``torch.tensor_split`` along dimension 0: sizes differ by at
@@ -11,19 +12,36 @@ most one row). Two collectives move chunks round the ring, n − 1 steps each:
                   receives chunk (r − s − 1) mod n straight into place.
 
 The all-reduce is the one followed by the other, 2(n − 1) steps in which each rank sends
-2(n − 1)/n of the data, whatever n is: the ring is bandwidth-optimal. Every step posts a send
-to the right and a receive from the left before waiting on either, which is deadlock-free
-(see ``_post`` for how on NCCL and on gloo). In the all-reduce on gloo a rank then waits for
-its receive alone; a send is waited for just before its piece is written again, or at the end
-(``_LateSends``). Receive and scratch buffers are kept from call to call (``_buffer``).
+2(n − 1)/n of the data, whatever n is: the ring is bandwidth-optimal.
 
-Each chunk travels in pieces of about 4 MiB (on gloo, each as messages of at most about 1 MiB:
-``MESSAGE_BYTES``), in a wavefront: piece k + 1 runs one step behind
-piece k, so adding one piece can overlap the transfer of the next (whether it does on the
-2-core CPU machine, runs have answered both ways: parallel/collectives.md), and in the all-reduce the
-all-gather of the first pieces overlaps the reduce-scatter of the last. The three public
-collectives run the same two step functions (``_reduce_scatter_step``, ``_all_gather_step``)
-through the same wavefront scheduler (``_wavefront``); the all-reduce only chains them.
+parallel/dp/simple.py is the same all-reduce in thirty lines. This one adds what a library
+needs, each for a reason:
+
+- Agreement first (``_agree``). On gloo, a receive whose size differs from its send kills the
+  receiving process with a C++ terminate; here every rank first sees every other rank's call
+  (kind, dtype, op, shape), and ranks that disagree all raise the same RingError instead.
+- Any shape, any split. Chunks and pieces follow ``torch.tensor_split``, so sizes that n does
+  not divide, empty tensors, 0-d tensors, non-contiguous tensors (through a copy) and, in the
+  all-gather, ranks with different numbers of rows all work; ``avg`` as well as ``sum``, for
+  every float and integer dtype.
+- Clear errors before anything is sent (``_check_tensor``): a wrong op, a CPU tensor on NCCL,
+  a CUDA tensor on gloo.
+- NCCL as well as gloo (``_post``): on NCCL a step is one ``batch_isend_irecv``, because
+  separate isend/irecv calls can deadlock there.
+- The reduce-scatter and the all-gather on their own, for ZeRO (parallel/collectives/zero.py)
+  and the tensor-parallel layers (parallel/tp/layers.py).
+- Overlap inside a call. Each chunk travels in pieces of about 4 MiB (on gloo, each as
+  messages of at most about 1 MiB: ``MESSAGE_BYTES``), in a wavefront: piece k + 1 runs one
+  step behind piece k, so adding one piece can overlap the transfer of the next, and the
+  all-gather of the first pieces overlaps the reduce-scatter of the last. On gloo a rank waits
+  for its receive alone and settles a send only before its piece is written again
+  (``_LateSends``).
+- No allocation per call: receive and scratch buffers are kept from call to call (``_buffer``).
+
+Buckets, the other overlap (reducing while backward still runs), are the caller's:
+parallel/dp/reducer.py. The three public collectives run the same two step functions
+(``_reduce_scatter_step``, ``_all_gather_step``) through the same wavefront scheduler
+(``_wavefront``); the all-reduce only chains them.
 """
 
 from __future__ import annotations
@@ -37,18 +55,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 OPS = ("sum", "avg")
-# The second table of `distributed.py --bench allreduce` compares piece sizes. On the 2-core
-# CPU machine with gloo, no piece size has proved better everywhere: in one run (commit
-# 17f0136) 4 MiB pieces beat 16 MiB (and, with 3 ranks, 1 MiB) pieces at 64 MiB, 95%
-# intervals apart; in the next (63a1e37) every interval overlapped; in the next (82acef5)
-# 1 MiB beat 16 MiB pieces at 16 and 64 MiB with 2 ranks; in the run at commit 8d8745e 4 MiB
-# had the best median, or shared it, in 8 of 9 rows; in the latest
-# (docs/results/allreduce_gloo_w*.json) in 6 of 9, its interval above both others' in 1. On a
-# second machine, at commit 2785bc6, 1 MiB pieces had the best median at 16 MiB (intervals
-# apart from the others' with 4 ranks), and 16 MiB pieces at 64 MiB with 4 ranks; with
-# messages of at most 1 MiB (allreduce_gloo_w*_epyc.json), 4 MiB pieces had the best median at
-# 16 MiB, 16 MiB pieces at 64 MiB and at 4 MiB with 2 ranks (1 MiB pieces with 4), and the
-# only intervals apart were at 4 MiB with 2 ranks, 1 MiB pieces' below the other two.
+# The pieces' size. `distributed.py --bench allreduce` times 1 and 16 MiB pieces beside it
+# (its second table); none has been faster everywhere on the 2-core machine.
 DEFAULT_SEGMENT_BYTES = 4 << 20
 _DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
                 torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
@@ -70,7 +78,7 @@ def _peers(group: dist.ProcessGroup | None) -> tuple[int, int, int, int]:
     return rank, size, glob((rank + 1) % size), glob((rank - 1) % size)
 
 
-# Bytes this process has sent, by purpose (parallel/tp_report.py's table of bytes per step).
+# Bytes this process has sent, by purpose (parallel/tp/report.py's table of bytes per step).
 SENT_BYTES = {"data": 0, "metadata": 0}
 
 
@@ -80,8 +88,8 @@ def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], grou
 
     NCCL needs the whole set as one batch_isend_irecv (separate calls can deadlock). On gloo an
     isend or irecv never blocks, so the receives are posted first, straight to the process
-    group: the data finds its buffers waiting, and no batching code runs. The overhead
-    benchmark times both ways (docs/results/allreduce_overhead_w2.json). Empty tensors are
+    group: the data finds its buffers waiting, and no batching code runs (the overhead
+    benchmark, ``distributed.py --bench overhead``, times both ways). Empty tensors are
     skipped, on both sides alike when both derive the sizes from the same agreed numel. On gloo
     a tensor goes as messages of at most ``message_bytes`` (default ``MESSAGE_BYTES``; 0: one).
     """
@@ -101,9 +109,9 @@ def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], grou
 
 # On gloo a tensor larger than this goes as several messages, all posted at once (0: one
 # message). gloo's own all_reduce cuts its segments at 1 MiB too. The allreduce benchmark
-# measures the ring and two-shot with one message per piece, side by side; why gloo's TCP
-# transport moves one large message more slowly than the same bytes as several was not traced
-# (parallel/collectives.md, "One message or many").
+# times the ring and two-shot with one message per piece beside them (parallel/collectives/
+# README.md, "One message or many"); why gloo's TCP transport moves one large message more
+# slowly than the same bytes as several is not traced.
 MESSAGE_BYTES = 1 << 20
 
 
@@ -125,9 +133,8 @@ def _buffer(numel: int, like: Tensor, owner: str = "") -> Tensor:
     """Scratch space of ``numel`` elements, reused across calls (one per thread, dtype, device
     and ``owner``: the algorithms share the default ""; one that names itself keeps its own).
 
-    A fresh receive buffer on every call made the ring up to 15% slower at 4 MiB on one machine,
-    and with 4 ranks on another took 15% less time at 4 MiB (the allreduce benchmark measures it:
-    parallel/collectives.md, "A buffer per call, and a wait per send").
+    A fresh buffer per call costs an allocation (and, for large ones, page faults) each time;
+    the allreduce benchmark times the ring with one beside the ring without.
     Nothing returned to a caller lives here, and a collective is done with it when it returns,
     so the next call on the same thread may overwrite it.
     """
@@ -251,9 +258,8 @@ class _LateSends:
     neighbour has taken the data, which on gloo happens only once that neighbour has posted its
     receive. Waiting for both before the next step ties each rank to the pace of both its
     neighbours; waiting for the receive alone lets the next step's receive be posted while the
-    right neighbour catches up. What that is worth, the allreduce benchmark measures (for the
-    ring, so far, less than its noise: parallel/collectives.md, "A buffer per call, and a wait
-    per send"). NCCL's step is one batch, waited for as a whole.
+    right neighbour catches up. What that is worth, the allreduce benchmark measures (a wait
+    per send, beside this). NCCL's step is one batch, waited for as a whole.
     """
 
     def __init__(self) -> None:
@@ -406,7 +412,7 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
     the finished chunks; each piece takes the 2(n − 1) steps of both in a row, so the
     all-gather of early pieces overlaps the reduce-scatter of later ones. Every rank ends with
     bit-identical values. ``check=False`` skips the agreement on sizes (n − 1 small messages)
-    for callers that agreed once already, such as the gradient buckets of parallel.reducer.
+    for callers that agreed once already, such as the gradient buckets of parallel.dp.reducer.
     A non-contiguous tensor is reduced through a contiguous copy and written back.
     """
     _check_tensor("ring_all_reduce", tensor, op, group)

@@ -1,0 +1,7 @@
+"""Chapter 6, continued: collectives, a cost model, ZeRO (README.md). Read the code in this
+order: algorithms.py (all-reduce by recursive doubling, halving-doubling, one-shot, two-shot, a
+segmented ring, and ``auto``, which picks by size), costmodel.py (the α-β-γ model that picks,
+fitted on this machine: alphabeta_gloo.json), cpp_loop.py with segmented_ring.cpp (the same
+loop without the interpreter), zero.py (Adam's state sharded over the ranks, and
+ZeroRedundancyOptimizer beside it); bench.py holds the benchmarks, ionice.py the gloo-thread
+experiment."""

@@ -1,0 +1,6 @@
+"""Chapter 6, data parallelism (README.md). Read the code in this order: simple.py (a ring
+all-reduce and a training loop, whole on one screen), ring.py (the ring as the rest of the
+project uses it), reducer.py (gradient buckets reduced during backward), trainer.py (the
+training loop of distributed.py), ddp.py (the same ring driven by torch's
+DistributedDataParallel), trace.py (when each bucket was ready and reduced, as a figure);
+bench.py times a step against DDP."""

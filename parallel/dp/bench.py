@@ -1,0 +1,84 @@
+"""Chapter 6's benchmark, run on every rank by ``distributed.py --bench step``: one training step
+(forward, backward, gradient averaging, optimiser step) of our loop with and without overlap,
+against torch's DistributedDataParallel, on the same model, data and shard. Interleaved round
+by round, in a new order each round (benchmark.measure, order="shuffle"); a sample is the
+slowest rank's time; the ratio to DDP is paired round by round.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from benchmark import Stats, measure
+from parallel.common import data as data_mod
+from parallel.common.harness import header, slowest_rank, write_record
+from parallel.common.launch import world
+from parallel.dp.reducer import GradReducer
+from parallel.dp.trainer import Config, build_model
+
+
+def step(config: Config, json_path: Path | None) -> dict:
+    """Time a training step three ways on the same model, data and shard."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, n = world()
+    ds = data_mod.synthetic(config.seed)
+    batch = torch.arange(config.batch_size - config.batch_size % n)  # equal shards: DDP averages
+    idx = data_mod.shard(batch, rank, n)
+    x, y = ds.train.x[idx].to(config.device), ds.train.y[idx].to(config.device)
+
+    def make(variant: str):
+        torch.manual_seed(config.seed)
+        model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode, config.device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        if variant == "ddp":
+            ddp = DistributedDataParallel(model, bucket_cap_mb=config.bucket_kb / 1024)
+
+            def run() -> None:
+                F.cross_entropy(ddp(x), y).backward()  # DDP averages the local means
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            return run, None
+        reducer = GradReducer(list(model.parameters()), bucket_bytes=config.bucket_kb * 1024,
+                              overlap=(variant == "all_reduce, overlap"))
+
+        def run() -> None:
+            (F.cross_entropy(model(x), y, reduction="sum") / len(batch)).backward()
+            reducer.finish()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return run, reducer
+
+    variants = {name: make(name) for name in ("ddp", "all_reduce, overlap", "all_reduce, no overlap")}
+    stats = measure({k: v[0] for k, v in variants.items()}, rounds=30, warmup=3, number=5, order="shuffle")
+    for _, reducer in variants.values():
+        if reducer:
+            reducer.close()
+    slowest = {name: slowest_rank(s.samples) for name, s in stats.items()}
+    results = [{"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
+                # paired, round by round, like every ratio in these benchmarks
+                "ratio_to_ddp": statistics.median(m / d for m, d in zip(samples, slowest["ddp"]))}
+               for name, samples in slowest.items()]
+    params = sum(p.numel() for p in build_model(ds.features, tuple(config.hidden), ds.classes, "py").parameters())
+    record = {**header("step", config.device), "mode": config.mode, "hidden": list(config.hidden),
+              "global_batch": len(batch), "parameters": params, "bucket_kb": config.bucket_kb, "results": results}
+    return {"output_errors": write_record(record, json_path, step_table(record))}
+
+
+def step_table(record: dict) -> str:
+    rows = ["| variant | step µs (IQR) | step / DDP's (paired) |", "|---|---:|---:|"]
+    for r in record["results"]:
+        rows.append(f"| {r['variant']} | {r['step_us']:.0f} ({r['spread_us']:.0f}) | {r['ratio_to_ddp']:.3f} |")
+    rows.append(f"\nMLP {record['hidden']} (mode {record['mode']}, {record['parameters']:,} parameters), global "
+                f"batch {record['global_batch']}, {record['bucket_kb']} KiB buckets; {record['world_size']} ranks on "
+                f"{record['backend']}, {record['threads_per_rank']} thread(s) each, {record['device']}, "
+                f"torch {record['torch']}, {record['date']}: `{record['command']}`")
+    return "\n".join(rows)
+
+
+JOBS = {"step": step}
+RENDERERS = {"step": step_table}
