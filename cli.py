@@ -14,7 +14,7 @@ missing folder is an error, not created, so a typo does not scatter folders. Res
 ``write_outputs``, which never loses what was computed: a file that fails to write is
 reported after the results were printed. A script's parser comes from its docstring
 (``parser``; ``command`` for a subcommand, whose --help shows the examples that run it), and
-messages name the script as it was typed (``python -m parallel.costmodel`` for a module).
+messages name the script as it was typed (``python -m parallel.collectives.costmodel`` for a module).
 
     def main(argv=None) -> int: ...
     if __name__ == "__main__":
@@ -57,7 +57,7 @@ class UserError(Exception):
 
 
 def _prog() -> str:
-    """The script's name as the user typed it: ``benchmark.py``, or ``python -m parallel.costmodel``
+    """The script's name as the user typed it: ``benchmark.py``, or ``python -m parallel.collectives.costmodel``
     for a module run with -m (which cannot run by its file name: its imports need the root)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and spec.name and not spec.name.endswith("__main__"):

@@ -83,7 +83,7 @@ def folder(tmp_path):
 
 def test_run_order_puts_what_a_command_reads_first(folder):
     rel = folder.as_posix()
-    _write(folder, "a_predict.json", f"python -m parallel.costmodel predict --validate {rel}/z_zero.json "
+    _write(folder, "a_predict.json", f"python -m parallel.collectives.costmodel predict --validate {rel}/z_zero.json "
                                      f"--json {rel}/a_predict.json --plot {rel}/a_predict.png")
     _write(folder, "z_zero.json", f"python distributed.py --bench zero --json {rel}/z_zero.json")
     _write(folder, "b_bench.json", f"python benchmark.py -m py --json {rel}/b_bench.json", reads=[f"{rel}/c_fit.json"])
