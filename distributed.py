@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                    help="auto: nccl when every rank has a GPU of its own, else gloo")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="auto: cuda for the cuda and ptx modes, else cpu")
+                   help="auto: cuda for the cuda and ptx modes, and for triton where a GPU is present; else cpu")
     p.add_argument("--epochs", type=count, default=5, help="total epochs (--resume continues up to this)")
     p.add_argument("--batch-size", type=count, default=128, help="global batch size, split across ranks")
     p.add_argument("--lr", type=cli.positive(float), default=2e-3, help="Adam's learning rate")
@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve(args: argparse.Namespace, world_size: int) -> tuple[Config, str]:
     """Pick device and backend, saying so when the obvious choice is not possible."""
-    device = args.device if args.device != "auto" else ("cuda" if args.mode in ("cuda", "ptx") else "cpu")
+    # auto: the GPU modes on the GPU; triton wherever its kernels are compiled (a GPU), else its interpreter on the CPU.
+    gpu_mode = args.mode in ("cuda", "ptx") or (args.mode == "triton" and torch.cuda.is_available())
+    device = args.device if args.device != "auto" else ("cuda" if gpu_mode else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise cli.UserError(f"--device cuda (or mode {args.mode}) needs a GPU; this torch is {torch.__version__}")
     backend = args.backend
