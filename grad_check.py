@@ -181,6 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     for mode, why in load_failed.items():
         print(Check(mode, "load the stage", False, why).line(), flush=True)
     for mode in loaded:
+        if mode == "triton" and modes.stage(mode).INTERPRETED:
+            # Triton's interpreter takes milliseconds a call, not the 100 µs gradcheck_cost assumes: time it.
+            seconds = measured_cost(modes.dense(mode), b, i, o, not args.no_bias, args.fast_gradcheck)
+            if seconds > GRADCHECK_MAX_S:
+                raise cli.UserError(f"gradcheck at B={b} I={i} O={o} in Triton's interpreter would take about "
+                                    f"{seconds / 60:,.0f} min: use smaller sizes (the defaults -b 8 -i 16 -o 12 "
+                                    "check the same code paths)" + ("" if args.fast_gradcheck else
+                                                                    " or --fast-gradcheck"))
+            if seconds > GRADCHECK_WARN_S:
+                print(f"triton: gradcheck in the interpreter will take about {seconds:.0f} s", file=sys.stderr,
+                      flush=True)
         for check in run_checks(mode, b, i, o, args.device, bias=not args.no_bias, fast=args.fast_gradcheck):
             print(check.line(), flush=True)
             failed += not check.passed
@@ -216,7 +227,7 @@ def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     for v in versions:
         fn = emu.dense(v)
         try:
-            seconds = emulated_cost(fn, b, i, o, bias, args.fast_gradcheck)
+            seconds = measured_cost(fn, b, i, o, bias, args.fast_gradcheck)
             if seconds > GRADCHECK_MAX_S:
                 raise cli.UserError(f"v{v}: gradcheck at B={b} I={i} O={o} on the emulated kernels would take about "
                                     f"{seconds / 60:,.0f} min: use smaller sizes (the defaults -b 8 -i 16 -o 12 "
@@ -234,9 +245,9 @@ def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def emulated_cost(fn: modes.DenseFn, batch: int, in_f: int, out_f: int, bias: bool, fast: bool) -> float:
-    """Seconds the checks of one emulated version will take, from forward and backward calls
-    timed at these sizes (in float64, as gradcheck calls them)."""
+def measured_cost(fn: modes.DenseFn, batch: int, in_f: int, out_f: int, bias: bool, fast: bool) -> float:
+    """Seconds the checks of a slow stage (an emulated version, Triton's interpreter) will take,
+    from forward and backward calls timed at these sizes (in float64, as gradcheck calls them)."""
     x = torch.randn(batch, in_f, dtype=torch.float64, requires_grad=True)
     w = torch.randn(out_f, in_f, dtype=torch.float64, requires_grad=True)
     b = torch.randn(out_f, dtype=torch.float64, requires_grad=True) if bias else None

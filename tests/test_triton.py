@@ -252,6 +252,15 @@ def test_grad_check_script_on_triton():
 
 
 @needs_triton
+@pytest.mark.skipif(GPU, reason="checks the interpreter's cost estimate")
+def test_grad_check_refuses_a_shape_the_interpreter_would_take_minutes_over():
+    """The generic estimate (100 µs a call) passes B=8, I=O=64; the interpreter's timed calls do not."""
+    result = run_script("grad_check.py", "triton", "-b", "8", "-i", "64", "-o", "64")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "in Triton's interpreter would take about" in result.stderr and "Traceback" not in result.stderr
+
+
+@needs_triton
 @pytest.mark.skipif(GPU, reason="checks what the benchmark says without a GPU")
 def test_benchmark_says_the_interpreter_is_no_speed_measurement():
     result = run_script("benchmark.py", "-m", "triton", "-b", "4", "-i", "4", "-o", "4", "--rounds", "2")
