@@ -16,9 +16,11 @@ HERE = Path(__file__).resolve().parent
 EDITED = HERE / "dense_kernels.ptx"
 GENERATED = HERE / "generated" / "dense_kernels.ptx"  # bash ptx/regen.sh writes it
 
+# with_cuda: torch's CUDA headers and libraries; the driver (libcuda) is not linked, the loader
+# finds it at run time.
 BUILD = modes.load_extension(
     "dense_ptx_ext", [HERE / "loader.cpp"], extra_include_paths=[str(HERE.parent / "cpp"), str(HERE.parent / "cuda")],
-    extra_ldflags=["-lcuda"], with_cuda=True)
+    with_cuda=True)
 dense = modes.register_dense_op("dense_ptx")
 
 
