@@ -12,15 +12,20 @@ from pathlib import Path
 
 import torch
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, include_paths
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 # The JIT build's flags and toolkit search, kept in one place.
 from modes import CXX_FLAGS, LD_FLAGS, NVCC_FLAGS, CudaBuildError, cuda_build  # noqa: E402
 
+# setuptools passes torch's headers with -I, where -Wall warns about their pragmas (the JIT
+# build passes them with -isystem, which silences warnings from headers that are not ours).
+# A folder named by -isystem too is searched as a system folder, its -I ignored.
+SYSTEM = [f"-isystem{p}" for p in include_paths()]
+
 ext_modules = [
-    CppExtension("dense_cpp_ext", ["cpp/dense.cpp"], extra_compile_args=CXX_FLAGS,
+    CppExtension("dense_cpp_ext", ["cpp/dense.cpp"], extra_compile_args=[*SYSTEM, *CXX_FLAGS],
                  extra_link_args=LD_FLAGS),
 ]
 
@@ -32,7 +37,7 @@ if torch.version.cuda is not None:
     else:
         print(f"setup.py: building the GPU stages with the toolkit in {cuda.home} for {cuda.archs}", file=sys.stderr)
         include_dirs = [str(ROOT / "cpp"), str(ROOT / "cuda")]
-        cxx = [*CXX_FLAGS, *cuda.cxx_flags]
+        cxx = [*SYSTEM, *CXX_FLAGS, *cuda.cxx_flags]
         ext_modules.append(CUDAExtension(
             "dense_cuda_ext", ["cuda/binding.cpp", "cuda/dense_kernels.cu"], include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx, "nvcc": [*NVCC_FLAGS, *cuda.nvcc_flags]}, extra_link_args=LD_FLAGS))

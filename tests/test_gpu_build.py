@@ -132,9 +132,6 @@ def test_cuda_build_finds_everything_without_environment_variables(built):
 def test_stage_loads_and_says_how(built, mode):
     assert built[mode] in ("installed", "jit")
     assert modes.build_kind(f"dense_{mode}_ext") == built[mode]
-    expected = os.environ.get("DENSE_EXPECT_BUILD")  # .ci/cuda_build says which build it made
-    if expected:
-        assert built[mode] == expected
 
 
 @needs_cuda_torch
