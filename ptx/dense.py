@@ -1,5 +1,5 @@
-"""Stage 4: the stage-3 kernels as hand-edited PTX (ptx/dense_kernels.ptx), loaded at run time
-by ptx/loader.cpp through the CUDA driver API, as the ops dense_ptx::forward/backward.
+"""The PTX stage (chapter 5): chapter 4's kernels as hand-edited PTX (ptx/dense_kernels.ptx), loaded
+at run time by ptx/loader.cpp through the CUDA driver API, as the ops dense_ptx::forward/backward.
 
 Check it (GPU):  python grad_check.py ptx --device cuda
 """

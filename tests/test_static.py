@@ -33,8 +33,11 @@ bound = load("ptx/sigmoid_bound.py")
 
 HAVE_NVCC = sr.find_tool("nvcc") is not None and sr.find_tool("ptxas") is not None
 HAVE_SASS = sr.sass_tools()[0] is not None
-needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc/ptxas (CUDA toolkit) not found")
-needs_sass = pytest.mark.skipif(not (HAVE_NVCC and HAVE_SASS), reason=f"needs nvcc and {sr.sass_tools()[1]}")
+NO_NVCC = "nvcc/ptxas (CUDA toolkit) not found"
+# sass_tools() says which of cuobjdump and nvdisasm is missing, and how to install it
+NO_SASS = NO_NVCC if not HAVE_NVCC else sr.sass_tools()[1]
+needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason=NO_NVCC)
+needs_sass = pytest.mark.skipif(not (HAVE_NVCC and HAVE_SASS), reason=NO_SASS)
 
 
 # ---------------------------------------------------------------------------------------
@@ -258,7 +261,7 @@ def test_missing_sass_tools_are_named_with_the_pip_packages(monkeypatch):
 @pytest.fixture(scope="module")
 def static_record(tmp_path_factory):
     if not HAVE_NVCC:
-        pytest.skip("nvcc/ptxas (CUDA toolkit) not found")
+        pytest.skip(NO_NVCC)
     out = tmp_path_factory.mktemp("static") / "static.json"
     result = run_script("cuda/static_report.py", "--json", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -480,7 +483,7 @@ def test_static_report_refuses_bad_arguments_before_compiling(tmp_path):
 @pytest.fixture(scope="module")
 def sass_record(tmp_path_factory):
     if not (HAVE_NVCC and HAVE_SASS):
-        pytest.skip(f"needs nvcc and {sr.sass_tools()[1]}")
+        pytest.skip(NO_SASS)
     out = tmp_path_factory.mktemp("sass") / "sass.json"
     result = run_script("ptx/sass_report.py", "--json", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -506,6 +509,17 @@ def test_sass_of_the_vector_load_edit(sass_record):
     after, before = edits[0]["edited"], edits[0]["compiler"]
     assert "128" not in before["ldg"] and before["ldg"]["32"] >= 4 * after["ldg"]["128"] > 0
     assert after["ldg"].get("32", 0) < before["ldg"]["32"]
+
+
+@pytest.mark.skipif(sr.find_tool("ptxas") is None, reason="ptxas (CUDA toolkit) not found")
+def test_assemble_says_whether_the_ptx_assembles(tmp_path):
+    """The chapter's check of a hand edit: the edited PTX assembles; a typo gets ptxas's own error."""
+    result = run_script("ptx/sass_report.py", "--assemble", timeout=600)
+    assert result.returncode == 0 and "ptx/dense_kernels.ptx: assembles for sm_90" in result.stdout, result.stderr
+    typo = tmp_path / "typo.ptx"
+    typo.write_text((ROOT / "ptx" / "dense_kernels.ptx").read_text().replace("ex2.approx.ftz.f32", "ex2.aprox.ftz.f32"))
+    result = run_script("ptx/sass_report.py", "--assemble", "--ptx", str(typo), timeout=600)
+    assert result.returncode == 1 and "does NOT assemble" in result.stdout and "error" in result.stdout
 
 
 # ---------------------------------------------------------------------------------------
