@@ -85,8 +85,8 @@ def edited_functions(compiler: str, edited: str) -> list[str]:
 
 
 def tag(text: str) -> str | None:
-    """The edit's marker in the PTX comments: EDIT-A, or the older EDIT(name) form."""
-    m = re.search(r"//.*?\b(EDIT-[A-Z]\w*|EDIT\([^)]*\))", text)
+    """The edit's marker in the PTX comments: EDIT-A, EDIT-B, ..."""
+    m = re.search(r"//.*?\b(EDIT-[A-Z]\w*)", text)
     return m.group(1) if m else None
 
 
