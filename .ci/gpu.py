@@ -3,9 +3,11 @@
 A lease gives about 30 minutes in all, at most 10 per command, and brings back at most 8 files
 (16 MiB each, at most two folders deep). So each step below stays within STEP_BUDGET_S (8
 minutes: the rest of the 10 is for starting and copying), runs its commands one at a time, and
-leaves two files in the results folder: <step>.log and <step>.tar.gz, the records named as in
-docs/results (tar -xzf <step>.tar.gz -C docs/results; then python docs/render.py). The steps,
-in the order the chapters need them:
+leaves two files in the folder --out names: <step>.log and <step>.tar.gz. The records are written
+where the chapters read them, under docs/results/, by the commands docs/README.md lists; the
+archive holds them under records/ and the rest (test report, machine, PTX diff) under extra/:
+  tar -xzf gemm.tar.gz -C /tmp/gemm && cp /tmp/gemm/records/* docs/results/ && python docs/render.py
+The steps, in the order the chapters need them:
 
   correctness  both GPU stages built; modes.available(); grad checks; pytest -m "gpu and not slow"
   gemm         chapter 4's GEMM versions at 4096³, TF32 off: GFLOP/s and % of cuBLAS per version
@@ -51,6 +53,7 @@ QUICK_BUDGET_S = 5 * 60
 MAX_FILES, MAX_BYTES = 8, 16 << 20      # what one lease command brings back
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # the only file names that come back
 OUT = "{out}"                            # stands for the step's own folder in a command
+RESULTS = "docs/results"                 # the records, where the chapters read them
 
 
 @dataclass
@@ -58,26 +61,27 @@ class Command:
     argv: list[str]
     estimate_s: int                 # on an H100 (a guess until a GPU run replaces it)
     stdout: str | None = None       # a file under {out} for the command's standard output
-    outputs: list[str] = field(default_factory=list)  # the files it writes under {out}
-    inputs: list[str] = field(default_factory=list)   # files under {out} that earlier commands wrote
+    outputs: list[str] = field(default_factory=list)  # the files it writes under {out} or docs/results
+    inputs: list[str] = field(default_factory=list)   # files there that earlier commands wrote
 
     def text(self) -> str:
         return shlex.join(self.argv) + (f" > {self.stdout}" if self.stdout else "")
 
 
 def py(*args: str, estimate_s: int, reads: bool = False) -> Command:
-    """``python args...``; the arguments under {out} are files it writes (or, with reads=True, reads)."""
+    """``python args...``; its arguments under {out} or docs/results are files it writes (or, with
+    reads=True, reads)."""
     argv = ["python", *args]
-    under_out = [a.split("=", 1)[-1] for a in argv if OUT in a]
-    return Command(argv, estimate_s, outputs=[] if reads else under_out, inputs=under_out if reads else [])
+    files = [a.split("=", 1)[-1] for a in argv if a.split("=", 1)[-1].startswith((OUT + "/", RESULTS + "/"))]
+    return Command(argv, estimate_s, outputs=[] if reads else files, inputs=files if reads else [])
 
 
-BUILD = py("-c", "import modes; print({m: modes.build(m) for m in ('cpp', 'cuda', 'ptx')})", estimate_s=90)
+BUILD = py("-c", 'import modes; print({m: modes.build(m) for m in ("cpp", "cuda", "ptx")})', estimate_s=90)
 ENV = py(".ci/gpu.py", "--record-env", f"{OUT}/gpu_env.json", estimate_s=10)
 
 
-def stamp(*names: str) -> Command:
-    return py(".ci/gpu.py", "--stamp", *(f"{OUT}/{n}" for n in names), estimate_s=5, reads=True)
+def stamp(*paths: str) -> Command:
+    return py(".ci/gpu.py", "--stamp", *paths, estimate_s=5, reads=True)
 
 
 BIG = ["-b", "4096", "-i", "4096", "-o", "4096", "--device", "cuda"]
@@ -86,7 +90,7 @@ VERSIONS = range(1, 10)  # cuda/dense_kernels.h: kVersions
 
 def step_correctness(tag: str) -> list[Command]:
     return [BUILD, ENV,
-            py("-c", "import modes; r = modes.available(); print(r); assert r['cuda'] is None and r['ptx'] is None, r",
+            py("-c", 'import modes; r = modes.available(); print(r); assert r["cuda"] is None and r["ptx"] is None, r',
                estimate_s=10),
             py("grad_check.py", "all", "--device", "cuda", "-b", "33", "-i", "65", "-o", "17", estimate_s=40),
             py("-m", "pytest", "-m", "gpu and not slow", "-q", "-ra", "-p", "no:cacheprovider",
@@ -95,25 +99,24 @@ def step_correctness(tag: str) -> list[Command]:
 
 def step_gemm(tag: str) -> list[Command]:
     runs = [py("benchmark.py", "-m", "cuda", *BIG, "--rounds", "20", "--kernel", str(k),
-               "--json", f"{OUT}/gpu_{tag}_4096_kernel{k}.json", estimate_s=25) for k in VERSIONS]
-    return [BUILD, ENV, *runs, stamp(*(Path(c.outputs[0]).name for c in runs)),
+               "--json", f"{RESULTS}/gpu_{tag}_4096_kernel{k}.json", estimate_s=25) for k in VERSIONS]
+    return [BUILD, ENV, *runs, stamp(*(c.outputs[0] for c in runs)),
             py(".ci/gpu.py", "--gemm-table", *(c.outputs[0] for c in runs), estimate_s=5, reads=True)]
 
 
 def step_ptx(tag: str) -> list[Command]:
     wide = ["-b", "65536", "-i", "64", "-o", "4096", "--device", "cuda"]  # EDIT-B's elementwise kernel dominates
     runs = [py("benchmark.py", "-m", "ptx", *shape, "--rounds", "20", "--ptx", ptx,
-               "--json", f"{OUT}/gpu_{tag}_{name}_ptx_{ptx}.json", estimate_s=40)
+               "--json", f"{RESULTS}/gpu_{tag}_{name}_ptx_{ptx}.json", estimate_s=40)
             for name, shape in (("4096", BIG), ("elementwise", wide)) for ptx in ("compiler", "edited")]
-    load = py("ptx/load_cost.py", "--json", f"{OUT}/gpu_{tag}_ptx_load.json", estimate_s=90)
+    load = py("ptx/load_cost.py", "--json", f"{RESULTS}/gpu_{tag}_ptx_load.json", estimate_s=90)
     regen = Command(["bash", "ptx/regen.sh"], 30, stdout=f"{OUT}/ptx_edits.diff", outputs=[f"{OUT}/ptx_edits.diff"])
-    names = [Path(c.outputs[0]).name for c in (*runs, load)]
-    return [BUILD, ENV, regen, *runs, load, stamp(*names)]
+    return [BUILD, ENV, regen, *runs, load, stamp(*(c.outputs[0] for c in (*runs, load)))]
 
 
 def step_triton(tag: str) -> list[Command]:
     # ---- The Triton stage (chapter 3) on the GPU: its commands go here, each written like the
-    # ---- other steps' (py(...) with an estimate, outputs under {OUT}), after BUILD and ENV.
+    # ---- other steps' (py(...) with an estimate, records under RESULTS), after BUILD and ENV.
     return [BUILD, ENV]
 
 
@@ -122,19 +125,19 @@ def step_train(tag: str) -> list[Command]:
     for mode in ("cuda", "ptx"):
         # One rank on the GPU (NCCL), then two ranks sharing it: NCCL refuses two ranks on one GPU,
         # so they use gloo, with the gradients staged through host memory.
-        runs.append(py("distributed.py", "-m", mode, "--world-size", "1", "--json", f"{OUT}/train_{mode}_{tag}_w1.json",
-                       estimate_s=60))
+        runs.append(py("distributed.py", "-m", mode, "--world-size", "1",
+                       "--json", f"{RESULTS}/train_{mode}_{tag}_w1.json", estimate_s=60))
         runs.append(py("distributed.py", "-m", mode, "--world-size", "2", "--backend", "gloo",
-                       "--json", f"{OUT}/train_{mode}_{tag}_w2.json", estimate_s=90))
-    return [BUILD, ENV, *runs, stamp(*(Path(c.outputs[0]).name for c in runs))]
+                       "--json", f"{RESULTS}/train_{mode}_{tag}_w2.json", estimate_s=90))
+    return [BUILD, ENV, *runs, stamp(*(c.outputs[0] for c in runs))]
 
 
 def step_stages(tag: str) -> list[Command]:
     every = py("benchmark.py", "-m", "all", *BIG, "--rounds", "20", "--compile", "--roofline",
-               "--json", f"{OUT}/gpu_{tag}_4096.json", estimate_s=120)
+               "--json", f"{RESULTS}/gpu_{tag}_4096.json", estimate_s=120)
     small = py("benchmark.py", "-m", "all", "-b", "32", "-i", "4096", "-o", "4096", "--device", "cuda",
-               "--rounds", "50", "--json", f"{OUT}/gpu_{tag}_b32.json", estimate_s=60)
-    return [BUILD, ENV, every, small, stamp(*(Path(c.outputs[0]).name for c in (every, small)))]
+               "--rounds", "50", "--json", f"{RESULTS}/gpu_{tag}_b32.json", estimate_s=60)
+    return [BUILD, ENV, every, small, stamp(every.outputs[0], small.outputs[0])]
 
 
 def step_quick(tag: str) -> list[Command]:
@@ -199,9 +202,13 @@ def run_step(name: str, commands: list[Command], results: Path, budget_s: int) -
                 ok = False
                 say(f"== exit status {proc.returncode}")
         say(f"== {name}: {'passed' if ok else 'FAILED'} in {time.monotonic() - started:.0f} s")
+    records = [ROOT / f for c in commands for f in c.outputs if f.startswith(RESULTS + "/")]
     with tarfile.open(results / f"{name}.tar.gz", "w:gz") as tar:
+        for f in records:
+            if f.is_file():  # a command that failed wrote nothing: its error is in the log
+                tar.add(f, arcname=f"records/{f.name}")
         for f in sorted(folder.iterdir()):
-            tar.add(f, arcname=f.name)
+            tar.add(f, arcname=f"extra/{f.name}")
     shutil.rmtree(folder)
     for f in (results / f"{name}.log", results / f"{name}.tar.gz"):
         if f.stat().st_size > MAX_BYTES:
@@ -230,9 +237,11 @@ def check(c: Command, out: Path) -> None:
     flag its --help does not list or its parser refuses, code that does not parse, tests that
     do not collect, an output outside {out} or with a name that would not come back."""
     for path in c.outputs:
-        rel = path.removeprefix(OUT + "/")
-        if not path.startswith(OUT + "/") or "/" in rel or not NAME.match(rel):
-            raise ValueError(f"output {path!r}: must be a plain file name under {OUT}/ (letters, digits, . _ -)")
+        prefix = next((p for p in (OUT + "/", RESULTS + "/") if path.startswith(p)), None)
+        rel = path.removeprefix(prefix or "")
+        if prefix is None or "/" in rel or not NAME.match(rel):
+            raise ValueError(f"output {path!r}: must be a plain file name under {OUT}/ or {RESULTS}/ "
+                             "(letters, digits, . _ -)")
     argv = [a.replace(OUT, str(out)) for a in c.argv]
     if argv[0] == "bash":
         script = ROOT / argv[1]

@@ -68,7 +68,7 @@ def test_dry_run_check_catches_mistakes(command, says, tmp_path):
 
 
 def test_reading_what_no_earlier_command_wrote_is_caught(monkeypatch, capsys):
-    monkeypatch.setitem(plan.STEPS, "broken", lambda tag: [plan.stamp(f"gpu_{tag}_missing.json")])
+    monkeypatch.setitem(plan.STEPS, "broken", lambda tag: [plan.stamp(f"{plan.RESULTS}/gpu_{tag}_missing.json")])
     assert not plan.dry_run(["broken"])
     assert "which no earlier command of the step writes" in capsys.readouterr().out
 
@@ -80,22 +80,30 @@ def test_device_tag(name, tag):
     assert plan.device_tag(name) == tag
 
 
-def test_a_step_runs_in_order_logs_and_packs_its_files(tmp_path):
-    commands = [plan.py("-c", "import sys; open(sys.argv[1], 'w').write('1'); print('first')", f"{OUT}/a.json",
-                        estimate_s=1),
+def test_a_step_runs_in_order_logs_and_packs_its_files(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"  # the commands run in the repository: a stand-in, so that nothing real is written
+    (repo / "docs" / "results").mkdir(parents=True)
+    monkeypatch.setattr(plan, "ROOT", repo)
+    results = tmp_path / "out"
+    write = "import sys; open(sys.argv[1], 'w').write('1'); print('first')"
+    commands = [plan.py("-c", write, f"{OUT}/a.json", estimate_s=1),
+                plan.py("-c", write, f"{plan.RESULTS}/gpu_x_record.json", estimate_s=1),
+                plan.py("-c", "pass", f"{plan.RESULTS}/gpu_x_never_written.json", estimate_s=1),
                 plan.Command(["python", "-c", "print('to a file')"], 1, stdout=f"{OUT}/b.txt",
                              outputs=[f"{OUT}/b.txt"]),
                 plan.py("-c", "raise SystemExit(3)", estimate_s=1)]
-    assert not plan.run_step("demo", commands, tmp_path, budget_s=120)  # the last command failed
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo.log", "demo.tar.gz"]
-    log = (tmp_path / "demo.log").read_text()
+    assert not plan.run_step("demo", commands, results, budget_s=120)  # the last command failed
+    assert sorted(p.name for p in results.iterdir()) == ["demo.log", "demo.tar.gz"]
+    log = (results / "demo.log").read_text()
     assert log.index("first") < log.index("exit status 3") and "demo: FAILED" in log
-    with tarfile.open(tmp_path / "demo.tar.gz") as tar:
-        assert sorted(tar.getnames()) == ["a.json", "b.txt"]
-        assert tar.extractfile("b.txt").read() == b"to a file\n"
+    with tarfile.open(results / "demo.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["extra/a.json", "extra/b.txt", "records/gpu_x_record.json"]
+        assert tar.extractfile("extra/b.txt").read() == b"to a file\n"
+    assert (repo / "docs" / "results" / "gpu_x_record.json").is_file()  # where the chapters read it
 
 
-def test_a_step_stops_at_its_budget(tmp_path):
+def test_a_step_stops_at_its_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(plan, "ROOT", tmp_path)
     commands = [plan.py("-c", "import time; print('sleeping', flush=True); time.sleep(60)", estimate_s=1),
                 plan.py("-c", "print('never')", estimate_s=1)]
     assert not plan.run_step("slow", commands, tmp_path, budget_s=8)
