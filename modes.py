@@ -7,9 +7,11 @@ Every script and test reaches a stage through this module:
     >>> layer(torch.randn(8, 16)).shape
     torch.Size([8, 4])
 
-It also holds the plumbing the stages share, written once: the input checks, the
-torch.library registration (autograd + fake kernels) used by every compiled stage, and
-the loader that prefers an installed (setup.py) build and otherwise JIT-builds one.
+It also holds the plumbing the stages share, written once: the input checks, the Python
+half of every compiled stage's registration (fake kernels for torch.compile, vmap rules; the
+autograd formula is registered in C++, cpp/dense_common.h), the loader that prefers an
+installed (setup.py) build and otherwise JIT-builds one, and the search for the CUDA toolkit
+and the GPU architectures that setup.py and the JIT loader both build the GPU stages with.
 
 Stage folders are loaded by path under names of their own (``dense_stage_py``...):
 the folder ``py/`` cannot be imported as a package called ``py`` because pytest ships a
@@ -19,15 +21,18 @@ module of that name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -44,36 +49,39 @@ DTYPES = (torch.float32, torch.float64)
 # both builds run on the machine that built them, so use all of its vector instructions.
 CXX_FLAGS = ["-O3", "-fopenmp", "-march=native"]
 LD_FLAGS = ["-fopenmp"]
+# nvcc's flags for the GPU stages' kernels (architectures: cuda_build()). -lineinfo maps the
+# SASS back to source lines for the profilers, at no cost in speed.
+NVCC_FLAGS = ["-O3", "-lineinfo"]
 
 DenseFn = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 
 _stages: dict[str, ModuleType] = {}
 _build_kind: dict[str, str] = {}  # extension name -> "installed" | "jit"
+_verbose_builds = False  # modes.build(mode, verbose=True): show the JIT build's commands and warnings
 
 
 # ---------------------------------------------------------------------------
 # Which modes work here
 # ---------------------------------------------------------------------------
 
-def _gpu_reason() -> str | None:
-    if torch.version.cuda is None:
-        return f"needs a CUDA build of torch and a GPU; this torch is {torch.__version__}"
+def _no_gpu_reason() -> str | None:
     if not torch.cuda.is_available():
-        return "needs a GPU; torch.cuda.is_available() is False"
+        return (f"needs a GPU: torch {torch.__version__} is a CUDA build, but torch.cuda.is_available() "
+                "is False (no GPU or no NVIDIA driver here)")
     return None
 
 
 def _compiler_reason(ext_name: str, cuda: bool = False) -> str | None:
-    """None if the extension is installed or can be JIT-built here."""
+    """None if the extension is installed or can be JIT-built here (a GPU is not asked for)."""
     if importlib.util.find_spec(ext_name) is not None:
         return None
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return f"needs a C++ compiler to build {ext_name} (none found as $CXX or c++)"
     if cuda:
-        from torch.utils.cpp_extension import CUDA_HOME
-
-        if CUDA_HOME is None:
-            return f"needs nvcc (CUDA_HOME) to build {ext_name}"
+        try:
+            cuda_build()
+        except CudaBuildError as e:
+            return str(e)
     return None
 
 
@@ -93,20 +101,53 @@ def _triton_reason() -> str | None:
     return None
 
 
+def _cpp_reason() -> str | None:
+    return _compiler_reason("dense_cpp_ext")
+
+
+def _gpu_build_reason(mode: str) -> str | None:
+    if torch.version.cuda is None:
+        return f"needs a CUDA build of torch; this torch is {torch.__version__}"
+    return _compiler_reason(f"dense_{mode}_ext", cuda=True)
+
+
+def _gpu_stage_reason(mode: str) -> str | None:
+    if torch.version.cuda is None:
+        return f"needs a CUDA build of torch and a GPU; this torch is {torch.__version__}"
+    reasons = [r for r in (_gpu_build_reason(mode), _no_gpu_reason()) if r]
+    return "; and ".join(reasons) or None
+
+
+# Why each mode cannot run here (None: it can). A new stage adds its mode to MODES and a line here.
+_REASONS: dict[str, Callable[[], str | None]] = {
+    "py": lambda: None,
+    "cpp": _cpp_reason,
+    "triton": _triton_reason,
+    "cuda": lambda: _gpu_stage_reason("cuda"),
+    "ptx": lambda: _gpu_stage_reason("ptx"),
+}
+# Why a stage cannot even be built and loaded here, for the stages that need more to run
+# (a GPU) than to load; the others' reasons are the same as above.
+_BUILD_REASONS: dict[str, Callable[[], str | None]] = {
+    "cuda": lambda: _gpu_build_reason("cuda"),
+    "ptx": lambda: _gpu_build_reason("ptx"),
+}
+
+
 def available() -> dict[str, str | None]:
     """Map each mode to None where it works here, else to a one-line reason."""
-    reasons: dict[str, str | None] = {"py": None, "cpp": _compiler_reason("dense_cpp_ext"),
-                                      "triton": _triton_reason()}
-    for mode in ("cuda", "ptx"):
-        reasons[mode] = _gpu_reason() or _compiler_reason(f"dense_{mode}_ext", cuda=True)
-    return reasons
+    return {mode: _REASONS[mode]() for mode in MODES}
 
 
-def _require(mode: str) -> None:
-    """Raise the clear error for a mode that is unknown or cannot run here."""
+def _require(mode: str, run: bool = True) -> None:
+    """Raise the clear error for a mode that is unknown or cannot run here.
+
+    With run=False the stage need only build and load here: a GPU stage loads, and its ops
+    trace on fake tensors, on a machine without a GPU.
+    """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    reason = available()[mode]
+    reason = (_REASONS if run else {**_REASONS, **_BUILD_REASONS})[mode]()
     if reason is not None:
         raise RuntimeError(f"mode {mode!r} is not available here: {reason}")
 
@@ -126,7 +167,7 @@ def resolve(mode: str) -> tuple[list[str], dict[str, str]]:
 def _stage(mode: str) -> ModuleType:
     if mode in _stages:
         return _stages[mode]
-    _require(mode)
+    _require(mode, run=False)
     name = f"dense_stage_{mode}"
     spec = importlib.util.spec_from_file_location(name, ROOT / FOLDERS.get(mode, mode) / "dense.py")
     assert spec is not None and spec.loader is not None
@@ -142,8 +183,26 @@ def _stage(mode: str) -> ModuleType:
 
 
 def stage(mode: str) -> ModuleType:
-    """The stage's own module (``<mode>/dense.py``), loaded on first use."""
+    """The stage's own module (``<mode>/dense.py``), loaded on first use.
+
+    Loading builds (or finds) the stage's extension and registers its ops; it needs no GPU.
+    """
     return _stage(mode)
+
+
+def build(mode: str, verbose: bool = False) -> str | None:
+    """Build (or find) and load the stage's extension, and run nothing; no GPU is needed.
+
+    Returns "installed" or "jit" (None for the py stage, which has nothing to build). With
+    verbose=True a JIT build shows the compiler's command lines and warnings.
+    """
+    global _verbose_builds
+    _verbose_builds, before = verbose, _verbose_builds
+    try:
+        module = _stage(mode)
+    finally:
+        _verbose_builds = before
+    return getattr(module, "BUILD", None)
 
 
 _dense_fns: dict[str, DenseFn] = {}
@@ -159,6 +218,11 @@ def dense(mode: str) -> DenseFn:
     """
     if mode in _dense_fns:
         return _dense_fns[mode]
+    # A GPU stage runs only where there is a GPU; under a FakeTensorMode (tracing, export) its
+    # ops compute shapes alone, and a machine without one can trace it.
+    from torch._guards import detect_fake_mode
+
+    _require(mode, run=detect_fake_mode() is None)
     op = _stage(mode).dense
 
     if mode == "py":
@@ -199,7 +263,7 @@ class Dense(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        dense(mode)  # fails early, with the reason, if the mode is unavailable
+        dense(mode)  # fails early, with the reason, if the mode cannot run here
         self.in_features, self.out_features, self.mode = in_features, out_features, mode
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
@@ -334,15 +398,22 @@ def load_extension(name: str, sources: Sequence[Path], extra_ldflags: Sequence[s
         importlib.import_module(name)
         kind = "installed"
     else:
+        cuda = None
+        if jit_kwargs.get("with_cuda") or any(Path(src).suffix == ".cu" for src in sources):
+            cuda = cuda_build()  # raises CudaBuildError with what is missing, before any compiling
+            jit_kwargs["with_cuda"] = True
+            jit_kwargs["extra_cuda_cflags"] = [*NVCC_FLAGS, *cuda.nvcc_flags, *jit_kwargs.get("extra_cuda_cflags", [])]
         build_dir = ROOT / "build" / "jit" / name
         build_dir.mkdir(parents=True, exist_ok=True)
         built_libs = list(build_dir.glob("*.so"))
         newest = max((p.stat().st_mtime for p in built_libs), default=0.0)
         if any(s.stat().st_mtime > newest for s in _source_files(sources)):
-            print(f"building the {name} extension in {build_dir.relative_to(ROOT)} "
+            with_toolkit = f" with the CUDA toolkit in {cuda.home}, for GPUs {cuda.archs}" if cuda else ""
+            print(f"building the {name} extension in {build_dir.relative_to(ROOT)}{with_toolkit} "
                   "(about a minute the first time)...", file=sys.stderr, flush=True)
         with _build_guard(build_dir):
-            _jit_build(name, sources, build_dir, extra_ldflags, jit_kwargs)
+            _jit_build(name, sources, build_dir, [*CXX_FLAGS, *(cuda.cxx_flags if cuda else ())], extra_ldflags,
+                       jit_kwargs)
         kind = "jit"
     _build_kind[name] = kind
     return kind
@@ -352,14 +423,14 @@ class BuildError(RuntimeError):
     """A stage's C++/CUDA extension failed to compile or link; the message has the first errors."""
 
 
-def _jit_build(name: str, sources: Sequence[Path], build_dir: Path, extra_ldflags: Sequence[str],
-               jit_kwargs: dict) -> None:
+def _jit_build(name: str, sources: Sequence[Path], build_dir: Path, cflags: Sequence[str],
+               extra_ldflags: Sequence[str], jit_kwargs: dict) -> None:
     from torch.utils import cpp_extension
 
     try:
         cpp_extension.load(name=name, sources=[str(s) for s in sources], build_directory=str(build_dir),
-                           is_python_module=False, extra_cflags=CXX_FLAGS,
-                           extra_ldflags=LD_FLAGS + list(extra_ldflags), **jit_kwargs)
+                           is_python_module=False, extra_cflags=list(cflags),
+                           extra_ldflags=LD_FLAGS + list(extra_ldflags), verbose=_verbose_builds, **jit_kwargs)
     except RuntimeError as e:
         text = str(e)
         if not text.startswith(f"Error building extension '{name}"):
@@ -375,6 +446,141 @@ def _jit_build(name: str, sources: Sequence[Path], build_dir: Path, extra_ldflag
                          + f"\nfull log: {log}") from None
 
 
+# ---------------------------------------------------------------------------
+# Building the GPU stages: the CUDA toolkit and the GPU architectures
+# ---------------------------------------------------------------------------
+# Used by setup.py and by the JIT loader alike. Nothing here asks for a GPU: what a build
+# needs is a CUDA build of torch and nvcc.
+
+# The GPUs the chapters target: sm_80 (A100, the oldest with cp.async, which GEMM v8 and v9
+# use) and sm_90 (H100, H200), plus sm_90's PTX, which the driver of a newer GPU compiles for
+# itself when the extension loads. TORCH_CUDA_ARCH_LIST, when set, replaces this list.
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
+# Headers of CUDA's maths libraries that torch's CUDA headers include. A toolkit may lack them
+# (a minimal one, without cuBLAS); the nvidia-* pip wheels a CUDA torch depends on ship them.
+LIBRARY_HEADERS = ("cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h")
+FALLBACK_CUDA_HOME = Path("/usr/local/cuda")  # where the toolkit's installers put it, when nvcc is not on PATH
+
+
+class CudaBuildError(BuildError):
+    """A GPU stage cannot be built here (no CUDA torch, no nvcc, missing headers); one line says why."""
+
+
+@dataclass(frozen=True)
+class CudaBuild:
+    """How this machine builds the GPU stages: see cuda_build()."""
+
+    home: Path                   # the toolkit: bin/nvcc, include/cuda_runtime_api.h, lib64/libcudart.so
+    archs: str                   # e.g. "8.0;9.0+PTX", and where it came from
+    nvcc_flags: tuple[str, ...]  # -gencode flags (none when TORCH_CUDA_ARCH_LIST decides)
+    cxx_flags: tuple[str, ...]   # -idirafter <nvidia wheel include/> where the toolkit lacks a header
+
+
+@functools.cache
+def cuda_build() -> CudaBuild:
+    """Find what building the GPU stages needs, and point torch's build helpers at it.
+
+    - the toolkit is $CUDA_HOME (or $CUDA_PATH) if set, else the folder nvcc really lives in:
+      an nvcc found on PATH may be a link or a wrapper script in a general bin/ folder, whose
+      parent torch would take for the toolkit; nvcc itself reports its folder (``--dryrun``);
+    - the architectures are TORCH_CUDA_ARCH_LIST if set, else DEFAULT_CUDA_ARCHS (torch would
+      ask the visible GPUs, and without one it fails);
+    - headers in LIBRARY_HEADERS that the toolkit lacks are taken from the nvidia pip wheels,
+      searched after every other include folder, so that they never replace the toolkit's.
+
+    Sets torch.utils.cpp_extension.CUDA_HOME to the toolkit found (the one variable torch's
+    build helpers read it from). Raises CudaBuildError with one line saying what to install
+    or set.
+    """
+    from torch.utils import cpp_extension
+
+    if torch.version.cuda is None:
+        raise CudaBuildError(f"needs a CUDA build of torch; this torch is {torch.__version__}")
+    home = _cuda_home()
+    cpp_extension.CUDA_HOME = str(home)
+    archs, nvcc_flags = _arch_flags()
+    return CudaBuild(home, archs, nvcc_flags, _idirafter(_library_include_dirs(home / "include")))
+
+
+def _arch_flags() -> tuple[str, tuple[str, ...]]:
+    """(the architectures and where they came from, nvcc's -gencode flags for them)."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if archs:
+        return f"{archs} (TORCH_CUDA_ARCH_LIST)", ()  # torch makes the flags from the variable itself
+    flags = []
+    for arch in DEFAULT_CUDA_ARCHS.split(";"):
+        num = arch.removesuffix("+PTX").replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if arch.endswith("+PTX"):
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return f"{DEFAULT_CUDA_ARCHS} (modes.DEFAULT_CUDA_ARCHS)", tuple(flags)
+
+
+def _library_include_dirs(include: Path) -> list[str]:
+    """The nvidia wheels' include folders that hold the LIBRARY_HEADERS missing from ``include``."""
+    dirs: list[str] = []
+    for header in LIBRARY_HEADERS:
+        if (include / header).is_file():
+            continue
+        wheels = (p.parent for root in _nvidia_wheel_roots() for p in sorted(root.glob(f"*/include/{header}")))
+        found = str(next(wheels, "")) or None
+        if found is None:
+            raise CudaBuildError(f"{header} (CUDA's maths libraries) is neither in {include} nor in an nvidia-* pip "
+                                 "wheel; reinstall the CUDA torch with its dependencies, or the full CUDA toolkit")
+        if found not in dirs:
+            dirs.append(found)
+    return dirs
+
+
+def _idirafter(dirs: Sequence[str]) -> tuple[str, ...]:
+    return tuple(flag for d in dirs for flag in ("-idirafter", d))
+
+
+def _cuda_home() -> Path:
+    """The CUDA toolkit's folder (see cuda_build), or CudaBuildError."""
+    set_to = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if set_to:
+        if not _is_toolkit(Path(set_to)):
+            raise CudaBuildError(f"CUDA_HOME={set_to} is not a CUDA toolkit (it needs bin/nvcc and "
+                                 "include/cuda_runtime_api.h)")
+        return Path(set_to)
+    nvcc = shutil.which("nvcc")
+    candidates = []
+    if nvcc is not None:
+        candidates.append(Path(nvcc).resolve().parent.parent)  # a link into the toolkit
+        candidates.append(_nvcc_top(nvcc))                     # a wrapper script: nvcc knows
+    candidates.append(FALLBACK_CUDA_HOME)
+    for home in candidates:
+        if home is not None and _is_toolkit(home):
+            return home
+    where = f"the nvcc on PATH ({nvcc}) is not in one" if nvcc else "nvcc is not on PATH"
+    raise CudaBuildError(f"needs the CUDA toolkit (nvcc) to build the GPU stages, and {where}: install it, or set "
+                         "CUDA_HOME to its folder (the one holding bin/nvcc)")
+
+
+def _is_toolkit(home: Path) -> bool:
+    return (home / "bin" / "nvcc").is_file() and (home / "include" / "cuda_runtime_api.h").is_file()
+
+
+def _nvcc_top(nvcc: str) -> Path | None:
+    """The toolkit folder nvcc reports in a dry run (``#$ TOP=<toolkit>/bin/..``)."""
+    try:
+        result = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in (result.stdout + result.stderr).splitlines():
+        if line.startswith("#$ TOP="):
+            return Path(line.removeprefix("#$ TOP=").strip()).resolve()
+    return None
+
+
+def _nvidia_wheel_roots() -> list[Path]:
+    """The folders of NVIDIA's pip wheels (the namespace package ``nvidia``)."""
+    spec = importlib.util.find_spec("nvidia")
+    return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+
+
 QUIET_WAIT_S = 2.0  # how long a process waits on the build lock before it says so
 
 
@@ -382,16 +588,22 @@ QUIET_WAIT_S = 2.0  # how long a process waits on the build lock before it says 
 def _build_guard(build_dir: Path) -> Iterator[None]:
     """Hold an OS lock on the build folder while torch builds or loads the extension there.
 
-    torch's own guard is the file ``<build_dir>/lock``, created at the start and deleted at
-    the end; a build killed by SIGTERM/SIGKILL never deletes it, and every later load then
-    waits for it forever. An flock, unlike that file, is released by the kernel when its
-    holder dies, however it dies. So whoever holds our flock is the only process of ours
-    building here, and a ``lock`` file it finds is stale: it is removed before torch looks.
+    torch's own guard (a FileBaton, up to torch 2.13) is the file ``<build_dir>/lock``,
+    created at the start and deleted at the end; a build killed by SIGTERM/SIGKILL never
+    deletes it, and every later load then waits for it forever. An flock, unlike that file, is
+    released by the kernel when its holder dies, however it dies. So whoever holds our flock
+    is the only process of ours building here, and a ``lock`` file it finds is stale: it is
+    removed before torch looks. (torch 2.14 holds an OS lock on that file instead and leaves
+    the file in place: there is nothing stale to remove then.)
     (Another build in progress makes us wait on the flock, which ends when that build does.
     Ranks that load a built extension at once hold it in turn for a moment each: the message
     comes only after QUIET_WAIT_S, so that they do not all announce a build that is not there.)
     """
     import fcntl
+
+    from torch.utils import cpp_extension
+
+    baton = hasattr(cpp_extension, "FileBaton")  # torch's guard is the file's existence
 
     def locked_within(handle, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -409,7 +621,7 @@ def _build_guard(build_dir: Path) -> Iterator[None]:
             print(f"waiting for another process building in {build_dir}...", file=sys.stderr, flush=True)
             fcntl.flock(handle, fcntl.LOCK_EX)
         stale = build_dir / "lock"
-        if stale.exists():
+        if baton and stale.exists():
             print(f"removing {stale}, left by a build that was killed", file=sys.stderr, flush=True)
             stale.unlink(missing_ok=True)
         try:

@@ -1,5 +1,5 @@
-// Stage 3's binding: registers the kernels of dense_kernels.cu as dense_cuda::forward/backward,
-// the same schema as stage 2, plus dense_cuda::select_kernel to pick the GEMM version.
+// The cuda stage's binding: registers the kernels of dense_kernels.cu as dense_cuda::forward/backward,
+// the same schema as the cpp stage, plus dense_cuda::select_kernel to pick the GEMM version.
 //
 // Build and check (on a GPU machine):  python grad_check.py cuda --device cuda
 // Ahead of time:                        pip install --no-build-isolation .

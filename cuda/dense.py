@@ -1,4 +1,4 @@
-"""Stage 3: hand-written CUDA kernels (cuda/dense_kernels.cu) as the ops dense_cuda::forward/backward.
+"""The cuda stage (chapter 4): hand-written kernels (cuda/dense_kernels.cu) as the ops dense_cuda::forward/backward.
 
 Check it (GPU):  python grad_check.py cuda --device cuda
 """
@@ -24,10 +24,10 @@ def _version_ideas() -> dict[int, str]:
 
 KERNELS = _version_ideas()  # {0: "automatic: ...", 1: "naive, uncoalesced: ...", ...}
 
+# nvcc's flags and the GPU architectures come from modes (modes.cuda_build), as in setup.py.
 BUILD = modes.load_extension(
     "dense_cuda_ext", [HERE / "binding.cpp", HERE / "dense_kernels.cu"],
-    extra_include_paths=[str(HERE.parent / "cpp"), str(HERE)],
-    extra_cuda_cflags=["-O3", "-lineinfo", "-std=c++17"])
+    extra_include_paths=[str(HERE.parent / "cpp"), str(HERE)])
 dense = modes.register_dense_op("dense_cuda")
 
 

@@ -1,5 +1,5 @@
-"""Stage 4: the stage-3 kernels as hand-edited PTX (ptx/dense_kernels.ptx), loaded at run time
-by ptx/loader.cpp through the CUDA driver API, as the ops dense_ptx::forward/backward.
+"""The PTX stage (chapter 5): chapter 4's kernels as hand-edited PTX (ptx/dense_kernels.ptx), loaded
+at run time by ptx/loader.cpp through the CUDA driver API, as the ops dense_ptx::forward/backward.
 
 Check it (GPU):  python grad_check.py ptx --device cuda
 """
@@ -16,9 +16,11 @@ HERE = Path(__file__).resolve().parent
 EDITED = HERE / "dense_kernels.ptx"
 GENERATED = HERE / "generated" / "dense_kernels.ptx"  # bash ptx/regen.sh writes it
 
+# with_cuda: torch's CUDA headers and libraries; the driver (libcuda) is not linked, the loader
+# finds it at run time.
 BUILD = modes.load_extension(
     "dense_ptx_ext", [HERE / "loader.cpp"], extra_include_paths=[str(HERE.parent / "cpp"), str(HERE.parent / "cuda")],
-    extra_ldflags=["-lcuda"], with_cuda=True)
+    with_cuda=True)
 dense = modes.register_dense_op("dense_ptx")
 
 

@@ -1,9 +1,10 @@
-// Stage 4's loader: JIT-loads hand-edited PTX with the CUDA driver API and registers its kernels
-// as dense_ptx::forward/backward (the same schema as stages 2 and 3).
+// The PTX stage's loader: JIT-loads hand-edited PTX with the CUDA driver API and registers its
+// kernels as dense_ptx::forward/backward (the same schema as the cpp and cuda stages).
 //
 // Build and check (on a GPU machine):  python grad_check.py ptx --device cuda
-// Ahead of time:                        pip install --no-build-isolation .   (links -lcuda)
-#include <cuda.h>
+// Ahead of time:                        pip install --no-build-isolation .
+#include <cuda.h>  // the driver API's types and declarations only: nothing here links libcuda
+#include <cuda_runtime_api.h>
 
 #include <mutex>
 #include <string>
@@ -14,13 +15,63 @@
 
 namespace {
 
+// The driver functions the loader calls, found at run time through the CUDA runtime that torch
+// has loaded (cudaGetDriverEntryPointByVersion), so that the extension links no libcuda: it
+// builds and imports on a machine without a driver, and there a call fails with this message.
+// Each pointer has the type cuda.h declares, and is asked for at the version of that header.
+struct Driver {
+  decltype(&cuModuleLoadDataEx) moduleLoadDataEx;
+  decltype(&cuModuleUnload) moduleUnload;
+  decltype(&cuModuleGetFunction) moduleGetFunction;
+  decltype(&cuLaunchKernel) launchKernel;
+  decltype(&cuGetErrorName) getErrorName;
+  decltype(&cuGetErrorString) getErrorString;
+  decltype(&cuDriverGetVersion) driverGetVersion;
+
+  static const Driver& get() {
+    static const Driver driver;  // looked up once; a failed lookup throws, and the next call tries again
+    return driver;
+  }
+
+ private:
+  Driver()
+      : moduleLoadDataEx(find<decltype(moduleLoadDataEx)>("cuModuleLoadDataEx")),
+        moduleUnload(find<decltype(moduleUnload)>("cuModuleUnload")),
+        moduleGetFunction(find<decltype(moduleGetFunction)>("cuModuleGetFunction")),
+        launchKernel(find<decltype(launchKernel)>("cuLaunchKernel")),
+        getErrorName(find<decltype(getErrorName)>("cuGetErrorName")),
+        getErrorString(find<decltype(getErrorString)>("cuGetErrorString")),
+        driverGetVersion(find<decltype(driverGetVersion)>("cuDriverGetVersion")) {}
+
+  template <class Fn>
+  static Fn find(const char* symbol) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t error = cudaGetDriverEntryPointByVersion(symbol, &fn, CUDA_VERSION, cudaEnableDefault, &found);
+    if (error != cudaSuccess) cudaGetLastError();  // leave no error behind for torch's next launch check
+    TORCH_CHECK(error == cudaSuccess && found == cudaDriverEntryPointSuccess && fn != nullptr,
+                "dense_ptx: the CUDA driver's ", symbol, " cannot be reached (",
+                error != cudaSuccess ? cudaGetErrorString(error) : "symbol not found in this driver",
+                "): loading PTX needs an NVIDIA driver for CUDA ", CUDA_VERSION / 1000, ".", CUDA_VERSION % 1000 / 10,
+                " or newer");
+    return reinterpret_cast<Fn>(fn);
+  }
+};
+
 void check_driver(CUresult result, const char* what) {
   if (result == CUDA_SUCCESS) return;
   const char* name = nullptr;
   const char* text = nullptr;
-  cuGetErrorName(result, &name);
-  cuGetErrorString(result, &text);
+  Driver::get().getErrorName(result, &name);
+  Driver::get().getErrorString(result, &text);
   TORCH_CHECK(false, what, " failed: ", name ? name : "?", " (", text ? text : "no description", ")");
+}
+
+// The driver's version, e.g. 13000 for CUDA 13.0 (or the error above where there is none).
+int64_t driver_version() {
+  int version = 0;
+  check_driver(Driver::get().driverGetVersion(&version), "cuDriverGetVersion");
+  return version;
 }
 
 // One module per device: a CUmodule belongs to the context it was loaded in.
@@ -28,7 +79,7 @@ class DriverKernels final : public dense::Kernels {
  public:
   void set_ptx(std::string ptx) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [device, module] : modules_) cuModuleUnload(module.handle);
+    for (auto& [device, module] : modules_) Driver::get().moduleUnload(module.handle);
     modules_.clear();
     ptx_ = std::move(ptx);
   }
@@ -88,18 +139,18 @@ class DriverKernels final : public dense::Kernels {
       std::vector<char> log(1 << 16, '\0');
       CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
       void* values[] = {log.data(), reinterpret_cast<void*>(log.size())};
-      const CUresult result = cuModuleLoadDataEx(&module.handle, ptx_.c_str(), 2, options, values);
+      const CUresult result = Driver::get().moduleLoadDataEx(&module.handle, ptx_.c_str(), 2, options, values);
       if (result != CUDA_SUCCESS) {
         modules_.erase(device);
         const char* name = nullptr;
-        cuGetErrorName(result, &name);
+        Driver::get().getErrorName(result, &name);
         TORCH_CHECK(false, "the PTX did not load (", name ? name : "?", "); the JIT compiler said:\n", log.data());
       }
     }
     auto found = module.functions.find(name);
     if (found != module.functions.end()) return found->second;
     CUfunction fn = nullptr;
-    const CUresult result = cuModuleGetFunction(&fn, module.handle, name.c_str());
+    const CUresult result = Driver::get().moduleGetFunction(&fn, module.handle, name.c_str());
     TORCH_CHECK(result == CUDA_SUCCESS, "the PTX has no kernel named ", name,
                 " (the PTX stage carries GEMM versions 8 and 9 only; or was it edited away or renamed?)");
     module.functions.emplace(name, fn);
@@ -109,7 +160,7 @@ class DriverKernels final : public dense::Kernels {
   void launch(const std::string& name, const dense_kernels::Geometry& geo, void** args, cudaStream_t stream) {
     CUfunction fn = function(name);
     // torch's current stream, so the kernel is ordered with torch's own work (and graphs).
-    check_driver(cuLaunchKernel(fn, geo.grid.x, geo.grid.y, geo.grid.z, geo.block.x, geo.block.y, geo.block.z,
+    check_driver(Driver::get().launchKernel(fn, geo.grid.x, geo.grid.y, geo.grid.z, geo.block.x, geo.block.y, geo.block.z,
                                 0, reinterpret_cast<CUstream>(stream), args, nullptr),
                  ("launching " + name).c_str());
   }
@@ -137,6 +188,7 @@ void load_ptx(std::string ptx) { PtxStage::driver().set_ptx(std::move(ptx)); }
 TORCH_LIBRARY(dense_ptx, m) {
   Ops::define(m);
   m.def("load_ptx(str ptx) -> ()", &load_ptx);
+  m.def("driver_version() -> int", &driver_version);
 }
 TORCH_LIBRARY_IMPL(dense_ptx, CUDA, m) { Ops::implement(m); }
 TORCH_LIBRARY_IMPL(dense_ptx, Autograd, m) { dense::implement_autograd<PtxStage>(m); }

@@ -6,7 +6,17 @@
 # cp.async (v8's double buffering uses it there); newer GPUs (sm_90: H100/H200) JIT it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+nvcc=$(command -v nvcc || true)
+if [[ -z $nvcc && -x ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc ]]; then nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc; fi
+if [[ -z $nvcc ]]; then
+  echo "ptx/regen.sh: nvcc not found: install the CUDA toolkit, or set CUDA_HOME to its folder" >&2
+  exit 1
+fi
 mkdir -p ptx/generated
-nvcc -ptx -arch=sm_80 -O3 -std=c++17 ptx/lesson_kernels.cu -o ptx/generated/dense_kernels.ptx
+"$nvcc" -ptx -arch=sm_80 -O3 -std=c++17 ptx/lesson_kernels.cu -o ptx/generated/dense_kernels.ptx
+# nvcc names file-local symbols with a hash that changes from build to build (_INTERNAL_<8 hex>_,
+# _GLOBAL__N__<8 hex>_); blanked on both sides, the diff shows the hand edits and nothing else.
+blank() { sed -E 's/(_INTERNAL_|_GLOBAL__N__)[0-9a-f]{8}_/\1xxxxxxxx_/g' "$1"; }
 echo "generated ptx/generated/dense_kernels.ptx; the hand edits (- compiler, + ours):"
-diff -u ptx/generated/dense_kernels.ptx ptx/dense_kernels.ptx || true
+diff -u --label "ptx/generated/dense_kernels.ptx (nvcc)" --label "ptx/dense_kernels.ptx (edited)" \
+  <(blank ptx/generated/dense_kernels.ptx) <(blank ptx/dense_kernels.ptx) || true

@@ -11,6 +11,7 @@ nvidia-cuda-nvdisasm); nvcc too unless --generated names the compiler's PTX.
 
 Examples:
   python ptx/sass_report.py                          # print the comparison, write nothing
+  python ptx/sass_report.py --assemble               # does the edited PTX assemble? ptxas -v's answer
   python ptx/sass_report.py --json /tmp/sass.json
 (The committed figures in ptx/README.md are docs/results/ptx_sass_sm90.json rendered by
 docs/render.py; the record holds the command that wrote it, docs/README.md lists them all.)
@@ -84,8 +85,8 @@ def edited_functions(compiler: str, edited: str) -> list[str]:
 
 
 def tag(text: str) -> str | None:
-    """The edit's marker in the PTX comments: EDIT-A, or the older EDIT(name) form."""
-    m = re.search(r"//.*?\b(EDIT-[A-Z]\w*|EDIT\([^)]*\))", text)
+    """The edit's marker in the PTX comments: EDIT-A, EDIT-B, ..."""
+    m = re.search(r"//.*?\b(EDIT-[A-Z]\w*)", text)
     return m.group(1) if m else None
 
 
@@ -223,9 +224,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ptx", default=str(EDITED), metavar="PATH", help="the hand-edited PTX (default: %(default)s)")
     parser.add_argument("--generated", metavar="PATH",
                         help="the compiler's PTX (default: run bash ptx/regen.sh and use what it writes)")
+    parser.add_argument("--assemble", action="store_true",
+                        help="only assemble the PTX (--ptx) for sm_90 and print what ptxas -v says (needs ptxas alone)")
     args = parser.parse_args(argv)
     if not Path(args.ptx).is_file():
         parser.error(f"no such PTX file: {args.ptx}")
+    if args.assemble:
+        ptxas = sr.find_tool("ptxas")
+        if ptxas is None:
+            raise cli.UserError("ptxas not found (it comes with the CUDA toolkit; or set CUDA_HOME to its folder)")
+        result = subprocess.run([ptxas, "-arch=sm_90", "-v", args.ptx, "-o", os.devnull], capture_output=True,
+                                text=True, timeout=900)
+        print((result.stdout + result.stderr).strip())
+        name = os.path.relpath(args.ptx)
+        print(f"{name}: {'assembles' if result.returncode == 0 else 'does NOT assemble'} for sm_90 ({ptxas})")
+        return 0 if result.returncode == 0 else 1
     if args.generated and not Path(args.generated).is_file():
         parser.error(f"no such PTX file: {args.generated}")
     json_path = cli.check_output(args.json, "--json")

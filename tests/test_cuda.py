@@ -1,5 +1,6 @@
 """Stages cuda and ptx on a GPU: every kernel version, opcheck, torch.compile, streams, the PTX
-edits' error bound, the loader's errors. (tests/test_dense.py runs the shared semantics on them too.)"""
+edits' error bound, the loader's errors. (tests/test_dense.py runs the shared semantics on them too;
+tests/test_gpu_build.py checks, without a GPU, that both build, register and trace.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch.nn.functional as F
 import modes
 from conftest import GPU, NO_GPU, REASONS, run_script
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=NO_GPU)]
+# A CUDA build of torch without a GPU: say that, not that torch lacks CUDA.
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=REASONS["cuda"] if torch.version.cuda else NO_GPU)]
 STAGES = [pytest.param(m, marks=pytest.mark.skipif(REASONS[m] is not None, reason=f"mode {m}: {REASONS[m]}"))
           for m in ("cuda", "ptx")]
 # Every GEMM version of stage 3; the PTX stage carries only v8 and v9 (ptx/lesson_kernels.cu).
@@ -172,6 +174,17 @@ def test_ptx_loader_reports_bad_ptx_and_recovers():
     finally:
         stage.load_ptx()
     torch.testing.assert_close(modes.dense("ptx")(x, w, None), torch.sigmoid(x @ w.t()), atol=1e-5, rtol=1e-4)
+
+
+def test_ptx_loader_finds_the_driver_at_run_time():
+    """No libcuda is linked: the loader asks the CUDA runtime for the driver's functions."""
+    if REASONS["ptx"] is not None:
+        pytest.skip(REASONS["ptx"])
+    modes.stage("ptx")
+    version = torch.ops.dense_ptx.driver_version()
+    assert version >= 12000, version  # 1000·major + 10·minor
+    if hasattr(torch._C, "_cuda_getDriverVersion"):
+        assert version == torch._C._cuda_getDriverVersion()
 
 
 def test_ptx_stage_runs_the_compilers_ptx_too(tmp_path):

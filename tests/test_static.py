@@ -78,7 +78,7 @@ def test_occupancy_hand_worked_cases(args, blocks, limited_by):
 
 
 @pytest.mark.parametrize("script", ["cuda/static_report.py", "cuda/figures.py", "cuda/emulated.py",
-                                    "ptx/sass_report.py", "ptx/sigmoid_bound.py"])
+                                    "ptx/sass_report.py", "ptx/sigmoid_bound.py", "ptx/load_cost.py"])
 def test_help_has_safe_examples(script):
     result = run_script(script, "--help")
     assert result.returncode == 0 and "Examples:" in result.stdout
@@ -565,6 +565,31 @@ def test_sass_of_the_vector_load_edit(sass_record):
     after, before = edits[0]["edited"], edits[0]["compiler"]
     assert "128" not in before["ldg"] and before["ldg"]["32"] >= 4 * after["ldg"]["128"] > 0
     assert after["ldg"].get("32", 0) < before["ldg"]["32"]
+
+
+@pytest.mark.skipif(sr.find_tool("ptxas") is None, reason="ptxas (CUDA toolkit) not found")
+def test_assemble_says_whether_the_ptx_assembles(tmp_path):
+    """The chapter's check of a hand edit: the edited PTX assembles; a typo gets ptxas's own error."""
+    result = run_script("ptx/sass_report.py", "--assemble", timeout=600)
+    assert result.returncode == 0 and "ptx/dense_kernels.ptx: assembles for sm_90" in result.stdout, result.stderr
+    typo = tmp_path / "typo.ptx"
+    typo.write_text((ROOT / "ptx" / "dense_kernels.ptx").read_text().replace("ex2.approx.ftz.f32", "ex2.aprox.ftz.f32"))
+    result = run_script("ptx/sass_report.py", "--assemble", "--ptx", str(typo), timeout=600)
+    assert result.returncode == 1 and "does NOT assemble" in result.stdout and "error" in result.stdout
+
+
+def test_load_cost_without_a_gpu_is_one_line_and_its_table_reads_a_record():
+    import torch
+
+    if not torch.cuda.is_available():
+        result = run_script("ptx/load_cost.py", timeout=300)
+        assert result.returncode == 2 and "needs a GPU" in result.stderr and "Traceback" not in result.stderr
+    cost = load("ptx/load_cost.py")
+    rows = [{"mode": m, "case": c, "first_ms": f, "next_ms": 0.02, "runs": 3, "cache_bytes": 0}
+            for m, c, f in (("ptx", "cold", 180.0), ("ptx", "warm", 9.5), ("cuda", "cold", 1.25))]
+    text = cost.table({"device": "NVIDIA H100", "driver": "13.0", "torch": "2.11.0", "date": "d", "command": "c",
+                       "results": rows})
+    assert "| ptx | cold | 180.0 | 0.020 |" in text and "| cuda | cold | 1.2 |" in text and "median of 3" in text
 
 
 # ---------------------------------------------------------------------------------------
