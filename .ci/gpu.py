@@ -12,8 +12,10 @@ The steps, in the order the chapters need them:
   correctness  both GPU stages built; modes.available(); grad checks; pytest -m "gpu and not slow"
   gemm         chapter 4's GEMM versions at 4096³, TF32 off: GFLOP/s and % of cuBLAS per version
   ptx          chapter 5: the hand edits against the compiler's PTX; what loading the PTX costs
-  triton       chapter 3's stage on the GPU (its commands go in step_triton)
-  train        distributed.py -m cuda and -m ptx: one rank, then two ranks sharing the GPU (gloo)
+  triton       chapter 3's stage on the GPU: its tests, then timed against cuBLAS + sigmoid and
+               chapter 4's kernels (IEEE float32 and TF32 as separate lines)
+  train        distributed.py -m cuda and -m ptx: one rank, then two ranks sharing the GPU (gloo);
+               -m triton on one rank
   stages       every stage side by side on the GPU (benchmark.py -m all) at 4096³ and at B=32
 
 Every step builds the GPU stages first (a no-op when the machine still holds the build) and
@@ -115,9 +117,12 @@ def step_ptx(tag: str) -> list[Command]:
 
 
 def step_triton(tag: str) -> list[Command]:
-    # ---- The Triton stage (chapter 3) on the GPU: its commands go here, each written like the
-    # ---- other steps' (py(...) with an estimate, records under RESULTS), after BUILD and ENV.
-    return [BUILD, ENV]
+    # The image's Triton (3.6.0, the release the chapter pins) compiles the kernels; nothing is installed.
+    tests = py("-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", "tests/test_triton.py", "tests/test_dense.py",
+               "tests/test_edge_cases.py", "-k", "triton", f"--junitxml={OUT}/pytest_triton.xml", estimate_s=150)
+    runs = [py("tiles/bench_gpu.py", *shape, "--json", f"{RESULTS}/triton_gpu_{tag}_{name}.json", estimate_s=90)
+            for name, shape in (("4096", []), ("b32", ["-b", "32", "-i", "4096", "-o", "4096"]))]
+    return [BUILD, ENV, tests, *runs, stamp(*(c.outputs[0] for c in runs))]
 
 
 def step_train(tag: str) -> list[Command]:
@@ -129,6 +134,8 @@ def step_train(tag: str) -> list[Command]:
                        "--json", f"{RESULTS}/train_{mode}_{tag}_w1.json", estimate_s=60))
         runs.append(py("distributed.py", "-m", mode, "--world-size", "2", "--backend", "gloo",
                        "--json", f"{RESULTS}/train_{mode}_{tag}_w2.json", estimate_s=90))
+    runs.append(py("distributed.py", "-m", "triton", "--world-size", "1",  # chapter 3's kernels, compiled
+                   "--json", f"{RESULTS}/train_triton_{tag}_w1.json", estimate_s=60))
     return [BUILD, ENV, *runs, stamp(*(c.outputs[0] for c in runs))]
 
 

@@ -1,4 +1,4 @@
-// Stage 2: the Dense layer in ATen C++, registered as the ops dense_cpp::forward/backward.
+// Chapter 2: the Dense layer in ATen C++, registered as the ops dense_cpp::forward/backward.
 //
 // Build and check:  python grad_check.py cpp          (JIT build, cached in build/jit/)
 // Ahead of time:    pip install --no-build-isolation .
@@ -73,7 +73,7 @@ inline bool use_blocks(int64_t rows, int64_t in_f, int64_t block) { return in_f 
 // element, each GEMM call has its fixed cost (dispatch, waking the threads, choosing a kernel),
 // and the elementwise pass and dz in memory come on top. Here one pass over the rows of W does
 // the whole backward; each thread takes a range of output features. (The forward is one GEMM
-// call either way and stays ATen's.) Measured in the top README's sweep (B=1).
+// call either way and stays ATen's.) Measured in chapter 2's sweep (B=1).
 // ---------------------------------------------------------------------------------------------
 constexpr int64_t kFewRows = 4;
 constexpr int64_t kGroup = 4;  // rows of W handled together
@@ -198,7 +198,7 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
   // instead would make autograd track that view.)
   at::Tensor out = at::empty(dense::out_shape(x, weight), x.options());
   at::Tensor z = flat ? out : out.view({x2.size(0), weight.size(0)});
-  if (!x.is_cpu()) {  // on a GPU this stage leans on ATen; fused kernels are stage 3's job
+  if (!x.is_cpu()) {  // on a GPU this stage leans on ATen; fused kernels are chapter 4's job
     bias ? at::addmm_out(z, *bias, x2, weight.t()) : at::mm_out(z, x2, weight.t());
     z.sigmoid_();
     return out;
@@ -373,7 +373,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
              output_mask[2] ? grad_b.data_ptr<scalar_t>() : nullptr, y.size(0), out_f);
     });
   } else {
-    // On a GPU this stage leans on ATen's kernels; the fused ones are stage 3's job.
+    // On a GPU this stage leans on ATen's kernels; the fused ones are chapter 4's job.
     dz = at::sigmoid_backward(g, y);
     grad_b = output_mask[2] ? dz.sum(0) : dense::unused(y);
   }

@@ -1,4 +1,4 @@
-"""Stage 2: the Dense layer as C++ ops (cpp/dense.cpp), with their autograd formula in C++ too.
+"""Chapter 2: the Dense layer as C++ ops (cpp/dense.cpp), with their autograd formula in C++ too.
 
 Loading the extension runs its TORCH_LIBRARY blocks (the ops, their CPU/CUDA kernels and their
 Autograd kernel, dense::DenseFunction in dense_common.h); modes.register_dense_op adds what only

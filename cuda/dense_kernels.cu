@@ -1,10 +1,10 @@
-// Stage 3: the Dense layer's kernels in plain CUDA (CUDA headers only, no torch): the kernels are
+// Chapter 4: the Dense layer's kernels in plain CUDA (CUDA headers only, no torch): the kernels are
 // in cuda/kernels/ (one file per GEMM version), the host side in cuda/kernels/launch.cuh.
 //
 // Compile check (no GPU needed), registers and spills per kernel:
 //   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
 // On the CPU (no nvcc either):  python grad_check.py cuda --emulate
-// PTX for stage 4:  bash ptx/regen.sh
+// PTX for chapter 5:  bash ptx/regen.sh
 //
 // y = sigmoid(x Wᵀ + b) is one GEMM with a fused epilogue; the backward is one elementwise
 // kernel (dz, and the bias gradient) and two more GEMMs of the same family. The versions and

@@ -1,4 +1,4 @@
-"""Stage 1: the Dense layer as a torch.autograd.Function with a hand-written backward.
+"""Chapter 1: the Dense layer as a torch.autograd.Function with a hand-written backward.
 
 Check it:  python grad_check.py py
 """

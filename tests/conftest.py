@@ -15,7 +15,8 @@ import modes
 ROOT = Path(__file__).resolve().parent.parent
 REASONS = modes.available()
 GPU = torch.cuda.is_available()
-NO_GPU = f"needs a CUDA build of torch and a GPU; this torch is {torch.__version__}"
+NO_GPU = (f"needs a CUDA build of torch and a GPU; this torch is {torch.__version__}" if torch.version.cuda is None
+          else f"needs a GPU: torch {torch.__version__} is a CUDA build, but torch.cuda.is_available() is False")
 
 # py and cpp run on both devices (cpp through ATen on CUDA); cuda and ptx only on a GPU.
 # triton runs one way per process: compiled on CUDA tensors where there is a GPU, else

@@ -15,7 +15,7 @@ from conftest import GPU, NO_GPU, REASONS, run_script
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=REASONS["cuda"] if torch.version.cuda else NO_GPU)]
 STAGES = [pytest.param(m, marks=pytest.mark.skipif(REASONS[m] is not None, reason=f"mode {m}: {REASONS[m]}"))
           for m in ("cuda", "ptx")]
-# Every GEMM version of stage 3; the PTX stage carries only v8 and v9 (ptx/lesson_kernels.cu).
+# Every GEMM version of chapter 4; the PTX stage (chapter 5) carries only v8 and v9 (ptx/lesson_kernels.cu).
 VERSIONS = list(range(10))
 PTX_VERSIONS = (0, 8, 9)
 # Odd shapes across the tile edges; (32, 1024) → 512 is a small batch (v9 splits K there).
