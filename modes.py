@@ -90,6 +90,14 @@ def _compiler_reason(ext_name: str, cuda: bool = False) -> str | None:
 TRITON_INSTALL = 'pip install triton==3.6.0 "numpy<2.4"'
 
 
+# Triton's interpreter (chapter 3's CPU path) must be chosen before Triton is first imported: its
+# own language functions (tl.zeros, tl.cdiv...) are decorated then, compiled or interpreted for good.
+# torch.compile imports Triton wherever it is installed, so where no GPU could run compiled kernels
+# the choice is made here, as the one door loads, unless the user made it already.
+if "triton" not in sys.modules and not os.environ.get("TRITON_INTERPRET") and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
 def _triton_reason() -> str | None:
     """None if the triton package is installed. A folder named triton/ on sys.path without an
     __init__.py would import as a namespace package (a spec with no origin): that is not Triton.

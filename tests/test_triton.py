@@ -8,6 +8,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,6 +48,28 @@ def test_the_interpreter_runs_where_there_is_no_gpu(stage):
     assert stage.INTERPRETED == (not GPU or os.environ.get("TRITON_INTERPRET") == "1")
     assert os.environ["TRITON_INTERPRET"] == ("1" if stage.INTERPRETED else "0")
     assert stage.DEVICE == ("cpu" if stage.INTERPRETED else "cuda")
+
+
+@needs_triton
+@pytest.mark.skipif(GPU, reason="the interpreter's order of imports matters only without a GPU")
+def test_the_interpreter_is_chosen_before_torch_compile_imports_triton():
+    """Triton decorates tl.zeros & co. at its first import, interpreted or not, for good. modes
+    chooses the interpreter as it loads, so torch.compile may run first; a process that imported
+    Triton before modes gets one clear line, not a failure deep inside a kernel."""
+    compile_first = ("import torch; torch.compile(lambda x: x.sin(), fullgraph=True)(torch.randn(3)); "
+                     "import sys; assert 'triton' in sys.modules; ")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # as a user's shell has it
+
+    def run(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env=env)
+
+    after = run("import modes; " + compile_first +
+                "y = modes.dense('triton')(torch.randn(3, 4), torch.randn(2, 4), None); print(tuple(y.shape))")
+    assert after.returncode == 0 and after.stdout.strip() == "(3, 2)", after.stderr[-2000:]
+    before = run(compile_first + "import modes; modes.dense('triton')")
+    assert before.returncode != 0
+    assert "Triton was imported before TRITON_INTERPRET=1 was set" in before.stderr.splitlines()[-1]
 
 
 def test_float32_is_ieee_unless_torch_allows_tf32(stage):

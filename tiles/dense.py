@@ -52,6 +52,16 @@ import triton  # noqa: E402  (after the kernels, which must see TRITON_INTERPRET
 
 if INTERPRETED:
     import numpy as np
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    # Triton decorates its own language functions when it is first imported: imported earlier
+    # without TRITON_INTERPRET=1 (torch.compile imports it), they stay compiled-only, and every
+    # interpreted kernel fails inside them. modes.py sets the variable as it loads; say it here.
+    if isinstance(tl.zeros, JITFunction):
+        raise RuntimeError("Triton was imported before TRITON_INTERPRET=1 was set (torch.compile imports it), so "
+                           "its interpreter cannot run in this process: import modes first, or start Python "
+                           "with TRITON_INTERPRET=1")
 
     # Triton 3.6's interpreter makes a loop bound an int with int() of a 1-element array, which
     # NumPy 2.4 refuses (Triton 3.7 and later take the element first): say so before any kernel.
