@@ -27,9 +27,8 @@ pieces of at most PIECE_BYTES (a chunk of N/n bytes in ⌈N/n / PIECE_BYTES⌉ e
 ``ring_piece``), so adding one piece overlaps the transfer of the next: of each of its n − 1
 reduce steps only one piece's addition is charged. The direct algorithms add whole
 blocks after they have all arrived and are charged every addition. (Whether the ring's
-additions really hide, the 64 MiB measurements do not settle; with the term the model
-picks a ring over two-shot at 64 MiB, as the allreduce benchmark measures it: README.md,
-"A model of the cost".)
+additions really hide is for measurement to say: `plot` draws the model against the allreduce
+benchmark's records.)
 
 The segmented ring keeps two segment steps in flight, so a step's fixed cost overlaps the
 other's transfer: each phase pays one α, then a step every max(m·β, (α + m·β)/2) (the wire's
@@ -399,7 +398,8 @@ def fit_table(record: dict) -> str:
 # Past this machine: step time, communication share and scaling efficiency
 # ---------------------------------------------------------------------------
 
-# Documented GPU fabrics (sources in parallel/collectives/README.md). α: NCCL's own tuning model
+# Documented GPU fabrics (NVIDIA's H100 datasheet, ConnectX-7 / Quantum-2 NDR specifications, DGX H100
+# user guide, and NVIDIA/nccl). α: NCCL's own tuning model
 # (src/graph/tuning.cc) charges a ring step 1.9 µs on NVLink and 4.0 µs over the network
 # (protocol LL128). β: NVLink 4 on an H100 SXM is 900 GB/s in both directions together, 450 GB/s
 # each way; InfiniBand NDR is 400 Gb/s = 50 GB/s per port, one port per GPU in a DGX H100.
