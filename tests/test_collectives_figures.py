@@ -3,6 +3,8 @@ script draws them (or says what to install)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from conftest import run_script
@@ -68,3 +70,24 @@ def test_the_script_says_what_to_install_without_matplotlib(tmp_path):
 def test_the_script_refuses_a_folder_that_does_not_exist(tmp_path):
     result = run_script("-m", "parallel.collectives.figures", "--out", str(tmp_path / "missing"))
     assert result.returncode == 2 and "not a folder" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.plot
+def test_the_models_picture_shows_every_algorithm_and_carries_its_command(tmp_path):
+    """The chapter's model-against-measurement picture: docs/records.py redraws it from the
+    command inside it, after the records it reads."""
+    pytest.importorskip("matplotlib")
+    import importlib.util
+
+    from conftest import ROOT
+
+    out = tmp_path / "model.png"
+    records = [f"docs/results/allreduce_gloo_w{n}.json" for n in (2, 4)]
+    result = run_script("-m", "parallel.collectives.costmodel", "plot", *records, "--out", str(out), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    spec = importlib.util.spec_from_file_location("records_for_figures", ROOT / "docs" / "records.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
+    spec.loader.exec_module(module)
+    command = module.picture_command(out)
+    assert command and "costmodel plot" in command and all(r in command for r in records), command
+    assert "segmented_ring" in costmodel.PREDICT  # the picture draws every algorithm the model prices
