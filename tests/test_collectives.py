@@ -559,6 +559,27 @@ def test_allreduce_table_judges_the_goal_with_intervals():
     assert "(paired, IQR)" in old and "significantly" not in old
 
 
+def test_goal_table_shows_the_first_table_and_the_threads_setting_only():
+    from parallel.collectives.bench import allreduce_table, goal_table
+
+    def row(nbytes: int, variant: str, ratio: float) -> dict:
+        return {"bytes": nbytes, "variant": variant, "time_us": 100.0, "spread_us": 5.0, "busbw_gbs": 1.0,
+                "busbw_ratio_to_dist": ratio, "ratio_spread": 0.1, "ratio_ci": [ratio - 0.05, ratio + 0.05],
+                **({"algorithm": "one_shot"} if variant == "auto" else {})}
+
+    results = [row(4096, "auto", 0.8), row(4096, "dist.all_reduce", 1.0), row(4096, "ring", 0.5),
+               row(4 << 20, "auto", 1.0), row(4 << 20, "dist.all_reduce", 1.0), row(4 << 20, "ring", 0.9),
+               row(4 << 20, "ring, 1 MiB pieces", 0.7), row(4 << 20, "ring, 16 MiB pieces", 0.8)]
+    record = {"results": results, "world_size": 4, "backend": "gloo", "threads_per_rank": 1, "device": "cpu",
+              "torch": "x", "date": "d", "command": "c"}
+    full, goal = allreduce_table(record), goal_table(record)
+    assert "ring, 1 MiB pieces" in full and "ring, 1 MiB pieces" not in goal
+    assert goal.split("\n\n")[:2] == full.split("\n\n")[:2]  # the same first table and verdict
+    assert "met at 4 MiB; missed at 4 KiB" in goal and goal.endswith("`c`") and "I/O threads" not in goal
+    assert "gloo's I/O threads left alone (the default). 4 ranks" in goal_table({**record, "gloo_io_nice": None})
+    assert "$DENSE_GLOO_IO_NICE=batch. 4 ranks" in goal_table({**record, "gloo_io_nice": "batch"})
+
+
 
 def test_allreduce_table_compares_segment_sizes_per_loop():
     from parallel.collectives.bench import CPP_LOOP, allreduce_table, segment_variant

@@ -72,8 +72,8 @@ from parallel.dp.ring import OPS, RingError, _agree, _buffer, _exchange, _post, 
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot", "segmented_ring")
 # The segmented ring's largest segment (parallel/collectives/costmodel.py models the same):
-# gloo's own cap. The allreduce benchmark times 2 and 8 MiB segments beside it (README.md, "The
-# segment size").
+# gloo's own cap. The allreduce benchmark times 2 and 8 MiB segments beside it (the segment
+# table in its output).
 SEGMENT_BYTES = 1 << 20
 # On gloo the segmented ring posts straight to the process group (no Python wrapper per message)
 # and keeps a scratch of its own. The allreduce benchmark times the alternative beside it

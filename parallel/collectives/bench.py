@@ -595,9 +595,9 @@ def _segment_rows(record: dict, how: str) -> list[str]:
     return rows
 
 
-def allreduce_table(record: dict) -> str:
-    intervals = any(r.get("ratio_ci") for r in record["results"])
-    how = "95% CI" if intervals else "IQR"
+def _goal_rows(record: dict, how: str) -> list[str]:
+    """auto against gloo's all_reduce at every size, then the goal's verdict per size."""
+    intervals = how == "95% CI"
     rows = ["| size | auto picks | auto µs (IQR) | dist.all_reduce µs (IQR) | auto busbw GB/s | all_reduce busbw GB/s "
             f"| auto / all_reduce busbw (paired, {how}) | ring / all_reduce | segmented ring / all_reduce |",
             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -623,6 +623,33 @@ def allreduce_table(record: dict) -> str:
         below = [size_label(r["bytes"]) for r in missed if r.get("ratio_ci") and r["ratio_ci"][1] < 0.90]
         line += f"; significantly below 0.90 (interval under it) at {', '.join(below) or 'no size'}"
     rows.append(line + ".")
+    return rows
+
+
+def _run_line(record: dict) -> str:
+    return (f"\n{record['world_size']} ranks on {record['backend']}, {record['threads_per_rank']} thread(s) each, "
+            f"{record['device']}, torch {record['torch']}, {record['date']}: `{record['command']}`")
+
+
+def goal_table(record: dict) -> str:
+    """An allreduce record's first table and the goal's verdict, and the setting of gloo's I/O
+    threads the run was taken under (the chapter's marker "goal"; "allreduce" shows every table)."""
+    how = "95% CI" if any(r.get("ratio_ci") for r in record["results"]) else "IQR"
+    rows = _goal_rows(record, how)
+    threads = ""
+    if "gloo_io_nice" in record:  # records older than the field say nothing
+        setting = record["gloo_io_nice"]
+        threads = ("gloo's I/O threads left alone (the default). " if setting is None else
+                   f"gloo's I/O threads under $DENSE_GLOO_IO_NICE={setting}. ")
+    rows.append(f"\n{threads}{_run_line(record).lstrip()}")
+    return "\n".join(rows)
+
+
+def allreduce_table(record: dict) -> str:
+    intervals = any(r.get("ratio_ci") for r in record["results"])
+    how = "95% CI" if intervals else "IQR"
+    rows = _goal_rows(record, how)
+    by = {(r["bytes"], r["variant"]): r for r in record["results"]}
     pieces = sorted({r["bytes"] for r in record["results"] if r["variant"] == "ring, 1 MiB pieces"})
     if pieces:
         rows.append(f"\n| size | ring, 1 MiB pieces / all_reduce ({how}) | ring, 4 MiB pieces (default) / all_reduce "
@@ -643,11 +670,10 @@ def allreduce_table(record: dict) -> str:
             ci = r.get("time_over_default_ci", r.get("time_over_now_ci")) or [math.nan, math.nan]
             rows.append(f"| {size_label(r['bytes'])} | {name} | {_ratio_text(r)} "
                         f"| {_ratio_text(default)} | {ratio:.2f} ({ci[0]:.2f}–{ci[1]:.2f}) |")
-    rows.append(f"\n{record['world_size']} ranks on {record['backend']}, {record['threads_per_rank']} thread(s) each, "
-                f"{record['device']}, torch {record['torch']}, {record['date']}: `{record['command']}`")
+    rows.append(_run_line(record))
     return "\n".join(rows)
 
 
 JOBS = {"allreduce": allreduce, "cpu": cpu, "burst": burst, "overhead": overhead, "zero": zero}
-RENDERERS = {"allreduce": allreduce_table, "cpploop": cpp_loop_table, "cpu": cpu_table, "burst": burst_table,
-             "overhead": overhead_table, "zero": zero_table}
+RENDERERS = {"allreduce": allreduce_table, "goal": goal_table, "cpploop": cpp_loop_table, "cpu": cpu_table,
+             "burst": burst_table, "overhead": overhead_table, "zero": zero_table}

@@ -27,9 +27,8 @@ pieces of at most PIECE_BYTES (a chunk of N/n bytes in ⌈N/n / PIECE_BYTES⌉ e
 ``ring_piece``), so adding one piece overlaps the transfer of the next: of each of its n − 1
 reduce steps only one piece's addition is charged. The direct algorithms add whole
 blocks after they have all arrived and are charged every addition. (Whether the ring's
-additions really hide, the 64 MiB measurements do not settle; with the term the model
-picks a ring over two-shot at 64 MiB, as the allreduce benchmark measures it: README.md,
-"A model of the cost".)
+additions really hide is for measurement to say: `plot` draws the model against the allreduce
+benchmark's records.)
 
 The segmented ring keeps two segment steps in flight, so a step's fixed cost overlaps the
 other's transfer: each phase pays one α, then a step every max(m·β, (α + m·β)/2) (the wire's
@@ -399,7 +398,8 @@ def fit_table(record: dict) -> str:
 # Past this machine: step time, communication share and scaling efficiency
 # ---------------------------------------------------------------------------
 
-# Documented GPU fabrics (sources in parallel/collectives/README.md). α: NCCL's own tuning model
+# Documented GPU fabrics (NVIDIA's H100 datasheet, ConnectX-7 / Quantum-2 NDR specifications, DGX H100
+# user guide, and NVIDIA/nccl). α: NCCL's own tuning model
 # (src/graph/tuning.cc) charges a ring step 1.9 µs on NVLink and 4.0 µs over the network
 # (protocol LL128). β: NVLink 4 on an H100 SXM is 900 GB/s in both directions together, 450 GB/s
 # each way; InfiniBand NDR is 400 Gb/s = 50 GB/s per port, one port per GPU in a DGX H100.
@@ -564,32 +564,34 @@ def plot_predict(record: dict, path: str) -> None:
 
 def plot_model(records: list[dict], path: str, fit: Path = FIT_PATH) -> None:
     """Model (lines, from the fit in ``fit``) against measurement (markers): one panel per world size."""
-    from benchmark import pyplot
+    from benchmark import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(records), figsize=(4.2 * len(records), 3.6), sharey=True, squeeze=False)
     colours = {"ring": "tab:blue", "doubling": "tab:orange", "halving_doubling": "tab:green",
-               "one_shot": "tab:red", "two_shot": "tab:purple", "dist.all_reduce": "black"}
+               "one_shot": "tab:red", "two_shot": "tab:purple", "segmented_ring": "tab:brown",
+               "dist.all_reduce": "black"}
     for ax, record in zip(axes[0], records):
         n = record["world_size"]
         link = link_for(n, fit)
         sizes = sorted({r["bytes"] for r in record["results"]})
         for algorithm, colour in colours.items():
             measured = [r for r in record["results"] if r["variant"] == algorithm]
-            ax.plot([r["bytes"] for r in measured], [r["time_us"] for r in measured], "o" if algorithm in PREDICT
-                    else "x", color=colour, label=f"{algorithm} measured")
-            if algorithm in PREDICT:
-                ax.plot(sizes, [PREDICT[algorithm](n, m, link) * 1e6 for m in sizes], "-", color=colour, alpha=0.7,
-                        label=f"{algorithm} model")
+            ours = algorithm in PREDICT
+            ax.plot([r["bytes"] for r in measured], [r["time_us"] for r in measured], "o" if ours else "x",
+                    color=colour, label=algorithm.replace("_", "-") if ours else algorithm)
+            if algorithm in PREDICT:  # the model's line, in the same colour
+                ax.plot(sizes, [PREDICT[algorithm](n, m, link) * 1e6 for m in sizes], "-", color=colour, alpha=0.7)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("bytes")
-        ax.set_title(f"{n} ranks" + (" (2 cores: oversubscribed)" if n > 2 else ""), fontsize=9)
+        ax.set_title(f"{n} ranks, {record['device']}", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("µs per all-reduce")
     axes[0][0].legend(fontsize=6)
+    fig.suptitle("dots: measured; lines: the cost model's prediction, from the fit", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)  # with this command inside: docs/records.py draws it again
 
 
 def model_table(record: dict) -> str:
