@@ -105,7 +105,7 @@ def write(config, tracer: Tracer, data_parallel_ranks: int) -> None:
 
 def figure(record: dict, path: str, step: int | None = None) -> None:
     """Draw one recorded step (default: the one whose slowest rank took the median time)."""
-    from benchmark import pyplot
+    from benchmark import pyplot, save_figure
 
     plt = pyplot()
     steps = {s["step"]: s for s in record["steps"]}
@@ -143,7 +143,7 @@ def figure(record: dict, path: str, step: int | None = None) -> None:
                  f"or one parameter),\nMLP {record['hidden']}, mode {record['mode']}, "
                  f"{record['data_parallel_ranks']} ranks on {record['backend']}", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)  # the picture carries the command that drew it (docs/records.py)
 
 
 def main(argv: list[str] | None = None) -> int:
