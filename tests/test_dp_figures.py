@@ -1,5 +1,6 @@
-"""Chapter 6's figures: the ring's steps (parallel/dp/figures.py), traced from parallel/dp/simple.py
-itself, and the bucket-overlap figure (parallel/dp/trace.py) carrying the command that drew it."""
+"""Chapter 6's figures and table: the ring's steps (parallel/dp/figures.py), traced from
+parallel/dp/simple.py itself; the bucket-overlap figure (parallel/dp/trace.py) carrying the command
+that drew it; the step benchmark against DDP (parallel/dp/bench.py) with its paired interval."""
 
 from __future__ import annotations
 
@@ -85,3 +86,46 @@ def test_the_overlap_figure_carries_the_command_that_drew_it(tmp_path):
     result = run_script("-m", "parallel.dp.trace", str(path), "--out", str(png), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert records.picture_command(Path(png)) == f"python -m parallel.dp.trace {path} --out {png}"
+
+
+# ---------------------------------------------------------------------------
+# The step benchmark's table: our training step against DDP's
+# ---------------------------------------------------------------------------
+
+def test_the_step_table_gives_each_ratio_its_interval_and_verdict():
+    from parallel.dp.bench import step_table
+
+    def row(variant: str, ratio: float, ci: list[float] | None, verdict: str) -> dict:
+        return {"variant": variant, "step_us": 1000 * ratio, "spread_us": 50.0, "ratio_to_ddp": ratio,
+                "ratio_ci": ci, "verdict": verdict}
+
+    record = {"ci_level": 0.95, "hidden": [8], "mode": "py", "parameters": 100, "global_batch": 16, "bucket_kb": 4,
+              "world_size": 2, "backend": "gloo", "threads_per_rank": 1, "device": "cpu: test", "torch": "x",
+              "date": "d", "command": "c",
+              "results": [row("ddp", 1.0, [1.0, 1.0], "no significant difference"),
+                          row("all_reduce, overlap", 1.2, [1.1, 1.3], "slower"),
+                          row("all_reduce, no overlap", 0.98, None, "too few rounds for an interval")]}
+    text = step_table(record)
+    assert "| ddp | 1000 (50) | 1.000 | (the reference) |" in text
+    assert "| all_reduce, overlap | 1200 (50) | 1.200 (1.100–1.300) | slower |" in text
+    assert "| all_reduce, no overlap | 980 (50) | 0.980 | too few rounds for an interval |" in text
+    for r in record["results"]:  # a record without intervals still renders
+        del r["ratio_ci"], r["verdict"]
+    assert "| all_reduce, overlap | 1200 (50) | 1.200 | – |" in step_table(record)
+
+
+@pytest.mark.slow
+def test_the_step_benchmark_times_ours_against_ddp_with_an_interval(tmp_path):
+    out = tmp_path / "step.json"
+    result = run_script("distributed.py", "--bench", "step", "--hidden", "16", "--batch-size", "16", "--bucket-kb",
+                        "1", "--json", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    rows = {r["variant"]: r for r in record["results"]}
+    assert set(rows) == {"ddp", "all_reduce, overlap", "all_reduce, no overlap"}
+    assert rows["ddp"]["ratio_to_ddp"] == 1.0
+    for r in rows.values():
+        lo, hi = r["ratio_ci"]
+        assert lo <= r["ratio_to_ddp"] <= hi and r["step_us"] > 0
+        assert r["verdict"] in ("faster", "slower", "no significant difference")
+    assert "| verdict |" in result.stdout and str(out) in record["command"]
