@@ -3,4 +3,4 @@ all-reduce and a training loop, whole on one screen), ring.py (the ring as the r
 project uses it), reducer.py (gradient buckets reduced during backward), trainer.py (the
 training loop of distributed.py), ddp.py (the same ring driven by torch's
 DistributedDataParallel), trace.py (when each bucket was ready and reduced, as a figure);
-bench.py times a step against DDP."""
+bench.py times a step against DDP; figures.py draws simple.py's ring, step by step."""

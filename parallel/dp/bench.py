@@ -2,7 +2,8 @@
 (forward, backward, gradient averaging, optimiser step) of our loop with and without overlap,
 against torch's DistributedDataParallel, on the same model, data and shard. Interleaved round
 by round, in a new order each round (benchmark.measure, order="shuffle"); a sample is the
-slowest rank's time; the ratio to DDP is paired round by round.
+slowest rank's time; the ratio to DDP is paired round by round, with a distribution-free interval
+and a verdict (benchmark.paired_ratio; docs/README.md says how).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmark import Stats, measure
+from benchmark import CI_LEVEL, Stats, measure, paired_ratio
 from parallel.common import data as data_mod
 from parallel.common.harness import header, slowest_rank, write_record
 from parallel.common.launch import world
@@ -59,20 +60,26 @@ def step(config: Config, json_path: Path | None) -> dict:
         if reducer:
             reducer.close()
     slowest = {name: slowest_rank(s.samples) for name, s in stats.items()}
-    results = [{"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
-                # paired, round by round, like every ratio in these benchmarks
-                "ratio_to_ddp": statistics.median(m / d for m, d in zip(samples, slowest["ddp"]))}
-               for name, samples in slowest.items()]
+    results = []
+    for name, samples in slowest.items():
+        paired = paired_ratio(samples, slowest["ddp"])  # round by round, like every ratio in these benchmarks
+        results.append({"variant": name, "step_us": statistics.median(samples), "spread_us": Stats(samples).spread,
+                        "ratio_to_ddp": paired["ratio"], "ratio_ci": paired["ci"], "verdict": paired["verdict"]})
     params = sum(p.numel() for p in build_model(ds.features, tuple(config.hidden), ds.classes, "py").parameters())
-    record = {**header("step", config.device), "mode": config.mode, "hidden": list(config.hidden),
+    record = {**header("step", config.device), "ci_level": CI_LEVEL, "mode": config.mode, "hidden": list(config.hidden),
               "global_batch": len(batch), "parameters": params, "bucket_kb": config.bucket_kb, "results": results}
     return {"output_errors": write_record(record, json_path, step_table(record))}
 
 
 def step_table(record: dict) -> str:
-    rows = ["| variant | step µs (IQR) | step / DDP's (paired) |", "|---|---:|---:|"]
+    """What a record lacks (an interval, a verdict) shows as "–"."""
+    level = f"{100 * record.get('ci_level', CI_LEVEL):.0f}%"
+    rows = [f"| variant | step µs (IQR) | step / DDP's (paired, {level} CI) | verdict |", "|---|---:|---:|---|"]
     for r in record["results"]:
-        rows.append(f"| {r['variant']} | {r['step_us']:.0f} ({r['spread_us']:.0f}) | {r['ratio_to_ddp']:.3f} |")
+        ci = r.get("ratio_ci") if r["variant"] != "ddp" else None
+        ratio = f"{r['ratio_to_ddp']:.3f}" + (f" ({ci[0]:.3f}–{ci[1]:.3f})" if ci else "")
+        verdict = "(the reference)" if r["variant"] == "ddp" else r.get("verdict", "–")
+        rows.append(f"| {r['variant']} | {r['step_us']:.0f} ({r['spread_us']:.0f}) | {ratio} | {verdict} |")
     rows.append(f"\nMLP {record['hidden']} (mode {record['mode']}, {record['parameters']:,} parameters), global "
                 f"batch {record['global_batch']}, {record['bucket_kb']} KiB buckets; {record['world_size']} ranks on "
                 f"{record['backend']}, {record['threads_per_rank']} thread(s) each, {record['device']}, "

@@ -19,7 +19,6 @@ from __future__ import annotations
 import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is one line too
 
 # isort: split
-import datetime
 import sys
 import time
 
@@ -64,8 +63,7 @@ class Tracer:
 def write(config, tracer: Tracer, data_parallel_ranks: int) -> None:
     import torch
 
-    from parallel.common import threads
-    from parallel.common.harness import every_rank
+    from parallel.common.harness import every_rank, header
     from parallel.common.launch import world
 
     buckets, steps = len(tracer.reducer.buckets), len(tracer.steps)
@@ -76,6 +74,7 @@ def write(config, tracer: Tracer, data_parallel_ranks: int) -> None:
         mine[i, len(fields):] = torch.tensor([float("nan") if v is None else v for b in s["buckets"] for v in b],
                                              dtype=torch.float64)
     table = every_rank(mine)  # every rank recorded the same steps
+    head = header("trace", config.device)  # the machine, threads and command (every rank takes part)
     if world()[0] != 0:
         return
 
@@ -91,12 +90,9 @@ def write(config, tracer: Tracer, data_parallel_ranks: int) -> None:
                                       for b in range(buckets)]})
         recorded.append({"step": int(table[0, i, 0].item()) + 1, "ranks": ranks})  # counted from 1
     sizes = [sum(p.numel() * p.element_size() for p in bucket) for bucket in tracer.reducer.buckets]
-    record = {"benchmark": "trace", "torch": torch.__version__, "backend": torch.distributed.get_backend(),
-              "world_size": world()[1], "data_parallel_ranks": data_parallel_ranks, "mode": config.mode,
+    record = {**head, "data_parallel_ranks": data_parallel_ranks, "mode": config.mode,
               "hidden": list(config.hidden), "global_batch": config.batch_size, "bucket_kb": config.bucket_kb,
-              "overlap": config.overlap, "bucket_bytes": sizes, "gloo_io_nice": threads.active_setting(),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python distributed.py " + " ".join(sys.argv[1:]),
+              "overlap": config.overlap, "bucket_bytes": sizes,
               "how": "seconds from the step's start on each rank (time.perf_counter); buckets in the order they are "
                      "reduced (the last layers' gradients first)", "steps": recorded}
     for e in cli.write_outputs([(config.trace, cli.json_writer(record))]):
@@ -105,7 +101,7 @@ def write(config, tracer: Tracer, data_parallel_ranks: int) -> None:
 
 def figure(record: dict, path: str, step: int | None = None) -> None:
     """Draw one recorded step (default: the one whose slowest rank took the median time)."""
-    from benchmark import pyplot
+    from benchmark import pyplot, save_figure
 
     plt = pyplot()
     steps = {s["step"]: s for s in record["steps"]}
@@ -143,7 +139,7 @@ def figure(record: dict, path: str, step: int | None = None) -> None:
                  f"or one parameter),\nMLP {record['hidden']}, mode {record['mode']}, "
                  f"{record['data_parallel_ranks']} ranks on {record['backend']}", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)  # the picture carries the command that drew it (docs/records.py)
 
 
 def main(argv: list[str] | None = None) -> int:
