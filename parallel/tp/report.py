@@ -3,12 +3,14 @@ and the overlap timeline of a `distributed.py --bench tp` run.
 
 Examples:
   python -m parallel.tp.report bytes                      # print the table (4 local ranks)
+  python -m parallel.tp.report bytes --world-size 8       # every dp × tp layout of 8 ranks
   python -m parallel.tp.report bytes --json /tmp/tp_bytes.json
   python -m parallel.tp.report shards --out /tmp/tp_shards.png           # needs matplotlib
   python -m parallel.tp.report timeline docs/results/tp_gloo_w2.json --out /tmp/tp_timeline.png
 
 The chapter's files come from the same commands with --json docs/results/tp_bytes.json,
---out docs/results/tp_shards.png and --out docs/results/tp_timeline_w2.png.
+--out docs/results/tp_shards.png and --out docs/results/tp_timeline_w2.png; each picture keeps
+the command that drew it in its metadata (benchmark.save_figure).
 """
 
 from __future__ import annotations
@@ -22,15 +24,24 @@ import sys
 import torch
 import torch.nn.functional as F
 
-# The model of the bytes table: features -> hidden pair -> classes, a global batch, 4 ranks.
-FEATURES, HIDDEN, CLASSES, BATCH, WORLD = 64, (256, 256), 16, 128, 4
-LAYOUTS = {"DP": 1, "TP": 4, "DP × TP": 2}  # name -> tp (dp = WORLD / tp)
+# The model of the bytes table: features -> hidden pair -> classes, a global batch. Every world
+# size offered divides the batch and the hidden widths, so every rank's count is the formula's.
+FEATURES, HIDDEN, CLASSES, BATCH = 64, (256, 256), 16, 128
+WORLD_SIZES = (2, 4, 8)
+
+
+def layouts(world: int) -> list[tuple[str, int]]:
+    """Every way to arrange ``world`` ranks as dp × tp: (layout name, tp), dp = world / tp."""
+    tps = [t for t in range(1, world + 1) if world % t == 0]
+    return [("DP" if t == 1 else "TP" if t == world else "DP × TP", t) for t in tps]
 
 
 def _one_step(tp: int) -> dict:
-    """One training step on this rank; the bytes this rank's ring sends during it."""
+    """One training step on this rank; the bytes this rank's ring sends during it. The dp group
+    sums the gradients with one ring all-reduce, so that both kinds of traffic go by the ring
+    and its formula. (The trainer's GradReducer picks an algorithm by message size, chapter 6
+    continued: over 4 ranks a small bucket may go by recursive doubling, which sends 2N, not 1.5N.)"""
     from parallel.dp import ring
-    from parallel.dp.reducer import GradReducer
     from parallel.dp.trainer import build_model
     from parallel.tp.layers import build_tp_model
     from parallel.tp.training import make_layout
@@ -41,28 +52,26 @@ def _one_step(tp: int) -> dict:
         model = build_tp_model(FEATURES, HIDDEN, CLASSES, "py", layout.tp_group)
     else:
         model = build_model(FEATURES, HIDDEN, CLASSES, "py")
-    reducer = GradReducer(list(model.parameters()), bucket_bytes=25 << 20, group=layout.dp_group) \
-        if layout.dp > 1 else None
     g = torch.Generator().manual_seed(layout.dp_rank)  # the ranks of a tp group share a shard
     x = torch.randn(BATCH // layout.dp, FEATURES, generator=g)
     y = torch.randint(CLASSES, (BATCH // layout.dp,), generator=g)
     for key in ring.SENT_BYTES:
         ring.SENT_BYTES[key] = 0
     (F.cross_entropy(model(x), y, reduction="sum") / BATCH).backward()
-    if reducer:
-        reducer.finish()
-        reducer.close()
+    if layout.dp > 1:  # the gradient averaging: every parameter's gradient, one flat buffer
+        grads = torch.cat([p.grad.view(-1) for p in model.parameters()])
+        ring.ring_all_reduce(grads, group=layout.dp_group, check=False)
     params = sum(p.numel() for p in model.parameters())
     return {**ring.SENT_BYTES, "parameters_per_rank": params}
 
 
-def formula(tp: int) -> dict:
+def formula(tp: int, world: int) -> dict:
     """Bytes each rank sends in one step, float32. A ring all-reduce of N elements over n ranks
     sends 2(n − 1)/n · N of them. DP: the gradients, over the dp ranks. TP (this MLP: one
     column/row pair, data as input): the row layer's partial outputs, (B/dp) × H₂, over the tp
     ranks, forward; nothing backward (the first layer's input, the data, needs no gradient).
     DP × TP: both, with each rank's gradients 1/tp of the sharded layers plus the whole head."""
-    dp = WORLD // tp
+    dp = world // tp
     h1, h2 = HIDDEN
     sharded = (FEATURES * h1 + h1) + h1 * h2
     whole = h2 + h2 * CLASSES + CLASSES  # the row layer's bias, the head
@@ -72,13 +81,13 @@ def formula(tp: int) -> dict:
     return {"gradients": grads, "activations": acts, "total": grads + acts, "parameters_per_rank": per_rank}
 
 
-def bytes_record() -> dict:
+def bytes_record(world: int) -> dict:
     from parallel.common.launch import launch
 
     results = []
-    for name, tp in LAYOUTS.items():
-        ranks = launch(_one_step, WORLD, (tp,), deadline_s=300)
-        results.append({"layout": name, "dp": WORLD // tp, "tp": tp, "formula": formula(tp),
+    for name, tp in layouts(world):
+        ranks = launch(_one_step, world, (tp,), deadline_s=300)
+        results.append({"layout": name, "dp": world // tp, "tp": tp, "formula": formula(tp, world),
                         "measured_data_bytes": [r["data"] for r in ranks],
                         "measured_metadata_bytes": [r["metadata"] for r in ranks],
                         "parameters_per_rank": ranks[0]["parameters_per_rank"]})
@@ -86,7 +95,7 @@ def bytes_record() -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.tp.report " + " ".join(sys.argv[1:]),
             "model": {"features": FEATURES, "hidden": list(HIDDEN), "classes": CLASSES, "global_batch": BATCH,
-                      "world_size": WORLD, "dtype": "float32"}, "results": results}
+                      "world_size": world, "dtype": "float32"}, "results": results}
 
 
 def bytes_table(record: dict) -> str:
@@ -100,7 +109,8 @@ def bytes_table(record: dict) -> str:
                     f"| {f['activations']:,.0f} | {f['total']:,.0f} | {', '.join(f'{m:,}' for m in measured)} "
                     f"| {', '.join(f'{m:,}' for m in meta)} |")
     m = record["model"]
-    rows.append(f"\nBytes each rank sends in one training step (forward, backward, gradient averaging), "
+    rows.append(f"\nBytes each rank sends in one training step (forward, backward, and the gradients' ring "
+                f"all-reduce), "
                 f"{m['dtype']}: MLP {m['features']} → {m['hidden']} → {m['classes']}, global batch "
                 f"{m['global_batch']}, {m['world_size']} ranks; torch {record['torch']}, {record['date']}: "
                 f"`{record['command']}`")
@@ -117,7 +127,7 @@ COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
 def shards_figure(path: str) -> None:
     """Who holds what for 4 ranks = 2 (dp) × 2 (tp): the pair's weights cut by tp rank,
     copied across dp ranks; the batch cut by dp rank."""
-    from benchmark import pyplot
+    from benchmark import pyplot, save_figure
 
     plt = pyplot()
     from matplotlib.patches import Rectangle
@@ -142,12 +152,12 @@ def shards_figure(path: str) -> None:
         ax.axis("off")
     fig.suptitle("4 ranks = 2 data-parallel × 2 tensor-parallel: colour = tensor-parallel rank", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def timeline_figure(record: dict, path: str) -> None:
     """One measured step per variant: each rank's computation and communication over time."""
-    from benchmark import pyplot
+    from benchmark import pyplot, save_figure
 
     plt = pyplot()
     variants = list(record["timeline"])
@@ -168,13 +178,15 @@ def timeline_figure(record: dict, path: str) -> None:
                      "waiting for a transfer)", fontsize=9)
     axes[-1].set_xlabel("ms since the step started (one recorded step)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser(__doc__)
     sub = p.add_subparsers(dest="what", required=True)
     b = cli.command(sub, "bytes", __doc__, "measure the bytes each rank sends in one step, against the formula")
+    b.add_argument("--world-size", type=int, choices=WORLD_SIZES, default=4,
+                   help="local ranks; every dp × tp layout of them is measured (default 4)")
     b.add_argument("--json", metavar="PATH")
     s = cli.command(sub, "shards", __doc__, "draw which rank holds which shard (needs matplotlib)")
     s.add_argument("--out", metavar="PATH", required=True)
@@ -188,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cli.check_plot(args.out, "--out")
     if args.what == "bytes":
-        record = bytes_record()
+        record = bytes_record(args.world_size)
         return cli.publish(bytes_table(record), [(json_path, cli.json_writer(record))])
     elif args.what == "shards":
         shards_figure(args.out)
