@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import cli  # noqa: E402
 
-OUTPUT_FLAGS = ("--json", "--plot", "--out")  # the flags under which the scripts write a file
+OUTPUT_FLAGS = ("--json", "--plot", "--out", "--trace")  # the flags under which the scripts write a file
 PICTURES = (".png", ".svg")
 BLOCK = re.compile(r"<!-- records: \S+ -->\n.*?<!-- end records -->", re.S)  # the generated list itself
 

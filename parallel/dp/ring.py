@@ -109,9 +109,8 @@ def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], grou
 
 # On gloo a tensor larger than this goes as several messages, all posted at once (0: one
 # message). gloo's own all_reduce cuts its segments at 1 MiB too. The allreduce benchmark
-# times the ring and two-shot with one message per piece beside them (parallel/collectives/
-# README.md, "One message or many"); why gloo's TCP transport moves one large message more
-# slowly than the same bytes as several is not traced.
+# times the ring and two-shot with one message per piece beside them; why gloo's TCP transport
+# moves one large message more slowly than the same bytes as several is not traced.
 MESSAGE_BYTES = 1 << 20
 
 
