@@ -55,3 +55,9 @@ def all_reduce_case(numel: int, dtype: torch.dtype, op: str, scale: float) -> tu
     if op == "avg":
         expected /= dist.get_world_size()
     return t, expected
+
+
+def world_sizes(*sizes: int, quick: int = 2) -> list:
+    """Parametrize a multi-process test over world sizes: up to ``quick`` ranks in the quick suite,
+    the larger ones (slower: more processes than this machine has cores) under the slow marker."""
+    return [pytest.param(n, marks=[] if n <= quick else [pytest.mark.slow], id=str(n)) for n in sizes]

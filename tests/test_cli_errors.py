@@ -28,6 +28,8 @@ from parallel.common.checkpoint import CheckpointError, save_checkpoint
 from parallel.dp.trainer import Config, check_resume, train
 from test_parallel import make_mnist, write_idx
 
+pytestmark = pytest.mark.slow  # every script against every user mistake: a subprocess each
+
 SCRIPTS = ["benchmark.py", "grad_check.py", "distributed.py", "docs/render.py"]
 TINY = ["-m", "py", "-b", "4", "-i", "4", "-o", "4", "--rounds", "2"]
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from conftest import all_reduce_case
+from conftest import all_reduce_case, world_sizes
 from parallel.collectives import costmodel
 from parallel.collectives.algorithms import ALGORITHMS, RingError, all_reduce, choose
 from parallel.common.launch import launch
@@ -45,7 +45,7 @@ def collective_cases(big: int) -> list:
     return out
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("world_size", world_sizes(1, 2, 3, 4, 5))
 def test_every_algorithm_matches_dist_all_reduce_and_is_identical_on_every_rank(world_size):
     big = 2_000_003 if world_size == 3 else 0  # a few million elements once (3: the fold-in path)
     results = launch(collective_cases, world_size, (big,), deadline_s=240)
@@ -109,7 +109,7 @@ def edge_cases() -> tuple[list[bytes], list[str]]:
     return nan_payloads(), mismatched_calls()
 
 
-@pytest.mark.parametrize("world_size", [3, 4])
+@pytest.mark.parametrize("world_size", world_sizes(3, 4, quick=3))
 def test_nan_payloads_identical_on_every_rank_and_disagreeing_ranks_all_get_a_clear_error(world_size):
     results = launch(edge_cases, world_size, deadline_s=60)
     for i, algorithm in enumerate(NOT_RING):
@@ -146,7 +146,7 @@ def split_into_messages(message_bytes: int) -> list:
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", world_sizes(2, 3))
 def test_messages_cut_small_give_the_same_bits_as_one_message(world_size):
     for results in zip(*launch(split_into_messages, world_size, (12,), deadline_s=120)):
         for numel, dtype, same, got, expected in results:
@@ -187,7 +187,7 @@ def segmented_against_the_ring(segment_bytes: int) -> list:
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 5])
+@pytest.mark.parametrize("world_size", world_sizes(2, 3, 5))
 def test_the_segmented_ring_gives_the_rings_bits_with_many_segments(world_size):
     results = launch(segmented_against_the_ring, world_size, (24,), deadline_s=120)
     for case in range(len(results[0])):
@@ -424,7 +424,7 @@ def assert_close_runs(a: dict, b: dict) -> None:
         torch.testing.assert_close(a["state"][k], b["state"][k], rtol=1e-4, atol=1e-5, msg=k)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])  # 3: 698 parameters do not split evenly, the shards are padded
+@pytest.mark.parametrize("world_size", world_sizes(2, 3))  # 3: 698 parameters: padded shards
 def test_zero_trains_like_plain_data_parallelism(world_size):
     plain = launch(train, world_size, (Config(world_size=world_size, **QUICK),), deadline_s=240)
     zero = launch(train, world_size, (Config(world_size=world_size, zero=True, **QUICK),), deadline_s=240)
@@ -445,7 +445,7 @@ def zero_state_bytes() -> tuple[int, int]:
     return opt.state_bytes(), opt.shard_numel
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", world_sizes(2, 4))
 def test_zero_optimizer_state_falls_as_one_over_world_size(world_size):
     for state_bytes, shard in launch(zero_state_bytes, world_size, deadline_s=60):
         assert shard == -(-1010 // world_size)

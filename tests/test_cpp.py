@@ -162,6 +162,7 @@ def test_stale_build_lock_is_removed_not_waited_on(ops):
     assert not stale
 
 
+@pytest.mark.slow
 def test_a_live_build_is_waited_for_not_broken(ops):
     """While another process holds the build folder, its lock file is not touched."""
     import fcntl
@@ -243,6 +244,7 @@ def test_a_failing_build_raises_a_short_build_error(tmp_path):
     assert info.value.__suppress_context__  # no chained torch traceback under it
 
 
+@pytest.mark.slow
 def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
     import json
 

@@ -14,6 +14,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # the GPU plan's dry run checks every command with a subprocess
+
 
 def _load():
     spec = importlib.util.spec_from_file_location("gpu_plan", ROOT / ".ci" / "gpu.py")

@@ -16,6 +16,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # nvcc and the host compiler over the kernels and bindings
+
 NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
 KERNELS = ROOT / "cuda" / "dense_kernels.cu"
 LESSON = ROOT / "ptx" / "lesson_kernels.cu"  # what the PTX stage's PTX is generated from

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from conftest import ROOT, all_reduce_case, run_script
+from conftest import ROOT, all_reduce_case, run_script, world_sizes
 from parallel.common import data as data_mod
 from parallel.common.checkpoint import CheckpointError
 from parallel.common.launch import LaunchError, launch
@@ -59,7 +59,7 @@ def ring_cases() -> list:
     return out
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("world_size", world_sizes(1, 2, 3, 4, quick=3))
 def test_ring_matches_dist_all_reduce_and_is_identical_on_every_rank(world_size):
     results = launch(ring_cases, world_size, deadline_s=180)
     for case in range(len(results[0])):
@@ -189,7 +189,7 @@ def test_the_benchmarks_segment_sizes_apply_only_during_their_call():
                    8 << 20: (2, True, SEGMENT_BYTES)}
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", world_sizes(2, 3))
 def test_the_ring_reuses_its_scratch_buffer_and_never_returns_it(world_size):
     for rank, got in enumerate(launch(scratch_reuse, world_size, deadline_s=60)):
         assert got == {"reused": True, "sums": True, "results_untouched": True}, rank
@@ -263,7 +263,7 @@ def short_ring_cases() -> list:
     return out
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("world_size", world_sizes(1, 2, 3, quick=3))
 def test_the_short_ring_matches_dist_all_reduce_and_is_identical_on_every_rank(world_size):
     results = launch(short_ring_cases, world_size, deadline_s=120)
     for case, (numel, dtype, got, expected) in enumerate(results[0]):
@@ -612,6 +612,7 @@ def thread_priorities() -> list[tuple[str, str, int, bool]]:
             for tid in os.listdir("/proc/self/task")]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
 @pytest.mark.parametrize("setting", [None, "batch", "idle", "0", "19", "7"])
 def test_gloo_io_threads_are_left_alone_unless_asked_and_then_only_ours_change(monkeypatch, setting):
@@ -765,6 +766,7 @@ def small_allreduce(path: str) -> str:
     return said.getvalue()
 
 
+@pytest.mark.slow
 def test_the_allreduce_benchmark_says_how_far_it_has_got(tmp_path):
     """Rank 0 reports each size as it completes, on stderr; the record holds the results only."""
     out = tmp_path / "allreduce.json"
@@ -788,6 +790,7 @@ def small_burst(path: str) -> None:
     bench.burst(Config(), Path(path))
 
 
+@pytest.mark.slow
 def test_burst_benchmark_times_every_variant_at_every_size_and_burst(tmp_path):
     """--bench burst: one row per size, burst length and variant, the C++ loop included where it
     builds (and why not where it does not), the model's time for the model's algorithms, and
@@ -886,6 +889,7 @@ def test_zero_benchmark_splits_the_dp_all_reduce_into_waiting_and_the_call(tmp_p
         assert w + a == pytest.approx(i, rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["x", "20", "-1", "1.5", "IDLE", "Batch", ""])
 def test_a_bad_io_priority_setting_is_a_clear_error(monkeypatch, bad):
     from parallel.common.threads import IO_NICE_VAR, io_nice
@@ -1043,6 +1047,7 @@ def test_trace_records_the_buckets_against_the_backward(tmp_path, overlap):
     check_trace(record, overlap)
 
 
+@pytest.mark.slow
 def test_trace_needs_buckets_to_record():
     for args in (["--zero"], ["--world-size", "1"], ["--world-size", "2", "--tp", "2"], ["--bench", "step"]):
         result = run_script("distributed.py", "--trace", "/tmp/never_written.json", *args, timeout=60)
@@ -1065,6 +1070,7 @@ def made_up_trace(overlap: bool) -> dict:
 @pytest.mark.plot
 @pytest.mark.skipif(__import__("importlib").util.find_spec("matplotlib") is None,
                     reason="matplotlib (optional) not installed")
+@pytest.mark.slow
 def test_the_overlap_figure_is_drawn_from_a_trace(tmp_path):
     record = tmp_path / "trace.json"
     record.write_text(json.dumps(made_up_trace(True)))
@@ -1086,6 +1092,7 @@ def test_mnist_from_idx_files(tmp_path):
     assert "test accuracy" in result.stdout
 
 
+@pytest.mark.slow
 def test_cli_errors_exit_non_zero_with_the_reason(tmp_path):
     result = run_script("distributed.py", "--data", "mnist", "--data-dir", str(tmp_path), "--world-size", "1",
                         timeout=120)

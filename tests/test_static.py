@@ -17,6 +17,8 @@ import pytest
 
 from conftest import ROOT, run_script
 
+pytestmark = pytest.mark.slow  # nvcc, ptxas and cuobjdump over every kernel
+
 
 def load(path: str):
     name = Path(path).stem

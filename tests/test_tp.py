@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import world_sizes
 from parallel.common.launch import launch
 from parallel.dp.ring import RingError, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
@@ -83,7 +84,7 @@ def collective_cases() -> list:
     return out
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("world_size", world_sizes(1, 2, 3, 4, quick=3))
 def test_ring_all_gather_and_reduce_scatter_match_torch_and_agree_across_ranks(world_size):
     results = launch(collective_cases, world_size, deadline_s=180)
     for case, (name, mine, _ref, exact) in enumerate(results[0]):
@@ -127,6 +128,7 @@ def disagreeing_call(kind: str) -> str:
     ("scatter-op", ["op sum", "op avg"]),
     ("kinds", ["ranks passed different", "numel 4, shape (4), float32"]),
 ])
+@pytest.mark.slow
 def test_ranks_that_disagree_all_get_the_same_clear_error(kind, expected):
     messages = launch(disagreeing_call, 2, (kind,), deadline_s=60)
     assert messages[0] != "no error"
@@ -227,7 +229,7 @@ def _pair_modes() -> list[str]:
     return [m for m in ("py", "cpp") if REASONS[m] is None]
 
 
-@pytest.mark.parametrize("tp", [1, 2, 3, 4])
+@pytest.mark.parametrize("tp", world_sizes(1, 2, 3, 4))
 def test_megatron_pair_equals_the_unsharded_mlp(tp):
     """Forward and every gradient, for widths and batches that do not divide evenly:
     float64 to 1e-12, float32 allclose; the gathered initial weights are the same bits."""
@@ -298,6 +300,7 @@ def test_checkpoint_of_a_tp_run_resumes_with_another_tp_and_loads_into_the_plain
     _same_run(resumed, straight)
 
 
+@pytest.mark.slow
 def test_bad_tp_combinations_are_one_clear_error_before_any_rank_starts():
     from conftest import run_script
 
@@ -419,7 +422,7 @@ def pieces_case() -> list:
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", world_sizes(2, 3))
 def test_autograd_pieces_forward_and_backward(world_size):
     for cases in launch(pieces_case, world_size, deadline_s=120):
         assert len(cases) == 12

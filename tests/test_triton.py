@@ -50,6 +50,7 @@ def test_the_interpreter_runs_where_there_is_no_gpu(stage):
     assert stage.DEVICE == ("cpu" if stage.INTERPRETED else "cuda")
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.skipif(GPU, reason="the interpreter's order of imports matters only without a GPU")
 def test_the_interpreter_is_chosen_before_torch_compile_imports_triton():
