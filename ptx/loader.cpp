@@ -24,6 +24,7 @@ struct Driver {
   decltype(&cuModuleUnload) moduleUnload;
   decltype(&cuModuleGetFunction) moduleGetFunction;
   decltype(&cuLaunchKernel) launchKernel;
+  decltype(&cuCtxGetCurrent) ctxGetCurrent;
   decltype(&cuGetErrorName) getErrorName;
   decltype(&cuGetErrorString) getErrorString;
   decltype(&cuDriverGetVersion) driverGetVersion;
@@ -39,6 +40,7 @@ struct Driver {
         moduleUnload(find<decltype(moduleUnload)>("cuModuleUnload")),
         moduleGetFunction(find<decltype(moduleGetFunction)>("cuModuleGetFunction")),
         launchKernel(find<decltype(launchKernel)>("cuLaunchKernel")),
+        ctxGetCurrent(find<decltype(ctxGetCurrent)>("cuCtxGetCurrent")),
         getErrorName(find<decltype(getErrorName)>("cuGetErrorName")),
         getErrorString(find<decltype(getErrorString)>("cuGetErrorString")),
         driverGetVersion(find<decltype(driverGetVersion)>("cuDriverGetVersion")) {}
@@ -132,10 +134,15 @@ class DriverKernels final : public dense::Kernels {
     TORCH_CHECK(!ptx_.empty(), "dense_ptx: no PTX loaded; call torch.ops.dense_ptx.load_ptx first");
     int device = 0;
     C10_CUDA_CHECK(cudaGetDevice(&device));
+    // The driver API acts on the calling thread's current context, and a thread on which the
+    // runtime was never called has none: autograd runs a backward on a thread of its own, and
+    // there the first launch failed with CUDA_ERROR_INVALID_CONTEXT. Any runtime call makes the
+    // device's primary context (the one torch uses) current on this thread.
+    CUcontext current = nullptr;
+    check_driver(Driver::get().ctxGetCurrent(&current), "cuCtxGetCurrent");
+    if (current == nullptr) C10_CUDA_CHECK(cudaFree(nullptr));
     Module& module = modules_[device];
     if (module.handle == nullptr) {
-      // torch made the device's primary context current; load into that one.
-      C10_CUDA_CHECK(cudaFree(nullptr));
       std::vector<char> log(1 << 16, '\0');
       CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
       void* values[] = {log.data(), reinterpret_cast<void*>(log.size())};
