@@ -328,8 +328,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
                                                         std::array<bool, 3> output_mask) {
   dense::check_inputs(x, weight, std::nullopt);
   const int64_t in_f = weight.size(1), out_f = weight.size(0);
-  TORCH_CHECK_VALUE(grad_out.sizes() == out.sizes(), "grad_out has shape ", grad_out.sizes(),
-                    " but the output had shape ", out.sizes());
+  TORCH_CHECK_VALUE(grad_out.sizes() == out.sizes(), "grad_out has shape ", dense::shape(grad_out),
+                    " but the output had shape ", dense::shape(out));
   // grad_out may be a broadcast view (y.sum().backward() passes expanded ones): the fused
   // loop wants plain rows.
   const int64_t rows = dense::rows(x);

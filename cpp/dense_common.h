@@ -32,6 +32,16 @@ inline void define_ops(torch::Library& m) {
         " -> (Tensor, Tensor, Tensor)");
 }
 
+// A tensor's shape as ATen prints it, "[2, 5]", built from plain integers. Streaming
+// t.sizes() (a c10::ArrayRef) into an error message crashed the process on the GPU machine's
+// image (torch 2.11 and that image's compiler: a segfault in c10::detail::_str_wrapper, on CPU
+// and CUDA tensors alike) instead of raising the error; integers and strings stream safely.
+inline std::string shape(const at::Tensor& t) {
+  std::string s = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
+  return s + "]";
+}
+
 // The same contract as modes.check_inputs(), for callers who reach the op through
 // torch.ops directly. TORCH_CHECK_TYPE/VALUE raise Python's TypeError/ValueError.
 inline void check_inputs(const at::Tensor& x, const at::Tensor& weight,
@@ -42,9 +52,9 @@ inline void check_inputs(const at::Tensor& x, const at::Tensor& weight,
   TORCH_CHECK_TYPE(floating(x), "x has dtype ", x.scalar_type(), "; Dense supports float32 and float64");
   TORCH_CHECK_VALUE(x.dim() >= 1, "x is 0-d; Dense needs x of shape (*, in_features)");
   TORCH_CHECK_VALUE(weight.dim() == 2, "weight must be 2-d (out_features, in_features), got shape ",
-                    weight.sizes());
+                    shape(weight));
   TORCH_CHECK_VALUE(x.size(-1) == weight.size(1), "x has in_features=", x.size(-1),
-                    " (its last dimension) but weight ", weight.sizes(), " expects in_features=",
+                    " (its last dimension) but weight ", shape(weight), " expects in_features=",
                     weight.size(1));
   TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), "dtype mismatch: x is ",
                    x.scalar_type(), " but weight is ", weight.scalar_type());
@@ -52,7 +62,7 @@ inline void check_inputs(const at::Tensor& x, const at::Tensor& weight,
                     " but weight is on ", weight.device());
   if (bias) {
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "bias must have shape (",
-                      weight.size(0), ",) to match weight ", weight.sizes(), ", got ", bias->sizes());
+                      weight.size(0), ",) to match weight ", shape(weight), ", got ", shape(*bias));
     TORCH_CHECK_TYPE(bias->scalar_type() == x.scalar_type(), "dtype mismatch: x is ",
                      x.scalar_type(), " but bias is ", bias->scalar_type());
     TORCH_CHECK_VALUE(bias->device() == x.device(), "device mismatch: x is on ", x.device(),

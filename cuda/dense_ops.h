@@ -87,8 +87,8 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, i
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t in_f = weight.size(1), out_f = weight.size(0);
-  TORCH_CHECK_VALUE(grad_out.sizes() == out.sizes(), "grad_out has shape ", grad_out.sizes(),
-                    " but the output had shape ", out.sizes());
+  TORCH_CHECK_VALUE(grad_out.sizes() == out.sizes(), "grad_out has shape ", dense::shape(grad_out),
+                    " but the output had shape ", dense::shape(out));
   const int64_t rows = dense::rows(x);
   const at::Tensor g = grad_out.reshape({rows, out_f}).contiguous();  // may be a broadcast view
   const at::Tensor y = out.reshape({rows, out_f}).contiguous();

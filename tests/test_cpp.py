@@ -81,8 +81,11 @@ def test_backward_op_returns_empty_tensors_for_masked_grads(ops):
 
 
 @pytest.mark.parametrize("args, error, message", [
-    ((torch.randn(3, 4), torch.randn(2, 5), None), ValueError, "in_features=4"),
-    ((torch.randn(3, 4), torch.randn(2, 4), torch.randn(5)), ValueError, r"bias must have shape \(2,\)"),
+    # The shapes are in the message: [2, 5] as ATen prints a shape (cpp/dense_common.h: shape()).
+    ((torch.randn(3, 4), torch.randn(2, 5), None), ValueError, r"in_features=4 .* weight \[2, 5\] expects"),
+    ((torch.randn(3, 4), torch.randn(8), None), ValueError, r"weight must be 2-d .* got shape \[8\]"),
+    ((torch.randn(3, 4), torch.randn(2, 4), torch.randn(5)), ValueError,
+     r"bias must have shape \(2,\) to match weight \[2, 4\], got \[5\]"),
     ((torch.ones(3, 4, dtype=torch.int32), torch.ones(2, 4, dtype=torch.int32), None), TypeError, "Int"),
     ((torch.randn(3, 4), torch.randn(2, 4).double(), None), TypeError, "dtype mismatch"),
     ((torch.tensor(2.0), torch.randn(2, 1), None), ValueError, "0-d"),
@@ -91,6 +94,13 @@ def test_cpp_checks_for_direct_op_calls(ops, args, error, message):
     """torch.ops.dense_cpp.forward skips modes.check_inputs; the C++ repeats the checks."""
     with pytest.raises(error, match=message):
         ops.forward(*args)
+
+
+def test_backward_op_names_both_shapes(ops):
+    x, w = torch.randn(5, 4), torch.randn(3, 4)
+    y = ops.forward(x, w, None)
+    with pytest.raises(ValueError, match=r"grad_out has shape \[5, 2\] but the output had shape \[5, 3\]"):
+        ops.backward(torch.ones(5, 2), x, w, y, [True, True, False])
 
 
 def _probe(env: dict) -> str:
