@@ -128,9 +128,13 @@ def resolve(args: argparse.Namespace, world_size: int) -> tuple[Config, str]:
     if device == "cuda" and not torch.cuda.is_available():
         raise cli.UserError(f"--device cuda (or mode {args.mode}) needs a GPU; this torch is {torch.__version__}")
     backend = args.backend
+    gpus = torch.cuda.device_count() if device == "cuda" else 0
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if backend == "nccl" and device == "cuda" and local > gpus:
+        # NCCL refuses two ranks on one GPU ("invalid usage", from every rank, after the start).
+        raise cli.UserError(f"--backend nccl needs one GPU per rank: {local} ranks on this machine, {gpus} GPU(s); "
+                            "use --backend gloo (the ranks share the GPU, the gradients go through host memory)")
     if backend == "auto":
-        gpus = torch.cuda.device_count() if device == "cuda" else 0
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         backend = "nccl" if device == "cuda" and gpus >= local else "gloo"
         if device == "cuda" and backend == "gloo":
             print(f"{local} ranks share {gpus} GPU(s): NCCL needs one GPU per rank, so using gloo with the "

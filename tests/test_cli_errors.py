@@ -770,3 +770,13 @@ def test_ionice_asks_for_two_ranks_or_more_in_the_same_words(size):
     result = run_script("-m", "parallel.collectives.ionice", "--world-size", size, timeout=60)
     assert result.returncode == 2 and "--world-size must be at least 2 (a collective needs a peer)" in result.stderr
 
+
+
+def test_nccl_with_more_ranks_than_gpus_is_refused_before_the_start(monkeypatch):
+    """NCCL allows one rank per GPU; two ranks on one GPU must get a clear error, not NCCL's."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    args = distributed.build_parser().parse_args(["-m", "cuda", "--world-size", "2", "--backend", "nccl"])
+    with pytest.raises(cli.UserError, match=r"one GPU per rank: 2 ranks on this machine, 1 GPU\(s\); use --backend "):
+        distributed.resolve(args, 2)

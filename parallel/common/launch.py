@@ -53,10 +53,12 @@ def run_in_process_group(fn: Callable[..., Any], args: tuple, backend: str, time
                          init_method: str = "env://", rank: int | None = None,
                          world_size: int | None = None) -> Any:
     """Join a process group, run fn(*args), then leave cleanly; returns fn's result."""
+    kwargs: dict[str, Any] = {} if rank is None else {"rank": rank, "world_size": world_size}
     if backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", rank if rank is not None else 0))
         torch.cuda.set_device(local % torch.cuda.device_count())
-    kwargs = {} if rank is None else {"rank": rank, "world_size": world_size}
+        # Named, NCCL binds this rank to its GPU at once instead of guessing it from the rank.
+        kwargs["device_id"] = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group(backend, init_method=init_method, timeout=timedelta(seconds=timeout_s), **kwargs)
     try:
         if backend == "gloo":
