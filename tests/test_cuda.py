@@ -12,7 +12,8 @@ import modes
 from conftest import GPU, NO_GPU, REASONS, run_script
 
 # A CUDA build of torch without a GPU: say that, not that torch lacks CUDA.
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=REASONS["cuda"] if torch.version.cuda else NO_GPU)]
+# (reason must be a string even where the condition is false: pytest refuses None.)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=(torch.version.cuda and REASONS["cuda"]) or NO_GPU)]
 STAGES = [pytest.param(m, marks=pytest.mark.skipif(REASONS[m] is not None, reason=f"mode {m}: {REASONS[m]}"))
           for m in ("cuda", "ptx")]
 # Every GEMM version of chapter 4; the PTX stage (chapter 5) carries only v8 and v9 (ptx/lesson_kernels.cu).
