@@ -53,6 +53,7 @@ import multiprocessing
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import time
@@ -176,6 +177,30 @@ def describe_machine() -> dict:
     CPU model, its logical CPU count and the operating system's kernel (scheduling, page faults
     and the cost of waking a thread all depend on it)."""
     return {"cpu_model": cpu_model(), "cpus": os.cpu_count(), "os_kernel": f"{platform.system()} {platform.release()}"}
+
+
+def describe_gpu() -> dict:
+    """What a GPU record says about the card and its software: name, SM count, memory, the
+    clocks and driver as nvidia-smi reads them at that moment, torch, its CUDA and nvcc."""
+    import shutil
+    import subprocess
+
+    p = torch.cuda.get_device_properties(0)
+    env: dict = {"device": p.name, "sm_count": p.multi_processor_count,
+                 "compute_capability": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2**30, 1),
+                 "l2_mib": round(p.L2_cache_size / 2**20, 1), "torch": torch.__version__, "cuda": torch.version.cuda,
+                 "tf32_matmul": torch.backends.cuda.matmul.allow_tf32}
+    query = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,temperature.gpu,pstate"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        got = subprocess.run([smi, f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True)
+        values = got.stdout.strip().splitlines()[0].split(", ") if got.returncode == 0 and got.stdout.strip() else []
+        env["nvidia_smi"] = dict(zip(query.split(","), values)) if values else got.stderr.strip()[-200:]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+        env["nvcc"] = (re.findall(r"release [\d.]+, V[\d.]+", version) or ["?"])[0]
+    return env
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:

@@ -323,24 +323,10 @@ def dry_run(names: list[str]) -> bool:
 # The records: the machine they ran on, and the GEMM table
 # ---------------------------------------------------------------------------------------
 def environment() -> dict:
-    import torch
+    import benchmark  # the one description of a GPU, as every GPU record carries it
 
-    p = torch.cuda.get_device_properties(0)
-    env = {"device": p.name, "sm_count": p.multi_processor_count, "compute_capability": f"{p.major}.{p.minor}",
-           "memory_gib": round(p.total_memory / 2**30, 1), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    query = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,temperature.gpu,pstate"
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        got = subprocess.run([smi, f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True)
-        values = got.stdout.strip().splitlines()[0].split(", ") if got.returncode == 0 and got.stdout.strip() else []
-        env["nvidia_smi"] = dict(zip(query.split(","), values)) if values else got.stderr.strip()[-200:]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
-        env["nvcc"] = (re.findall(r"release [\d.]+, V[\d.]+", version) or ["?"])[0]
-    return env
+    return {**benchmark.describe_gpu(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def gemm_table(paths: list[str]) -> str:

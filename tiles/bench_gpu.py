@@ -110,7 +110,8 @@ def run(batch: int, in_f: int, out_f: int, dtype: torch.dtype, rounds: int) -> d
                         "forward_tflops": flops / fwd.median / 1e6, "fwd_bwd_tflops": 3 * flops / both.median / 1e6,
                         "ratio_to_reference": paired["ratio"], "ratio_ci": paired["ci"], "verdict": paired["verdict"]})
     best = getattr(tuned, "best_config", None)
-    return {**benchmark._header("cuda", dtype), "triton": _triton_version(), "shape": {"batch": batch, "in": in_f,
+    return {**benchmark.record_header("cuda", dtype), "gpu": benchmark.describe_gpu(), "triton": _triton_version(),
+            "shape": {"batch": batch, "in": in_f,
             "out": out_f}, "rounds": len(ref), "skipped": skipped, "autotuned": str(best) if best else None,
             "results": results}
 

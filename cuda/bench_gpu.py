@@ -1,0 +1,261 @@
+"""Check and time chapter 4's GEMM versions and chapter 5's PTX edits on a GPU, in one process.
+
+Parts (any of them, in this order; each adds one key to the record):
+  check    every GEMM version, forward and backward, against a float64 reference on fresh random
+           inputs at odd shapes and at 4096³: ‖out − ref‖ / ‖ref‖ per output, NaN never passes
+  gemm     SGEMM_CUDA's table: each version's forward at B = I = O = 4096 (float32), GFLOP/s and
+           its speed as a share of cuBLAS's x·Wᵀ (TF32 off) and of the reference
+           sigmoid(x·Wᵀ + b) (cuBLAS GEMM with the bias, then the sigmoid's own kernel)
+  goals    the stage's goals, each a ratio of speeds measured side by side: the automatic
+           version's forward against the reference at 4096³ (goal ≥ 0.90), its forward + backward
+           against the reference's (≥ 0.75), its forward at B = 32, I = O = 4096 (≥ 1.0)
+  ptx      the ptx stage with the hand-edited PTX against the compiler's own (ptx/generated/,
+           written by bash ptx/regen.sh), alternating round by round: at 4096³, where EDIT-A's
+           sigmoid is in the GEMM's epilogue, and at B = 65536, I = 64, O = 4096, where the
+           backward's elementwise kernel (EDIT-B's 128-bit accesses) is a large share of the time
+  profile  each version's forward once at 2048³, then v1's and v2's forward + backward, and
+           nothing else: for Nsight Compute (ncu -k regex:dense_gemm_v. ... bench_gpu.py profile)
+Times come from benchmark.measure (CUDA events, L2 flushed before each call, variants
+interleaved round by round); a ratio is the median of per-round ratios with its 95% interval.
+
+Examples:
+  python cuda/bench_gpu.py check                          # GPU: every version against float64
+  python cuda/bench_gpu.py gemm goals --json /tmp/gpu.json
+  python cuda/bench_gpu.py ptx --rounds 10
+  compute-sanitizer --tool racecheck python cuda/bench_gpu.py check --odd-only
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the repository's modules, from any working directory
+    sys.path.insert(0, str(ROOT))
+
+import cli  # noqa: E402  (first: a Ctrl-C during the imports below is one line too)
+
+# isort: split
+from collections.abc import Callable  # noqa: E402
+
+import torch  # noqa: E402
+
+import benchmark  # noqa: E402
+import modes  # noqa: E402
+
+PARTS = ("check", "gemm", "goals", "ptx", "profile")
+BIG = (4096, 4096, 4096)
+SMALL_BATCH = (32, 4096, 4096)
+WIDE = (65536, 64, 4096)
+CHECK_SHAPES = ((33, 65, 17), (257, 1031, 129), BIG)
+TOLERANCE = 1e-4  # float32 against float64: far under 1e-3 (TF32 would be near 3e-4)
+GOALS = {"forward": 0.90, "fwd+bwd": 0.75, "forward, B=32": 1.0}
+
+
+def _versions() -> list[int]:
+    return [v for v in modes.stage("cuda").KERNELS if v > 0]
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def check(odd_only: bool = False, seed: int = 1) -> dict:
+    """Every version's forward and gradients against float64, fresh inputs per version and shape."""
+    cuda, dense = modes.stage("cuda"), modes.dense("cuda")
+    rows, failed = [], 0
+    for shape in CHECK_SHAPES[:-1] if odd_only else CHECK_SHAPES:
+        for v in _versions():
+            cuda.select_kernel(v)
+            seed += 1
+            (x, w, b), g = benchmark._inputs(*shape, "cuda", torch.float32, seed)
+            y = dense(x, w, b)
+            grads = torch.autograd.grad(y, (x, w, b), g)
+            ref_in = [t.detach().double().requires_grad_() for t in (x, w, b)]
+            ref_y = benchmark.reference(*ref_in)
+            ref_grads = torch.autograd.grad(ref_y, ref_in, g.double())
+            errors = {name: _rel(o, r) for name, o, r in zip(("y", "grad_x", "grad_w", "grad_b"),
+                                                               (y, *grads), (ref_y, *ref_grads))}
+            ok = all(e < TOLERANCE for e in errors.values())
+            failed += not ok
+            rows.append({"version": v, "shape": list(shape), "rel_errors": errors, "ok": ok})
+            print(f"{'PASS' if ok else 'FAIL'}  v{v} B={shape[0]} I={shape[1]} O={shape[2]}: "
+                  + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()), flush=True)
+    cuda.select_kernel(0)
+    return {"tolerance": TOLERANCE, "rows": rows, "failed": failed}
+
+
+def _both(fn: Callable, tensors: list[torch.Tensor], g: torch.Tensor) -> Callable[[], object]:
+    return lambda: torch.autograd.grad(fn(*tensors), tensors, g)
+
+
+def _forward(fn: Callable, tensors: list[torch.Tensor]) -> Callable[[], object]:
+    def call():
+        with torch.no_grad():
+            return fn(*tensors)
+    return call
+
+
+def _version(v: int, fn: Callable, tensors: list[torch.Tensor]) -> Callable[[], object]:
+    cuda = modes.stage("cuda")
+
+    def call():
+        cuda.select_kernel(v)  # a host-side switch (a few µs, inside the timing; the calls last ms)
+        with torch.no_grad():
+            return fn(*tensors)
+    return call
+
+
+def _ratio(stats: dict, mine: str, ref: str) -> dict:
+    """Speed of ``mine`` as a share of ``ref``'s: ref time / mine time, per round."""
+    paired = benchmark.paired_ratio(stats[ref].samples, stats[mine].samples)
+    return {"speed": paired["ratio"], "ci": paired["ci"]}
+
+
+def gemm(rounds: int) -> dict:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    (x, w, b), _ = benchmark._inputs(*BIG, "cuda", torch.float32, 0)
+    fns = {"cuBLAS x·Wᵀ": _forward(lambda x, w, b: torch.mm(x, w.t()), [x, w, b]),
+           "reference": _forward(benchmark.reference, [x, w, b])}
+    dense = modes.dense("cuda")
+    for v in _versions():
+        fns[f"v{v}"] = _version(v, dense, [x, w, b])
+    stats = benchmark.measure(fns, device="cuda", rounds=rounds)
+    modes.stage("cuda").select_kernel(0)
+    flops = 2 * BIG[0] * BIG[1] * BIG[2]
+    rows = []
+    for name, s in stats.items():
+        rows.append({"line": name, "forward_us": s.median, "spread_us": s.spread,
+                     "gflops": flops / s.median / 1e3, "of_cublas": _ratio(stats, name, "cuBLAS x·Wᵀ"),
+                     "of_reference": _ratio(stats, name, "reference")})
+    return {"shape": list(BIG), "rounds": rounds, "tf32": False, "rows": rows,
+            "ideas": {f"v{v}": modes.stage("cuda").KERNELS[v] for v in _versions()}}
+
+
+def goals(rounds: int) -> dict:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    modes.stage("cuda").select_kernel(0)
+    dense = modes.dense("cuda")
+    out = {}
+    for shape in (BIG, SMALL_BATCH):
+        tensors, g = benchmark._inputs(*shape, "cuda", torch.float32, 0)
+        fns = {"reference/forward": _forward(benchmark.reference, tensors),
+               "cuda/forward": _forward(dense, tensors)}
+        if shape == BIG:
+            fns["reference/fwd+bwd"] = _both(benchmark.reference, tensors, g)
+            fns["cuda/fwd+bwd"] = _both(dense, tensors, g)
+        stats = benchmark.measure(fns, device="cuda", rounds=rounds)
+        for what in ("forward", "fwd+bwd"):
+            if f"cuda/{what}" not in stats:
+                continue
+            name = what if shape == BIG else f"{what}, B={shape[0]}"
+            r = _ratio(stats, f"cuda/{what}", f"reference/{what}")
+            lo = r["ci"][0] if r["ci"] else None
+            out[name] = {"shape": list(shape), "cuda_us": stats[f"cuda/{what}"].median,
+                         "reference_us": stats[f"reference/{what}"].median, **r, "goal": GOALS[name],
+                         "met": lo is not None and lo >= GOALS[name],
+                         "missed": r["ci"] is not None and r["ci"][1] < GOALS[name]}
+    return {"rounds": rounds, "version": "automatic", "goals": out}
+
+
+def ptx(rounds: int) -> dict:
+    stage = modes.stage("ptx")
+    if not stage.GENERATED.exists():
+        raise cli.UserError(f"{stage.GENERATED} is missing: run bash ptx/regen.sh first")
+    sources = {"edited": stage.EDITED, "compiler": stage.GENERATED}
+    dense = modes.dense("ptx")
+    out = {}
+    for label, shape in (("4096", BIG), ("elementwise", WIDE)):
+        tensors, g = benchmark._inputs(*shape, "cuda", torch.float32, 0)
+        fns = {"forward": _forward(dense, tensors),
+               "fwd+bwd": _both(dense, tensors, g)}
+        samples: dict[str, list[float]] = {f"{s}/{k}": [] for s in sources for k in fns}
+        for r in range(rounds):  # alternate the two modules round by round; loading is untimed
+            for src in (("edited", "compiler") if r % 2 == 0 else ("compiler", "edited")):
+                stage.load_ptx(sources[src])
+                stats = benchmark.measure(fns, device="cuda", rounds=1, warmup=1)
+                for k, s in stats.items():
+                    samples[f"{src}/{k}"] += s.samples
+        stage.load_ptx(stage.EDITED)
+        rows = {}
+        for k in fns:
+            paired = benchmark.paired_ratio(samples[f"compiler/{k}"], samples[f"edited/{k}"])
+            rows[k] = {"edited_us": benchmark.Stats(samples[f"edited/{k}"]).median,
+                       "compiler_us": benchmark.Stats(samples[f"compiler/{k}"]).median,
+                       "speedup": paired["ratio"], "ci": paired["ci"],
+                       "verdict": ("no significant difference" if paired["ci"] is None or
+                                   paired["ci"][0] <= 1.0 <= paired["ci"][1] else
+                                   "edited faster" if paired["ci"][0] > 1.0 else "edited slower")}
+        out[label] = {"shape": list(shape), **rows}
+    return {"rounds": rounds, "shapes": out}
+
+
+def profile() -> dict:
+    cuda, dense = modes.stage("cuda"), modes.dense("cuda")
+    (x, w, b), g = benchmark._inputs(2048, 2048, 2048, "cuda", torch.float32, 0)
+    for v in _versions():
+        _version(v, dense, [x, w, b])()
+    # v1 and v2 once more with the backward: its grad_x GEMM reads W in the "nn" layout, where
+    # v2's neighbouring columns are neighbouring addresses (in the forward's "nt" they are not).
+    for v in (1, 2):
+        cuda.select_kernel(v)
+        torch.autograd.grad(dense(x, w, b), (x,), g)
+    torch.cuda.synchronize()
+    cuda.select_kernel(0)
+    return {"shape": [2048, 2048, 2048], "versions": _versions()}
+
+
+def table(record: dict) -> str:
+    lines = []
+    if "gemm" in record:
+        lines += ["| version | µs | GFLOP/s | % of cuBLAS | % of reference |", "|---|---:|---:|---:|---:|"]
+        for r in record["gemm"]["rows"]:
+            lines.append(f"| {r['line']} | {r['forward_us']:.0f} | {r['gflops']:.0f} | "
+                         f"{100 * r['of_cublas']['speed']:.1f} | {100 * r['of_reference']['speed']:.1f} |")
+    if "goals" in record:
+        for name, g in record["goals"]["goals"].items():
+            verdict = "met" if g["met"] else "missed" if g["missed"] else "not settled"
+            lines.append(f"goal {name}: speed {g['speed']:.3f} of the reference (CI {g['ci']}), goal ≥ {g['goal']}: "
+                         f"{verdict}")
+    if "ptx" in record:
+        for label, rows in record["ptx"]["shapes"].items():
+            for k in ("forward", "fwd+bwd"):
+                r = rows[k]
+                lines.append(f"ptx {label} {k}: edited {r['edited_us']:.0f} µs, compiler {r['compiler_us']:.0f} µs, "
+                             f"speed-up {r['speedup']:.3f} (CI {r['ci']}): {r['verdict']}")
+    if "check" in record:
+        lines.append(f"check: {len(record['check']['rows']) - record['check']['failed']} of "
+                     f"{len(record['check']['rows'])} passed (tolerance {TOLERANCE})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.parser(__doc__ or "")
+    parser.add_argument("parts", nargs="+", choices=PARTS, metavar="PART", help=f"any of: {', '.join(PARTS)}")
+    parser.add_argument("--rounds", type=cli.positive(int), default=15, help="rounds per timing (default 15)")
+    parser.add_argument("--odd-only", action="store_true",
+                        help="check: the odd shapes only, not 4096³ (for compute-sanitizer, which slows kernels)")
+    parser.add_argument("--json", metavar="PATH", help="write the record as JSON (the folder must exist)")
+    args = parser.parse_args(argv)
+    json_path = cli.check_output(args.json, "--json")
+    needs = {"ptx"} if args.parts == ["ptx"] else {"cuda", "ptx"} if "ptx" in args.parts else {"cuda"}
+    for mode in sorted(needs):
+        reason = modes.available()[mode]
+        if reason is not None:
+            raise cli.UserError(f"mode {mode!r} is not available here: {reason}")
+    record = {**benchmark.record_header("cuda", torch.float32), "gpu": benchmark.describe_gpu()}
+    for part in PARTS:
+        if part in args.parts:
+            print(f"{part}...", file=sys.stderr, flush=True)
+            record[part] = {"check": lambda: check(args.odd_only), "gemm": lambda: gemm(args.rounds),
+                            "goals": lambda: goals(args.rounds), "ptx": lambda: ptx(args.rounds),
+                            "profile": profile}[part]()
+    code = cli.publish(table(record), [(json_path, cli.json_writer(record))])
+    return code or (1 if record.get("check", {}).get("failed") else 0)
+
+
+if __name__ == "__main__":
+    cli.run(main)
