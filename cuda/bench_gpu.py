@@ -14,7 +14,7 @@ Parts (any of them, in this order; each adds one key to the record):
            sigmoid is in the GEMM's epilogue, and at B = 65536, I = 64, O = 4096, where the
            backward's elementwise kernel (EDIT-B's 128-bit accesses) is a large share of the time
   profile  each version's forward once at 2048³, then v1's and v2's forward + backward, and
-           nothing else: for Nsight Compute (ncu -k regex:dense_gemm_v. ... bench_gpu.py profile)
+           nothing else: what --ncu runs under Nsight Compute
 Times come from benchmark.measure (CUDA events, L2 flushed before each call, variants
 interleaved round by round); a ratio is the median of per-round ratios with its 95% interval.
 
@@ -23,6 +23,7 @@ Examples:
   python cuda/bench_gpu.py gemm goals --json /tmp/gpu.json
   python cuda/bench_gpu.py ptx --rounds 10
   compute-sanitizer --tool racecheck python cuda/bench_gpu.py check --odd-only
+  python cuda/bench_gpu.py --ncu --json /tmp/ncu.json    # GPU and Nsight Compute: the counters per version
 """
 
 from __future__ import annotations
@@ -208,39 +209,176 @@ def profile() -> dict:
     return {"shape": [2048, 2048, 2048], "versions": _versions()}
 
 
+def _ci(ci: list[float] | None) -> str:
+    return f"{ci[0]:.3f}–{ci[1]:.3f}" if ci else "–"
+
+
+def _pct(ci: list[float] | None) -> str:
+    return f"{100 * ci[0]:.1f}–{100 * ci[1]:.1f}%" if ci else "–"
+
+
+def _footer(record: dict) -> str:
+    g = record.get("gpu", {})
+    smi = g.get("nvidia_smi", {}) if isinstance(g.get("nvidia_smi"), dict) else {}
+    return (f"\n{record['device']} ({g.get('sm_count', '?')} SMs, max SM clock {smi.get('clocks.max.sm', '?')}, "
+            f"driver {smi.get('driver_version', '?')}), torch {record['torch']}, {record['dtype']}, TF32 off; "
+            f"{record['date']}: `{record['command']}`")
+
+
+def gemm_table(record: dict) -> str:
+    """SGEMM_CUDA's table: each version's forward, GFLOP/s and share of cuBLAS."""
+    g = record["gemm"]
+    rows = ["| line | µs (IQR) | GFLOP/s | speed / cuBLAS x·Wᵀ (95% CI) | speed / reference |",
+            "|---|---:|---:|---:|---:|"]
+    for r in g["rows"]:
+        rows.append(f"| {r['line']} | {r['forward_us']:.0f} ({r['spread_us']:.0f}) | {r['gflops']:.0f} | "
+                    f"{100 * r['of_cublas']['speed']:.1f}% ({_pct(r['of_cublas']['ci'])}) | "
+                    f"{100 * r['of_reference']['speed']:.1f}% |")
+    b, i, o = g["shape"]
+    return "\n".join(rows) + f"\n\nForward only, B={b} I={i} O={o}, {g['rounds']} rounds." + _footer(record)
+
+
+def goals_table(record: dict) -> str:
+    rows = ["| goal | shape B, I, O | cuda µs | reference µs | speed / reference (95% CI) | goal | verdict |",
+            "|---|---|---:|---:|---:|---:|---|"]
+    for name, r in record["goals"]["goals"].items():
+        verdict = "met" if r["met"] else "missed" if r["missed"] else "not settled"
+        rows.append(f"| {name} | {', '.join(map(str, r['shape']))} | {r['cuda_us']:.0f} | {r['reference_us']:.0f} | "
+                    f"{r['speed']:.3f} ({_ci(r['ci'])}) | ≥ {r['goal']} | {verdict} |")
+    return "\n".join(rows) + f"\n\nThe automatic version, {record['goals']['rounds']} rounds." + _footer(record)
+
+
+def ptx_table(record: dict) -> str:
+    rows = ["| shape B, I, O | timed | compiler's PTX µs | edited PTX µs | speed-up (95% CI) | verdict |",
+            "|---|---|---:|---:|---:|---|"]
+    for rows_ in record["ptx"]["shapes"].values():
+        for k in ("forward", "fwd+bwd"):
+            r = rows_[k]
+            rows.append(f"| {', '.join(map(str, rows_['shape']))} | {k} | {r['compiler_us']:.0f} | "
+                        f"{r['edited_us']:.0f} | {r['speedup']:.3f} ({_ci(r['ci'])}) | {r['verdict']} |")
+    return "\n".join(rows) + f"\n\n{record['ptx']['rounds']} rounds, the two PTX files alternating." + _footer(record)
+
+
+NCU_METRICS = {  # what each column of the profile table is, from ncu's metric names
+    "gpu__time_duration.sum": "time",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved occupancy",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "sectors",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "requests",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": "bank conflicts (shared loads)",
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum": "bank conflicts (shared stores)",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM throughput",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "SM throughput",
+    "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": "FFMA",
+    "launch__registers_per_thread": "registers",
+}
+
+
+def from_ncu(csv_path: Path, device: str) -> dict:
+    """The kernels and metrics of an `ncu --csv --metrics ...` run, as a record."""
+    import csv
+
+    kernels: dict[int, dict] = {}
+    lines = [line for line in csv_path.read_text().splitlines() if line.startswith('"')]
+    for row in csv.DictReader(lines):
+        k = kernels.setdefault(int(row["ID"]), {"kernel": row["Kernel Name"], "block": row["Block Size"],
+                                                "grid": row["Grid Size"], "metrics": {}})
+        k["metrics"][row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+    if not kernels:
+        raise cli.UserError(f"{csv_path}: no kernel rows (is it the CSV of `ncu --csv --metrics ...`?)")
+    return {"device": device, "source": "ncu --csv", "kernels": [kernels[i] for i in sorted(kernels)]}
+
+
+NCU_KERNELS = "regex:dense_gemm_v._n[tn]_f32"  # the GEMMs of the forward (nt) and of grad_x (nn)
+
+
+def ncu_record(args, json_path: Path | None) -> int:
+    """--ncu: the profile part under ncu, its CSV made a record; --from-ncu: an earlier CSV."""
+    import datetime
+    import shutil
+    import subprocess
+    import tempfile
+
+    device = args.ncu_device or (torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    if device is None:
+        raise cli.UserError("no GPU here: --ncu needs one; with --from-ncu, name the GPU that ran it (--ncu-device)")
+    if args.ncu:
+        ncu = shutil.which("ncu")
+        if ncu is None:
+            raise cli.UserError("ncu (Nsight Compute) is not on the PATH")
+        # --clock-control none: the card's clocks as they are, as every other timing here.
+        argv = [ncu, "--clock-control", "none", "-k", NCU_KERNELS, "--metrics", ",".join(NCU_METRICS), "--csv",
+                sys.executable, str(Path(__file__).resolve()), "profile"]
+        got = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        if got.returncode != 0:
+            raise cli.UserError(f"ncu failed (exit {got.returncode}): {got.stderr.strip()[-500:]}")
+        with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+            f.write(got.stdout)
+        csv_path = Path(f.name)
+    else:
+        csv_path = Path(args.from_ncu)
+        if not csv_path.is_file():
+            raise cli.UserError(f"--from-ncu {csv_path}: no such file")
+    record = {**from_ncu(csv_path, device), "shape": [2048, 2048, 2048], "kernels_profiled": NCU_KERNELS,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": benchmark.command_line()}
+    if torch.cuda.is_available():
+        record["gpu"] = benchmark.describe_gpu()
+    return cli.publish(ncu_table(record), [(json_path, cli.json_writer(record))])
+
+
+def ncu_table(record: dict) -> str:
+    rows = ["| kernel | µs | registers | achieved occupancy | sectors / request (global loads) | shared-memory bank "
+            "conflicts (loads, stores) | DRAM throughput | SM throughput | FFMA / 2·B·I·O |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    b, i, o = record.get("shape", [2048, 2048, 2048])
+    for k in record["kernels"]:
+        m = k["metrics"]
+        requests = max(m["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"], 1)
+        spr = m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / requests
+        ffma = m["smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"] / (b * i * o)
+        rows.append(f"| {k['kernel']} | {m['gpu__time_duration.sum'] / 1e3:.0f} | "
+                    f"{m['launch__registers_per_thread']:.0f} | "
+                    f"{m['sm__warps_active.avg.pct_of_peak_sustained_active']:.0f}% | {spr:.1f} | "
+                    f"{m['l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum']:.2g}, "
+                    f"{m['l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum']:.2g} | "
+                    f"{m['dram__throughput.avg.pct_of_peak_sustained_elapsed']:.1f}% | "
+                    f"{m['sm__throughput.avg.pct_of_peak_sustained_elapsed']:.0f}% | {ffma:.2f} |")
+    return "\n".join(rows) + (f"\n\nNsight Compute on {record['device']}, one call of each at B=I=O={b} "
+                              f"(`python cuda/bench_gpu.py profile`); {record.get('date', '')}: `{record['command']}`")
+
+
 def table(record: dict) -> str:
-    lines = []
+    parts = []
     if "gemm" in record:
-        lines += ["| version | µs | GFLOP/s | % of cuBLAS | % of reference |", "|---|---:|---:|---:|---:|"]
-        for r in record["gemm"]["rows"]:
-            lines.append(f"| {r['line']} | {r['forward_us']:.0f} | {r['gflops']:.0f} | "
-                         f"{100 * r['of_cublas']['speed']:.1f} | {100 * r['of_reference']['speed']:.1f} |")
+        parts.append(gemm_table(record))
     if "goals" in record:
-        for name, g in record["goals"]["goals"].items():
-            verdict = "met" if g["met"] else "missed" if g["missed"] else "not settled"
-            lines.append(f"goal {name}: speed {g['speed']:.3f} of the reference (CI {g['ci']}), goal ≥ {g['goal']}: "
-                         f"{verdict}")
+        parts.append(goals_table(record))
     if "ptx" in record:
-        for label, rows in record["ptx"]["shapes"].items():
-            for k in ("forward", "fwd+bwd"):
-                r = rows[k]
-                lines.append(f"ptx {label} {k}: edited {r['edited_us']:.0f} µs, compiler {r['compiler_us']:.0f} µs, "
-                             f"speed-up {r['speedup']:.3f} (CI {r['ci']}): {r['verdict']}")
+        parts.append(ptx_table(record))
     if "check" in record:
-        lines.append(f"check: {len(record['check']['rows']) - record['check']['failed']} of "
-                     f"{len(record['check']['rows'])} passed (tolerance {TOLERANCE})")
-    return "\n".join(lines)
+        c = record["check"]
+        parts.append(f"check: {len(c['rows']) - c['failed']} of {len(c['rows'])} passed "
+                     f"(‖out − ref‖ / ‖ref‖ under {c['tolerance']})")
+    return "\n\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(__doc__ or "")
-    parser.add_argument("parts", nargs="+", choices=PARTS, metavar="PART", help=f"any of: {', '.join(PARTS)}")
+    parser.add_argument("parts", nargs="*", metavar="PART", help=f"any of: {', '.join(PARTS)}")
+    parser.add_argument("--ncu", action="store_true", help="instead: run the profile part under Nsight Compute "
+                        "(ncu) and write its counters as a record (--json), for docs/render.py")
+    parser.add_argument("--from-ncu", metavar="CSV", help="instead: turn the CSV of such an ncu run into a record")
+    parser.add_argument("--ncu-device", help="with --from-ncu away from the GPU: the GPU's name, for the record")
     parser.add_argument("--rounds", type=cli.positive(int), default=15, help="rounds per timing (default 15)")
     parser.add_argument("--odd-only", action="store_true",
                         help="check: the odd shapes only, not 4096³ (for compute-sanitizer, which slows kernels)")
     parser.add_argument("--json", metavar="PATH", help="write the record as JSON (the folder must exist)")
     args = parser.parse_args(argv)
     json_path = cli.check_output(args.json, "--json")
+    if args.ncu or args.from_ncu:
+        return ncu_record(args, json_path)
+    if not args.parts or set(args.parts) - set(PARTS):
+        parser.error(f"name PARTs among {', '.join(PARTS)}, or --from-ncu CSV")
     needs = {"ptx"} if args.parts == ["ptx"] else {"cuda", "ptx"} if "ptx" in args.parts else {"cuda"}
     for mode in sorted(needs):
         reason = modes.available()[mode]

@@ -65,7 +65,9 @@ class Record:
     def needs_gpu(self) -> bool:
         args = shlex.split(self.command or "")
         pairs = set(zip(args, args[1:]))
-        return ("--device", "cuda") in pairs or ("-m", "cuda") in pairs or ("-m", "ptx") in pairs
+        gpu_scripts = ("cuda/bench_gpu.py", "tiles/bench_gpu.py")  # GPU-only whatever their flags
+        return ("--device", "cuda") in pairs or ("-m", "cuda") in pairs or ("-m", "ptx") in pairs or \
+            self.script in gpu_scripts
 
     @property
     def needs_matplotlib(self) -> bool:

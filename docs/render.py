@@ -7,7 +7,8 @@ A chapter marks where a table goes:
     <!-- end table -->
 
 Kinds: table (benchmark.py), roofline (benchmark.py --roofline), sweep (benchmark.py --sweep),
-run (distributed.py), allreduce, burst and step (distributed.py --bench). Each record names the
+run (distributed.py), allreduce, burst and step (distributed.py --bench), gpu_gemm, gpu_goals,
+gpu_ptx and ncu (cuda/bench_gpu.py), triton_gpu (tiles/bench_gpu.py). Each record names the
 command that wrote it. One more kind takes a folder, not a file:
 
     <!-- records: docs/results -->
@@ -46,14 +47,17 @@ def renderers() -> dict[str, Callable[[dict], str]]:
             "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table,
             "cpp_overhead": _script("cpp/overhead.py").render,
             "sweep_summary": benchmark.sweep_summary,
-            "triton_static": _script("tiles/compiler_report.py").table}
+            "triton_static": _script("tiles/compiler_report.py").table,
+            "gpu_gemm": _script("cuda/bench_gpu.py").gemm_table, "gpu_goals": _script("cuda/bench_gpu.py").goals_table,
+            "gpu_ptx": _script("cuda/bench_gpu.py").ptx_table, "ncu": _script("cuda/bench_gpu.py").ncu_table,
+            "triton_gpu": _script("tiles/bench_gpu.py").table}
 
 
 def _script(path: str):
     """A script outside any package (cuda/, ptx/), loaded by file for its table function."""
     import importlib.util
 
-    name = Path(path).stem
+    name = "render_" + path.removesuffix(".py").replace("/", "_")  # cuda/bench_gpu.py and tiles/bench_gpu.py
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, ROOT / path)

@@ -13,8 +13,13 @@ import torch
 
 def report(config, result: dict, backend: str) -> dict:
     """The JSON record of a run (written by rank 0)."""
+    gpu = {}
+    if config.device == "cuda":
+        import benchmark  # the one description of a GPU (name, SMs, clocks, driver)
+
+        gpu = {"gpu": benchmark.describe_gpu()}
     return {
-        "device": config.device, "torch": torch.__version__, "backend": backend,
+        "device": config.device, **gpu, "torch": torch.__version__, "backend": backend,
         "world_size": config.world_size,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "python distributed.py " + " ".join(sys.argv[1:]),
@@ -33,8 +38,10 @@ def table(record: dict) -> str:
                     f"| {e['comm_s']:.2f} |")
     c = record["config"]
     ranks = f"{record['world_size']} ranks" + (f" (tp {c['tp']})" if c.get("tp", 1) > 1 else "")
+    on = f" sharing one {record['gpu']['device']}" if "gpu" in record and record["world_size"] > 1 else (
+        f" on an {record['gpu']['device']}" if "gpu" in record else "")
     rows.append(f"\nTest accuracy {100 * record['final_accuracy']:.1f}%. {c['data']} data, mode {c['mode']}, hidden "
-                f"{c['hidden']}, global batch {c['batch_size']}, {ranks} on {record['backend']}, "
+                f"{c['hidden']}, global batch {c['batch_size']}, {ranks}{on} on {record['backend']}, "
                 f"torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)
 

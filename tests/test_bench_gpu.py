@@ -1,0 +1,72 @@
+"""cuda/bench_gpu.py and .ci/gpu_lease away from a GPU: the parts that need none (reading
+Nsight Compute's CSV, the tables, the refusals) and the lease script's plumbing."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+
+import pytest
+import torch
+
+import cli
+from conftest import ROOT, run_script
+
+spec = importlib.util.spec_from_file_location("bench_gpu_cuda", ROOT / "cuda" / "bench_gpu.py")
+bench_gpu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench_gpu)
+
+HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
+         '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+
+
+def ncu_csv(tmp_path, kernels=("dense_gemm_v1_nt_f32", "dense_gemm_v2_nn_f32")):
+    rows = ["==PROF== Connected to process 1", HEADER]
+    for i, name in enumerate(kernels):
+        for metric, value in zip(bench_gpu.NCU_METRICS, ("1,000", "50", "160", "10", "0", "2", "1.5", "60", "8", "32")):
+            rows.append(f'"{i}","1","python3","h","{name}","1","7","(256, 1, 1)","(16, 16, 1)","0","9.0",'
+                        f'"Command line profiler metrics","{metric}","","{value}"')
+    path = tmp_path / "ncu.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_ncu_csv_becomes_a_record_and_a_table(tmp_path):
+    record = {**bench_gpu.from_ncu(ncu_csv(tmp_path), "NVIDIA H200"), "shape": [2, 2, 2], "command": "c"}
+    assert [k["kernel"] for k in record["kernels"]] == ["dense_gemm_v1_nt_f32", "dense_gemm_v2_nn_f32"]
+    assert record["kernels"][0]["metrics"]["gpu__time_duration.sum"] == 1000.0  # "1,000" read as a number
+    table = bench_gpu.ncu_table(record)
+    # 160 sectors over 10 requests; 8 FFMA over B·I·O = 8; 1000 ns = 1 µs.
+    assert "| dense_gemm_v1_nt_f32 | 1 | 32 | 50% | 16.0 | 0, 2 | 1.5% | 60% | 1.00 |" in table
+
+
+def test_a_csv_without_kernels_is_a_clear_error(tmp_path):
+    (tmp_path / "empty.csv").write_text("==PROF== nothing profiled\n")
+    with pytest.raises(cli.UserError, match="no kernel rows"):
+        bench_gpu.from_ncu(tmp_path / "empty.csv", "NVIDIA H200")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals of a machine without a GPU")
+@pytest.mark.parametrize("args, message", [
+    (["check"], "mode 'cuda' is not available here"),
+    (["--ncu"], "no GPU here"),
+    (["--from-ncu", "missing.csv", "--ncu-device", "X"], "no such file"),
+    (["nonsense"], "name PARTs among"),
+])
+def test_refusals_without_a_gpu(args, message):
+    result = run_script("cuda/bench_gpu.py", *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_lease_script_runs_only_the_parts_named_and_packs_what_they_wrote(tmp_path):
+    # Under a 30-second deadline with only "stages" asked for: env and stages run, nothing else.
+    got = subprocess.run(["bash", str(ROOT / ".ci" / "gpu_lease"), "--out", str(tmp_path), "--deadline", "30",
+                          "stages"], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    parts = [line.split()[1] for line in (tmp_path / "lease.log").read_text().splitlines()
+             if line.startswith("== ") and "(limit" in line]
+    assert parts == ["env", "stages"]
+    assert (tmp_path / "records.tar.gz").is_file()
+    bad = subprocess.run(["bash", str(ROOT / ".ci" / "gpu_lease"), "--out", str(tmp_path), "everything"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown argument everything" in bad.stderr
