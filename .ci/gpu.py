@@ -10,7 +10,7 @@ archive holds them under records/ and the rest (test report, machine, PTX diff) 
 The steps, in the order the chapters need them:
 
   correctness  both GPU stages built; modes.available(); grad checks; pytest -m "gpu and not slow"
-  gemm         chapter 4's GEMM versions at 4096³, TF32 off: GFLOP/s and % of cuBLAS per version
+  gemm         chapter 4's GEMM versions: checked, timed at 4096³ (TF32 off), the goals, ncu's counters
   ptx          chapter 5: the hand edits against the compiler's PTX; what loading the PTX costs
   triton       chapter 3's stage on the GPU: its tests, then timed against cuBLAS + sigmoid and
                chapter 4's kernels (IEEE float32 and TF32 as separate lines)
@@ -87,7 +87,6 @@ def stamp(*paths: str) -> Command:
 
 
 BIG = ["-b", "4096", "-i", "4096", "-o", "4096", "--device", "cuda"]
-VERSIONS = range(1, 10)  # cuda/dense_kernels.h: kVersions
 
 
 def step_correctness(tag: str) -> list[Command]:
@@ -100,20 +99,19 @@ def step_correctness(tag: str) -> list[Command]:
 
 
 def step_gemm(tag: str) -> list[Command]:
-    runs = [py("benchmark.py", "-m", "cuda", *BIG, "--rounds", "20", "--kernel", str(k),
-               "--json", f"{RESULTS}/gpu_{tag}_4096_kernel{k}.json", estimate_s=25) for k in VERSIONS]
-    return [BUILD, ENV, *runs, stamp(*(c.outputs[0] for c in runs)),
-            py(".ci/gpu.py", "--gemm-table", *(c.outputs[0] for c in runs), estimate_s=5, reads=True)]
+    # Every version checked against float64, then timed at 4096³ (TF32 off), then the goals; then
+    # Nsight Compute's counters per version. One record each (docs/results holds at most 25).
+    timed = py("cuda/bench_gpu.py", "check", "gemm", "goals", "--json", f"{RESULTS}/cuda_gpu_{tag}.json",
+               estimate_s=60)
+    ncu = py("cuda/bench_gpu.py", "--ncu", "--json", f"{RESULTS}/ncu_gemm_{tag}.json", estimate_s=30)
+    return [BUILD, ENV, timed, ncu]
 
 
 def step_ptx(tag: str) -> list[Command]:
-    wide = ["-b", "65536", "-i", "64", "-o", "4096", "--device", "cuda"]  # EDIT-B's elementwise kernel dominates
-    runs = [py("benchmark.py", "-m", "ptx", *shape, "--rounds", "20", "--ptx", ptx,
-               "--json", f"{RESULTS}/gpu_{tag}_{name}_ptx_{ptx}.json", estimate_s=40)
-            for name, shape in (("4096", BIG), ("elementwise", wide)) for ptx in ("compiler", "edited")]
+    edits = py("cuda/bench_gpu.py", "ptx", "--json", f"{RESULTS}/ptx_gpu_{tag}.json", estimate_s=40)
     load = py("ptx/load_cost.py", "--json", f"{RESULTS}/gpu_{tag}_ptx_load.json", estimate_s=90)
     regen = Command(["bash", "ptx/regen.sh"], 30, stdout=f"{OUT}/ptx_edits.diff", outputs=[f"{OUT}/ptx_edits.diff"])
-    return [BUILD, ENV, regen, *runs, load, stamp(*(c.outputs[0] for c in (*runs, load)))]
+    return [BUILD, ENV, regen, edits, load, stamp(load.outputs[0])]
 
 
 def step_triton(tag: str) -> list[Command]:
@@ -329,16 +327,6 @@ def environment() -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def gemm_table(paths: list[str]) -> str:
-    rows = ["| version | GFLOP/s (forward) | % of cuBLAS |", "|---:|---:|---:|"]
-    for p in paths:
-        rec = json.loads(Path(p).read_text())
-        got = {r["mode"]: r for r in rec["results"]}
-        share = got["reference"]["forward_us"] / got["cuda"]["forward_us"]
-        rows.append(f"| {rec['kernel']} | {got['cuda']['forward_gflops']:.0f} | {100 * share:.1f} |")
-    return "\n".join(rows)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bash .ci/gpu", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__[__doc__.index("\n\n") + 2:],
@@ -351,7 +339,6 @@ def main(argv: list[str] | None = None) -> int:
     inner = parser.add_argument_group("used by the steps themselves (GPU)")
     inner.add_argument("--record-env", metavar="PATH", help="write the machine's description as JSON")
     inner.add_argument("--stamp", nargs="+", metavar="JSON", help="add it to these records (key 'environment')")
-    inner.add_argument("--gemm-table", nargs="+", metavar="JSON", help="GFLOP/s and %% of cuBLAS per GEMM version")
     args = parser.parse_args(argv)
     unknown = [s for s in args.steps if s not in STEPS]
     if unknown:
@@ -369,9 +356,6 @@ def main(argv: list[str] | None = None) -> int:
                 rec = json.loads(Path(p).read_text())
                 rec["environment"] = env
                 Path(p).write_text(json.dumps(rec, indent=1) + "\n")
-        return 0
-    if args.gemm_table:
-        print(gemm_table([p for p in args.gemm_table if Path(p).is_file()]))
         return 0
     if args.list:
         for name in names + ["quick"]:
