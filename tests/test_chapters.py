@@ -11,6 +11,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,20 @@ def _skip_reason(command: str, comment: str) -> str | None:
     for path in re.findall(r"--fit (\S+)", command):
         if not Path(path).exists():
             return f"reads {path}, which the chapter's fit command (run by hand) writes"
-    if "--sass" in command and shutil.which("cuobjdump") is None and importlib.util.find_spec("nvidia") is None:
-        return "needs cuobjdump (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
+    if re.search(r"--sass|sass_report", command) and not (_static().find_tool("cuobjdump") and
+                                                            _static().find_tool("nvdisasm")):
+        return "needs cuobjdump and nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
     return None
+
+
+def _static():
+    """cuda/static_report.py, whose find_tool looks where the scripts look for CUDA's tools."""
+    name = "chapters_static_report"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "cuda" / "static_report.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 def _tracked_state() -> str:

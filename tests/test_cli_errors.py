@@ -270,11 +270,18 @@ def test_mnist_always_has_ten_classes(tmp_path):
 # Ctrl-C, a closed pipe, sizes that do not fit, a stage that does not build, slow gradchecks
 # ---------------------------------------------------------------------------
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child, before Python starts: SIGINT at its default. A shell that starts pytest in the
+    background (`pytest &`, nohup, some CI runners) leaves SIGINT ignored; children inherit that,
+    Python then installs no KeyboardInterrupt handler, and the test would time out."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("when", ["while importing", "while timing"])
 def test_ctrl_c_is_one_line_and_exit_130(when):
     proc = subprocess.Popen([sys.executable, "benchmark.py", "-m", "py", "-b", "64", "-i", "64", "-o", "64",
                              "--rounds", "100000"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         if when == "while timing":
             for line in proc.stderr:  # wait until the timing has started
@@ -294,7 +301,8 @@ def test_ctrl_c_is_one_line_and_exit_130(when):
 def test_ctrl_c_in_a_terminal_stops_every_rank_without_a_traceback():
     """A terminal sends SIGINT to the whole process group: the launcher and every rank."""
     proc = subprocess.Popen([sys.executable, "distributed.py", "-m", "py", "--epochs", "1000"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         for line in proc.stdout:
             if line.startswith("epoch"):

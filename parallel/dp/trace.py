@@ -148,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", metavar="PATH", required=True, help="the figure (PNG or SVG)")
     p.add_argument("--step", type=cli.positive(int), help="which recorded step (2 to 9; default: the median one)")
     args = p.parse_args(argv)
-    cli.check_plot(args.out, "--out")
+    # The input first: a missing record is the mistake to report, whatever else is missing.
     record = cli.read_record(args.record, "record", "trace", "distributed.py --trace",
                              keys=("steps", "bucket_bytes", "overlap"))
+    cli.check_plot(args.out, "--out")
     figure(record, args.out, args.step)
     return 0
 
