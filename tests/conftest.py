@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -35,6 +37,23 @@ def _param(mode: str, device: str):
 
 
 MODE_DEVICE = [_param(m, d) for m in modes.MODES for d in DEVICES[m]]
+
+
+def load_script(path: str, name: str | None = None) -> ModuleType:
+    """A script outside any package (cuda/, ptx/, tiles/, docs/), imported by file once per run.
+
+    Cached in sys.modules under ``name`` (default: the file's stem, the name the scripts use for
+    each other, so that a test and a script share one module), where dataclasses look it up."""
+    name = name or Path(path).stem
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(sys.modules[name])
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def run_script(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -3,18 +3,15 @@ Nsight Compute's CSV, the tables, the refusals) and the lease script's plumbing.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 
 import pytest
 import torch
 
 import cli
-from conftest import ROOT, run_script
+from conftest import ROOT, load_script, run_script
 
-spec = importlib.util.spec_from_file_location("bench_gpu_cuda", ROOT / "cuda" / "bench_gpu.py")
-bench_gpu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_gpu)
+bench_gpu = load_script("cuda/bench_gpu.py", "bench_gpu_cuda")  # tiles/ has a bench_gpu.py too
 
 HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
          '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'

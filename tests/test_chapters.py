@@ -11,12 +11,11 @@ import importlib.util
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import GPU, REASONS, ROOT
+from conftest import GPU, REASONS, ROOT, load_script
 
 pytestmark = pytest.mark.slow  # every chapter's commands: builds, training runs, compilers
 
@@ -65,20 +64,10 @@ def _skip_reason(command: str, comment: str) -> str | None:
     for path in re.findall(r"--fit (\S+)", command):
         if not Path(path).exists():
             return f"reads {path}, which the chapter's fit command (run by hand) writes"
-    if re.search(r"--sass|sass_report", command) and not (_static().find_tool("cuobjdump") and
-                                                            _static().find_tool("nvdisasm")):
+    find_tool = load_script("cuda/static_report.py").find_tool  # where the scripts look for CUDA's tools
+    if re.search(r"--sass|sass_report", command) and not (find_tool("cuobjdump") and find_tool("nvdisasm")):
         return "needs cuobjdump and nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
     return None
-
-
-def _static():
-    """cuda/static_report.py, whose find_tool looks where the scripts look for CUDA's tools."""
-    name = "chapters_static_report"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "cuda" / "static_report.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 def _tracked_state() -> str:

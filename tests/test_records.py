@@ -3,7 +3,6 @@ own command (docs/records.py), and listed by docs/render.py from those commands.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,20 +11,13 @@ from pathlib import Path
 import pytest
 
 import cli
-from conftest import ROOT, run_script
+from conftest import ROOT, load_script, run_script
 
 MAX_RECORDS = 25
 
 
-def _load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
-    spec.loader.exec_module(module)
-    return module
-
-
-records = _load("docs/records.py", "records_under_test")
-render = _load("docs/render.py", "render_under_test")
+records = load_script("docs/records.py", "records_under_test")
+render = load_script("docs/render.py", "render_under_test")
 RESULTS = ROOT / "docs" / "results"
 JSONS = sorted(RESULTS.glob("*.json"))
 PICTURES = sorted(p for p in RESULTS.iterdir() if p.suffix in records.PICTURES)

@@ -4,7 +4,6 @@ that the chapters show what the scripts wrote."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -15,24 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_script
+from conftest import ROOT, load_script, run_script
 
 pytestmark = pytest.mark.slow  # nvcc, ptxas and cuobjdump over every kernel
 
 
-def load(path: str):
-    name = Path(path).stem
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sr = load("cuda/static_report.py")
-sass = load("ptx/sass_report.py")
-bound = load("ptx/sigmoid_bound.py")
+sr = load_script("cuda/static_report.py")
+sass = load_script("ptx/sass_report.py")
+bound = load_script("ptx/sigmoid_bound.py")
 
 HAVE_NVCC = sr.find_tool("nvcc") is not None and sr.find_tool("ptxas") is not None
 HAVE_SASS = sr.sass_tools()[0] is not None
@@ -210,7 +199,7 @@ def test_tiles_and_slices_agree_with_the_kernels_header(tmp_path):
 # ---------------------------------------------------------------------------------------
 def test_the_figures_give_every_output_of_a_block_tile_to_exactly_one_thread():
     """figures.owner is the kernels' index arithmetic: each version's threads partition its tile."""
-    figures = load("cuda/figures.py")
+    figures = load_script("cuda/figures.py")
     for version, tiles in sr.TILES.items():
         bm, bn, tm, tn, _ = tiles["f32"]
         cells = Counter(t for row in figures.ownership(version) for t in row)
@@ -586,7 +575,7 @@ def test_load_cost_without_a_gpu_is_one_line_and_its_table_reads_a_record():
     if not torch.cuda.is_available():
         result = run_script("ptx/load_cost.py", timeout=300)
         assert result.returncode == 2 and "needs a GPU" in result.stderr and "Traceback" not in result.stderr
-    cost = load("ptx/load_cost.py")
+    cost = load_script("ptx/load_cost.py")
     rows = [{"mode": m, "case": c, "first_ms": f, "next_ms": 0.02, "runs": 3, "cache_bytes": 0}
             for m, c, f in (("ptx", "cold", 180.0), ("ptx", "warm", 9.5), ("cuda", "cold", 1.25))]
     text = cost.table({"device": "NVIDIA H100", "driver": "13.0", "torch": "2.11.0", "date": "d", "command": "c",

@@ -10,13 +10,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import modes
-from conftest import GPU, NO_GPU, REASONS, ROOT, run_script
+from conftest import GPU, NO_GPU, REASONS, ROOT, load_script, run_script
 
 # Where Triton is missing, what needs it skips with the reason; the rest (Triton missing, the
 # records, the tables) runs.
@@ -312,18 +311,8 @@ def test_gpu_timing_script_refuses_to_time_the_interpreter():
     assert "Traceback" not in result.stderr
 
 
-def _load(path: str):
-    name = Path(path).stem
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gpu_timing_table_shows_every_line():
-    bench = _load("tiles/bench_gpu.py")
+    bench = load_script("tiles/bench_gpu.py")
     line = {"forward_us": 2.0, "forward_spread_us": 0.1, "fwd_bwd_us": 6.0, "fwd_bwd_spread_us": 0.2,
             "forward_tflops": 1.0, "fwd_bwd_tflops": 1.0, "ratio_to_reference": 1.0, "ratio_ci": [0.9, 1.1],
             "verdict": "no significant difference"}
@@ -349,7 +338,7 @@ RECORD = ROOT / "docs" / "results" / "triton_static_sm90.json"
 
 
 def test_the_chapter_shows_the_committed_record():
-    report = _load("tiles/compiler_report.py")
+    report = load_script("tiles/compiler_report.py")
     record = json.loads(RECORD.read_text())
     text = report.table(record)
     chapter = (ROOT / "tiles" / "README.md").read_text()
