@@ -56,6 +56,22 @@ def load_script(path: str, name: str | None = None) -> ModuleType:
     return sys.modules[name]
 
 
+def assert_compiled_step_matches(layer, step, compiled, x: torch.Tensor) -> None:
+    """One step eager and one compiled, from zeroed gradients: the same loss and gradients.
+    Leaves the layer's gradients zeroed."""
+    layer.zero_grad()
+    eager_loss = step(x)
+    eager_loss.backward()
+    eager_grads = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    compiled_loss = compiled(x)
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    for p, g in zip(layer.parameters(), eager_grads):
+        torch.testing.assert_close(p.grad, g)
+    layer.zero_grad()
+
+
 def run_script(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a repository script the way a user would, from the repository root."""
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,

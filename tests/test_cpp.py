@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import modes
-from conftest import GPU, NO_GPU, REASONS, ROOT, run_script
+from conftest import GPU, NO_GPU, REASONS, ROOT, assert_compiled_step_matches, run_script
 
 pytestmark = pytest.mark.skipif(REASONS["cpp"] is not None, reason=f"mode cpp: {REASONS['cpp']}")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=NO_GPU)])]
@@ -41,17 +41,7 @@ def test_torch_compile_fullgraph_matches_eager(ops, device):
     def step(x):
         return (layer(x) * 2).sum()
 
-    x = torch.randn(6, 8, device=device)
-    compiled = torch.compile(step, fullgraph=True)
-    eager_loss = step(x)
-    eager_loss.backward()
-    eager_grads = [p.grad.clone() for p in layer.parameters()]
-    layer.zero_grad()
-    compiled_loss = compiled(x)
-    compiled_loss.backward()
-    torch.testing.assert_close(compiled_loss, eager_loss)
-    for p, g in zip(layer.parameters(), eager_grads):
-        torch.testing.assert_close(p.grad, g)
+    assert_compiled_step_matches(layer, step, torch.compile(step, fullgraph=True), torch.randn(6, 8, device=device))
 
 
 def test_torch_export_keeps_the_op_and_the_program_runs(ops, tmp_path):

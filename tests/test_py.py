@@ -10,6 +10,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.nn import functional as F
 
 import modes
+from conftest import assert_compiled_step_matches
 
 
 def reference(x, w, b):
@@ -37,17 +38,7 @@ def test_compile_fullgraph_one_graph_for_every_batch_size(dtype, bias):
 
     compiled = torch.compile(step, fullgraph=True, dynamic=True, backend=counter)
     for batch in (6, 3, 11):
-        x = torch.randn(batch, 8, dtype=dtype)
-        eager_loss = step(x)
-        eager_loss.backward()
-        eager_grads = [p.grad.clone() for p in layer.parameters()]
-        layer.zero_grad()
-        compiled_loss = compiled(x)
-        compiled_loss.backward()
-        torch.testing.assert_close(compiled_loss, eager_loss)
-        for p, g in zip(layer.parameters(), eager_grads):
-            torch.testing.assert_close(p.grad, g)
-        layer.zero_grad()
+        assert_compiled_step_matches(layer, step, compiled, torch.randn(batch, 8, dtype=dtype))
     assert counter.frame_count == 1
 
 
