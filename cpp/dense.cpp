@@ -34,6 +34,7 @@ inline int64_t grain_rows(int64_t cols) { return std::max<int64_t>(1, 16384 / st
 // epilogue, then sigmoid), and addmm even pre-fills its output with the broadcast bias.
 // at::vec::Vectorized is ATen's own SIMD wrapper. exp_u20 is its inline polynomial exp
 // (at most 20 ulp for float; plain exp for double), much cheaper than a call into Sleef.
+// region bias-sigmoid
 template <typename scalar_t>
 void bias_sigmoid_(scalar_t* z, const scalar_t* b, int64_t rows, int64_t cols) {
   using Vec = at::vec::Vectorized<scalar_t>;
@@ -56,6 +57,7 @@ void bias_sigmoid_(scalar_t* z, const scalar_t* b, int64_t rows, int64_t cols) {
     }
   });
 }
+// endregion
 
 // Rows per block of the blocked paths: a block of z or dz of about 256 KiB, which stays in
 // cache between the GEMM that writes it and the pass that reads it (or the other way round).
@@ -238,6 +240,7 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
 constexpr int64_t kSumRows = 64;
 
 // One thread's share: rows of g and y in, rows of dz out, column sums added to total[].
+// region sigmoid-grad-rows
 template <typename scalar_t, bool kBias>
 void sigmoid_grad_rows(const scalar_t* g, const scalar_t* y, scalar_t* dz, double* total, scalar_t* part,
                        int64_t rows, int64_t cols) {
@@ -260,6 +263,7 @@ void sigmoid_grad_rows(const scalar_t* g, const scalar_t* y, scalar_t* dz, doubl
     if constexpr (kBias) for (int64_t c = 0; c < cols; ++c) total[c] += part[c];
   }
 }
+// endregion
 
 // The threads' column sums, added in a fixed order (the same answer on every run).
 template <typename scalar_t>

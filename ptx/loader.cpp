@@ -45,6 +45,7 @@ struct Driver {
         getErrorString(find<decltype(getErrorString)>("cuGetErrorString")),
         driverGetVersion(find<decltype(driverGetVersion)>("cuDriverGetVersion")) {}
 
+  // region driver-lookup
   template <class Fn>
   static Fn find(const char* symbol) {
     void* fn = nullptr;
@@ -58,6 +59,7 @@ struct Driver {
                 " or newer");
     return reinterpret_cast<Fn>(fn);
   }
+  // endregion
 };
 
 void check_driver(CUresult result, const char* what) {
