@@ -1,4 +1,4 @@
-"""Write the measured tables into the Markdown chapters, from the JSON the scripts wrote.
+"""Write the generated parts of the Markdown chapters: tables from JSON records, code from the source.
 
 A chapter marks where a table goes:
 
@@ -9,23 +9,36 @@ A chapter marks where a table goes:
 Kinds: table (benchmark.py), roofline (benchmark.py --roofline), sweep (benchmark.py --sweep),
 run (distributed.py), allreduce, burst and step (distributed.py --bench), gpu_gemm, gpu_goals,
 gpu_ptx and ncu (cuda/bench_gpu.py), triton_gpu (tiles/bench_gpu.py). Each record names the
-command that wrote it. One more kind takes a folder, not a file:
+command that wrote it. Three kinds read no record:
 
-    <!-- records: docs/results -->
+    <!-- records: docs/results -->          every record there with its command, where it was
+                                             taken and the chapters that show it (docs/records.py)
+    <!-- code: py/dense.py#dense -->        an excerpt of the source, as a fenced block
+    <!-- minutes: chapters -->              a table's last column: each row's linked chapter's
+                                             "About N minutes to read"
 
-lists every record there with its command, where it was taken and the chapters that show it
-(docs/records.py: the same commands, run again).
+An excerpt names a file (from the repository root) and, after '#', a region of it: lines between
+`# region NAME` and `# endregion` (`// region NAME` and `// endregion` in C++, CUDA and PTX),
+whole comment lines that change no code, or in Python a function or class by name
+(`DenseFunction.backward`; a region of the same name wins). Marker lines inside an excerpt are
+left out; the block's language follows the file's suffix.
+
+--words counts each Markdown file's prose (words outside fenced code blocks and HTML comments)
+against its budget.
 
 Examples:
-  python docs/render.py            # rewrite every table
-  python docs/render.py --check    # exit 1 if a table is out of date (CI runs this)
+  python docs/render.py            # rewrite every generated part
+  python docs/render.py --check    # exit 1 if anything is out of date (CI runs this)
+  python docs/render.py --words    # prose words per Markdown file, against the budgets
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +48,21 @@ sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 
 MARK = re.compile(r"(<!-- (\w+): (\S+) -->\n)(.*?)(<!-- end \2 -->)", re.S)
+
+# The fenced block's language, by the source's suffix.
+LANGUAGES = {".py": "python", ".cpp": "cpp", ".cc": "cpp", ".h": "cpp", ".hpp": "cpp", ".cu": "cuda",
+             ".cuh": "cuda", ".ptx": "ptx", ".sh": "bash"}
+# A region marker is a whole comment line; anything else on it would be code that a marker hides.
+REGION = re.compile(r"^\s*(?:#|//)\s*(region|endregion)\b[ \t]*(\S*)[ \t]*$")
+
+# Prose budgets in words (outside fenced code): every Markdown file together, and each chapter.
+BUDGET_ALL = 28_000
+BUDGET_CHAPTER = 5_000
+BUDGET_EXCEPTIONS = {"parallel/collectives/README.md": 6_000}
+CHAPTERS = ["py/README.md", "cpp/README.md", "tiles/README.md", "cuda/README.md", "ptx/README.md",
+            "parallel/dp/README.md", "parallel/collectives/README.md", "parallel/tp/README.md"]
+# A chapter states its reading time once, in this form (line breaks allowed between the words).
+READING_TIME = re.compile(r"\bAbout\s+(\d+)\s+minutes\s+to\s+read\b")
 
 
 def renderers() -> dict[str, Callable[[dict], str]]:
@@ -66,45 +94,243 @@ def _script(path: str):
     return module
 
 
-def render(text: str) -> str:
-    kinds = renderers()
+# ---------------------------------------------------------------------------------------
+# Code excerpts
+# ---------------------------------------------------------------------------------------
+def regions(lines: list[str], path: str) -> dict[str, tuple[int, int]]:
+    """Region name -> (first, last) line index of its body, markers excluded. Regions may nest;
+    `endregion` closes the innermost (and must repeat its name if it gives one)."""
+    found: dict[str, tuple[int, int]] = {}
+    open_: list[tuple[str, int]] = []
+    for i, line in enumerate(lines):
+        m = REGION.match(line)
+        if not m:
+            continue
+        kind, name = m.groups()
+        if kind == "region":
+            if not name:
+                raise cli.UserError(f"{path}:{i + 1}: a region needs a name")
+            if name in found or any(name == n for n, _ in open_):
+                raise cli.UserError(f"{path}:{i + 1}: region {name!r} is defined twice")
+            open_.append((name, i))
+        else:
+            if not open_:
+                raise cli.UserError(f"{path}:{i + 1}: endregion without a region")
+            opened, start = open_.pop()
+            if name and name != opened:
+                raise cli.UserError(f"{path}:{i + 1}: endregion {name!r} closes region {opened!r}")
+            found[opened] = (start + 1, i - 1)
+    if open_:
+        name, start = open_[-1]
+        raise cli.UserError(f"{path}:{start + 1}: region {name!r} has no endregion")
+    return found
+
+
+def _python_definition(source: str, name: str) -> tuple[int, int] | None:
+    """(first, last) line index of a function or class ``name`` (dotted: ``Class.method``),
+    decorators included; None if there is none."""
+    body = ast.parse(source).body
+    node = None
+    for part in name.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and n.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return first - 1, node.end_lineno - 1
+
+
+def excerpt(spec: str, root: Path = ROOT) -> str:
+    """The fenced block for ``path#name``: the region (or Python definition) as it is in the file."""
+    path, sep, name = spec.partition("#")
+    if not sep or not name:
+        raise cli.UserError(f"code marker {spec!r} names no region: write {path}#NAME")
+    source = root / path
+    if not source.is_file():
+        raise cli.UserError(f"code marker {spec!r}: {path} does not exist")
+    text = source.read_text()
+    lines = text.splitlines()
+    found = regions(lines, path)
+    span = found.get(name)
+    if span is None and source.suffix == ".py":
+        try:
+            span = _python_definition(text, name)
+        except SyntaxError as e:
+            raise cli.UserError(f"code marker {spec!r}: {path} does not parse: {e}") from None
+    if span is None:
+        what = "region or function" if source.suffix == ".py" else "region"
+        known = ", ".join(sorted(found)) or "none"
+        raise cli.UserError(f"code marker {spec!r}: {path} has no {what} {name!r} (its regions: {known})")
+    body = [line.rstrip() for line in lines[span[0]:span[1] + 1] if not REGION.match(line)]
+    while body and not body[0].strip():
+        body.pop(0)
+    while body and not body[-1].strip():
+        body.pop()
+    if not body:
+        raise cli.UserError(f"code marker {spec!r}: region {name!r} of {path} is empty")
+    code = textwrap.dedent("\n".join(body))
+    fence = "```"
+    while fence in code:
+        fence += "`"
+    return f"{fence}{LANGUAGES.get(source.suffix, '')}\n{code}\n{fence}"
+
+
+# ---------------------------------------------------------------------------------------
+# Reading times
+# ---------------------------------------------------------------------------------------
+def reading_minutes(chapter: Path) -> int:
+    """The minutes a chapter says it takes to read: its one "About N minutes to read"."""
+    if not chapter.is_file():
+        raise cli.UserError(f"the minutes table links to {chapter}, which does not exist")
+    found = READING_TIME.findall(chapter.read_text())
+    if len(found) != 1:
+        raise cli.UserError(f"{chapter} says 'About N minutes to read' {len(found)} times; a chapter states "
+                            "its reading time once, in those words")
+    return int(found[0])
+
+
+def minutes_column(table: str, page: Path) -> str:
+    """The table with each row's last cell set to the reading time of the chapter its first
+    link names (a link relative to ``page``); the header and separator rows are kept."""
+    rows = table.rstrip("\n").split("\n")
+    out = []
+    for row in rows:
+        if not row.startswith("|") or re.match(r"^\|[-:| ]+\|$", row) or row is rows[0]:
+            out.append(row)
+            continue
+        link = re.search(r"\]\(([^)#]+\.md)[^)]*\)", row)
+        if link is None:
+            raise cli.UserError(f"{page.name}: a row of the minutes table links to no chapter: {row[:60]}")
+        minutes = reading_minutes((page.parent / link.group(1)).resolve())
+        cells = row.rstrip().rstrip("|").split("|")
+        out.append("|".join(cells[:-1]) + f"| {minutes} |")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering
+# ---------------------------------------------------------------------------------------
+def render(text: str, page: Path | None = None, root: Path = ROOT) -> str:
+    """The page with every marked part generated afresh (``page``: where it lives, for links)."""
+    page = page or root / "README.md"
+    kinds: dict[str, Callable[[dict], str]] = {}
 
     def fill(m: re.Match) -> str:
-        head, kind, path = m.group(1), m.group(2), m.group(3)
+        head, kind, path, old = m.group(1), m.group(2), m.group(3), m.group(4)
+        if kind == "code":
+            return head + excerpt(path, root) + "\n" + m.group(5)
+        if kind == "minutes":
+            return head + minutes_column(old, page) + "\n" + m.group(5)
         if kind == "records":  # a folder of records, listed from their own commands
-            return head + _script("docs/records.py").table(ROOT / path) + "\n" + m.group(5)
+            return head + _script("docs/records.py").table(root / path) + "\n" + m.group(5)
+        if not kinds:
+            kinds.update(renderers())  # imports torch: only for pages with a table
         if kind not in kinds:
-            raise SystemExit(f"unknown table kind {kind!r} in marker {head.strip()}")
-        source = ROOT / path
+            raise cli.UserError(f"unknown table kind {kind!r} in marker {head.strip()}")
+        source = root / path
         if not source.exists():
-            raise SystemExit(f"{path} is named by a marker but does not exist; run the command that writes it")
+            raise cli.UserError(f"{path} is named by a marker but does not exist; run the command that writes it")
         try:
             table = kinds[kind](json.loads(source.read_text()))
         except (KeyError, ValueError, TypeError) as e:  # a record of another kind, or without that part
-            raise SystemExit(f"{path} cannot be shown as {kind!r} (marker {head.strip()}): {e!r}") from None
+            raise cli.UserError(f"{path} cannot be shown as {kind!r} (marker {head.strip()}): {e!r}") from None
         return head + table + "\n" + m.group(5)
 
-    return MARK.sub(fill, text)
+    try:
+        return MARK.sub(fill, text)
+    except cli.UserError as e:
+        raise cli.UserError(f"{page.relative_to(root) if page.is_relative_to(root) else page}: {e}") from None
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """The Markdown files: the READMEs and the chapters beside them, not build output or dot folders."""
+    found = []
+    for md in sorted(root.glob("**/*.md")):
+        parts = md.relative_to(root).parts
+        if "build" in parts or any(p.startswith(".") for p in parts):  # build output, .venv-ci, .git
+            continue
+        found.append(md)
+    return found
+
+
+def stale(root: Path = ROOT, write: bool = False) -> list[Path]:
+    """The pages whose generated parts differ from what rendering makes now (rewritten if ``write``)."""
+    out = []
+    for md in pages(root):
+        old = md.read_text()
+        new = render(old, md, root)
+        if new != old:
+            out.append(md.relative_to(root))
+            if write:
+                md.write_text(new)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Word budgets
+# ---------------------------------------------------------------------------------------
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks (indented ones in lists too) and HTML comments."""
+    kept, fence = [], None
+    for line in text.splitlines():
+        m = FENCE.match(line)
+        if fence is None:
+            if m:
+                fence = m.group(1)
+            else:
+                kept.append(line)
+        elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and line.strip() == m.group(1):
+            fence = None
+    return re.sub(r"<!--.*?-->", " ", "\n".join(kept), flags=re.S)
+
+
+def prose_words(text: str) -> int:
+    """Words as `wc -w` counts them, in the prose only."""
+    return len(prose(text).split())
+
+
+def budget(page: str) -> int | None:
+    """A Markdown file's own budget in prose words (None: only the total binds it)."""
+    return BUDGET_EXCEPTIONS.get(page, BUDGET_CHAPTER if page in CHAPTERS else None)
+
+
+def word_report(root: Path = ROOT) -> tuple[list[str], list[str]]:
+    """(lines of the report, the budgets exceeded)."""
+    lines, over, total = [], [], 0
+    for md in pages(root):
+        name = md.relative_to(root).as_posix()
+        words = prose_words(md.read_text())
+        total += words
+        limit = budget(name)
+        lines.append(f"{words:7,d}  {name}" + (f"  (budget {limit:,})" if limit else ""))
+        if limit and words > limit:
+            over.append(f"{name}: {words:,} prose words, budget {limit:,}")
+    lines.append(f"{total:7,d}  in all (budget {BUDGET_ALL:,})")
+    if total > BUDGET_ALL:
+        over.append(f"all Markdown: {total:,} prose words, budget {BUDGET_ALL:,}")
+    return lines, over
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(__doc__)
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--check", action="store_true", help="change nothing; exit 1 if anything is stale")
+    what.add_argument("--words", action="store_true", help="count prose words; exit 1 if over a budget")
     args = parser.parse_args(argv)
-    stale = []
-    for md in sorted(ROOT.glob("**/*.md")):  # the READMEs and the chapters beside them
-        parts = md.relative_to(ROOT).parts
-        if "build" in parts or any(p.startswith(".") for p in parts):  # build output, .venv-ci, .git
-            continue
-        old = md.read_text()
-        new = render(old)
-        if new != old:
-            stale.append(md.relative_to(ROOT))
-            if not args.check:
-                md.write_text(new)
-    for path in stale:
+    if args.words:
+        lines, over = word_report(ROOT)
+        print("\n".join(lines))
+        for line in over:
+            print(f"over budget: {line}", file=sys.stderr)
+        return 1 if over else 0
+    found = stale(ROOT, write=not args.check)
+    for path in found:
         print(f"{'stale' if args.check else 'updated'}: {path}")
-    return 1 if (args.check and stale) else 0
+    return 1 if (args.check and found) else 0
 
 
 if __name__ == "__main__":
