@@ -32,14 +32,26 @@ inline void define_ops(torch::Library& m) {
         " -> (Tensor, Tensor, Tensor)");
 }
 
-// A tensor's shape as ATen prints it, "[2, 5]", built from plain integers. Streaming
-// t.sizes() (a c10::ArrayRef) into an error message crashed the process on the GPU machine's
-// image (torch 2.11 and that image's compiler: a segfault in c10::detail::_str_wrapper, on CPU
-// and CUDA tensors alike) instead of raising the error; integers and strings stream safely.
+// A tensor's shape, dtype and device as text, built from plain integers and C strings, for the
+// error messages below. Streaming t.sizes() (a c10::ArrayRef) into an error message crashed the
+// process on the GPU machine's image (torch 2.11 and that image's compiler: a segfault in
+// c10::detail::_str_wrapper, on CPU and CUDA tensors alike) instead of raising the error;
+// integers and strings stream safely, so no c10 type is streamed into a message here.
+// shape(): "[2, 5]", as ATen prints a shape.
 inline std::string shape(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
   return s + "]";
+}
+
+// "Float", "Double", "Int"...: ATen's name of the dtype.
+inline std::string dtype_name(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
+
+// "cpu", "cuda:0": as torch prints a device.
+inline std::string device_name(const at::Tensor& t) {
+  const c10::Device device = t.device();
+  std::string s = c10::DeviceTypeName(device.type(), /*lower_case=*/true);
+  return device.has_index() ? s + ":" + std::to_string(device.index()) : s;
 }
 
 // The same contract as modes.check_inputs(), for callers who reach the op through
@@ -49,24 +61,24 @@ inline void check_inputs(const at::Tensor& x, const at::Tensor& weight,
   auto floating = [](const at::Tensor& t) {
     return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
   };
-  TORCH_CHECK_TYPE(floating(x), "x has dtype ", x.scalar_type(), "; Dense supports float32 and float64");
+  TORCH_CHECK_TYPE(floating(x), "x has dtype ", dtype_name(x), "; Dense supports float32 and float64");
   TORCH_CHECK_VALUE(x.dim() >= 1, "x is 0-d; Dense needs x of shape (*, in_features)");
   TORCH_CHECK_VALUE(weight.dim() == 2, "weight must be 2-d (out_features, in_features), got shape ",
                     shape(weight));
   TORCH_CHECK_VALUE(x.size(-1) == weight.size(1), "x has in_features=", x.size(-1),
                     " (its last dimension) but weight ", shape(weight), " expects in_features=",
                     weight.size(1));
-  TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), "dtype mismatch: x is ",
-                   x.scalar_type(), " but weight is ", weight.scalar_type());
-  TORCH_CHECK_VALUE(weight.device() == x.device(), "device mismatch: x is on ", x.device(),
-                    " but weight is on ", weight.device());
+  TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), "dtype mismatch: x is ", dtype_name(x),
+                   " but weight is ", dtype_name(weight));
+  TORCH_CHECK_VALUE(weight.device() == x.device(), "device mismatch: x is on ", device_name(x),
+                    " but weight is on ", device_name(weight));
   if (bias) {
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == weight.size(0), "bias must have shape (",
                       weight.size(0), ",) to match weight ", shape(weight), ", got ", shape(*bias));
-    TORCH_CHECK_TYPE(bias->scalar_type() == x.scalar_type(), "dtype mismatch: x is ",
-                     x.scalar_type(), " but bias is ", bias->scalar_type());
-    TORCH_CHECK_VALUE(bias->device() == x.device(), "device mismatch: x is on ", x.device(),
-                      " but bias is on ", bias->device());
+    TORCH_CHECK_TYPE(bias->scalar_type() == x.scalar_type(), "dtype mismatch: x is ", dtype_name(x),
+                     " but bias is ", dtype_name(*bias));
+    TORCH_CHECK_VALUE(bias->device() == x.device(), "device mismatch: x is on ", device_name(x),
+                      " but bias is on ", device_name(*bias));
   }
 }
 

@@ -54,7 +54,7 @@ inline void run_sigmoid_grad(Kernels& k, const at::Tensor& g, const at::Tensor& 
 }
 
 inline void check_cuda(const at::Tensor& x, const char* stage) {
-  TORCH_CHECK_VALUE(x.is_cuda(), "the ", stage, " stage runs on CUDA tensors; x is on ", x.device());
+  TORCH_CHECK_VALUE(x.is_cuda(), "the ", stage, " stage runs on CUDA tensors; x is on ", device_name(x));
 }
 
 inline at::Tensor gpu_forward(Kernels& k, int version, const at::Tensor& x, const at::Tensor& weight,

@@ -76,14 +76,37 @@ def test_backward_op_returns_empty_tensors_for_masked_grads(ops):
     ((torch.randn(3, 4), torch.randn(8), None), ValueError, r"weight must be 2-d .* got shape \[8\]"),
     ((torch.randn(3, 4), torch.randn(2, 4), torch.randn(5)), ValueError,
      r"bias must have shape \(2,\) to match weight \[2, 4\], got \[5\]"),
-    ((torch.ones(3, 4, dtype=torch.int32), torch.ones(2, 4, dtype=torch.int32), None), TypeError, "Int"),
-    ((torch.randn(3, 4), torch.randn(2, 4).double(), None), TypeError, "dtype mismatch"),
+    # dtypes by ATen's names (cpp/dense_common.h: dtype_name())
+    ((torch.ones(3, 4, dtype=torch.int32), torch.ones(2, 4, dtype=torch.int32), None), TypeError,
+     "^x has dtype Int; Dense supports float32 and float64$"),
+    ((torch.randn(3, 4), torch.randn(2, 4).double(), None), TypeError,
+     "^dtype mismatch: x is Float but weight is Double$"),
+    ((torch.randn(3, 4), torch.randn(2, 4), torch.randn(2).double()), TypeError,
+     "^dtype mismatch: x is Float but bias is Double$"),
     ((torch.tensor(2.0), torch.randn(2, 1), None), ValueError, "0-d"),
 ])
 def test_cpp_checks_for_direct_op_calls(ops, args, error, message):
     """torch.ops.dense_cpp.forward skips modes.check_inputs; the C++ repeats the checks."""
     with pytest.raises(error, match=message):
         ops.forward(*args)
+
+
+@pytest.mark.parametrize("on_meta, message", [
+    ("weight", "^device mismatch: x is on cpu but weight is on meta$"),
+    ("bias", "^device mismatch: x is on cpu but bias is on meta$"),
+])
+def test_cpp_device_mismatch_names_both_devices(ops, on_meta, message):
+    """The C++ check itself (cpp/dense_common.h: device_name()): the CPU kernel handed a tensor on
+    another device. (Through the dispatcher, a meta tensor among the arguments picks the fake
+    kernel, and this torch has no other device; tests/test_cuda.py reaches it with CUDA tensors.)"""
+    x, w, b = torch.randn(3, 4), torch.randn(2, 4), torch.randn(2)
+    if on_meta == "weight":
+        w = w.to("meta")
+    else:
+        b = b.to("meta")
+    cpu_kernel = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    with pytest.raises(ValueError, match=message):
+        ops.forward.default.redispatch(cpu_kernel, x, w, b)
 
 
 def test_backward_op_names_both_shapes(ops):
