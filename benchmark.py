@@ -514,9 +514,16 @@ def run(variants: Sequence[str], batch: int, in_f: int, out_f: int, device: str 
     }
 
 
+def provenance() -> dict:
+    """When a record was taken and the command that takes it again (docs/records.py runs it)."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command_line()}
+
+
 def record_header(device: str, dtype: torch.dtype) -> dict:
     """The fields every timing record of a single process starts with: what was measured on,
-    under which conditions (threads, the CPUs pinned, the allocator), when, and the command."""
+    under which conditions (threads, the CPUs pinned, the allocator), when, and the command;
+    on a GPU also the card and its software (describe_gpu)."""
     return {
         "device": describe_device(device),
         **describe_machine(),
@@ -525,9 +532,33 @@ def record_header(device: str, dtype: torch.dtype) -> dict:
         "threads": torch.get_num_threads(),
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "dtype": str(dtype).removeprefix("torch."),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": command_line(),
+        **provenance(),
+        **({"gpu": describe_gpu()} if device.startswith("cuda") and torch.cuda.is_available() else {}),
     }
+
+
+def footer(record: dict, *details: str, tools: Sequence[str] = (), card: bool = False, sep: str = ", ",
+           day: bool = False) -> str:
+    """The line under every record's table: where it was measured, with what, ``details`` (the
+    shape, the rounds...), when, and the command that wrote it, to run it again.
+
+    A CPU record names its OS kernel, allocator and threads, which move CPU timings; a GPU
+    record does not, and with card=True names the card's SMs, clock and driver (its "gpu"
+    description) instead. ``tools`` follow torch (e.g. "Triton 3.6.0"); ``sep`` goes before the
+    date; day=True shows the day without the time. A key the record lacks raises KeyError
+    (docs/render.py turns it into one line); "torch" and "dtype" are optional."""
+    cpu = record["device"].startswith("cpu")
+    where = record["device"] + (conditions(record) if cpu else "")
+    if card:
+        g = record.get("gpu", {})
+        smi = g.get("nvidia_smi") if isinstance(g.get("nvidia_smi"), dict) else {}
+        where += (f" ({g.get('sm_count', '?')} SMs, max SM clock {smi.get('clocks.max.sm', '?')}, "
+                  f"driver {smi.get('driver_version', '?')})")
+    parts = [where, *([f"torch {record['torch']}"] if "torch" in record else []), *tools,
+             *([f"{record['threads']} threads"] if cpu and "threads" in record else []),
+             *([record["dtype"]] if "dtype" in record else []), *details]
+    date = record.get("date", "")
+    return ", ".join(parts) + f"{sep}{date[:10] if day else date}: `{record['command']}`"
 
 
 # ---------------------------------------------------------------------------
@@ -710,10 +741,9 @@ def sweep_table(record: dict) -> str:
     rows.append(f"\nRatios: median over rounds of the per-round fwd+bwd time over the reference's (or over "
                 f"compile's), {how}; ≈ marks an interval that contains 1 (no significant difference). "
                 f"Elementwise share: 1 − (F.linear fwd+bwd) / (reference fwd+bwd), paired the same way. Goals "
-                f"are judged on the median. {record['device']}{conditions(record)}, torch {record['torch']}, "
-                f"{record['threads']} threads, {record['dtype']}, at least "
-                f"{record['min_rounds']} rounds and up to {record['budget_s_per_point']:g} s per point, "
-                f"{record['total_s'] / 60:.0f} min in all, {record['date']}: `{record['command']}`")
+                f"are judged on the median. "
+                + footer(record, f"at least {record['min_rounds']} rounds and up to "
+                         f"{record['budget_s_per_point']:g} s per point", f"{record['total_s'] / 60:.0f} min in all"))
     return "\n".join(rows)
 
 
@@ -733,9 +763,7 @@ def sweep_summary(record: dict) -> str:
             goals.setdefault(g["goal"], []).append(g["met"])
     met = "; ".join(f"{name}: {sum(m)} of {len(m)}" for name, m in goals.items())
     rows.append(f"\nfwd+bwd, paired ratios over the reference, {record.get('replicates', 1)} replicates; "
-                f"≈: the interval holds 1. Goals met (on the median): {met}. {record['device']}"
-                f"{conditions(record)}, torch {record['torch']}, {record['threads']} threads, {record['dtype']}, "
-                f"{record['date'][:10]}: `{record['command']}`")
+                f"≈: the interval holds 1. Goals met (on the median): {met}. " + footer(record, day=True))
     return "\n".join(rows)
 
 
@@ -821,8 +849,7 @@ def roofline_table(record: dict) -> str:
         share = f"{100 * r['fraction_of_peak']:.1f}%" if r["fraction_of_peak"] is not None else "–"
         rows.append(f"| {r['kernel']} | {r['time_us']:.1f} | {r['achieved']:.2f} {r['unit']} | {peak} | {share} |")
     s = record["shape"]
-    rows.append(f"\n{record['device']}, torch {record['torch']}, {record['dtype']}, B={s['batch']} I={s['in']} "
-                f"O={s['out']}, {record['date']}: `{record['command']}`")
+    rows.append("\n" + footer(record, f"B={s['batch']} I={s['in']} O={s['out']}"))
     return "\n".join(rows)
 
 
@@ -844,9 +871,7 @@ def table(record: dict) -> str:
                     f"| {r['backward_us']:.1f} ({r['backward_spread_us']:.1f}) | {both} "
                     f"| {r['forward_gflops']:.1f} | {r['backward_gflops']:.1f} | {ratio} | {verdict} |")
     s = record["shape"]
-    rows.append(f"\n{record['device']}{conditions(record)}, torch {record['torch']}, {record['threads']} threads, "
-                f"{record['dtype']}, B={s['batch']} I={s['in']} O={s['out']}, {record['rounds']} rounds, "
-                f"{record['date']}: `{record['command']}`")
+    rows.append("\n" + footer(record, f"B={s['batch']} I={s['in']} O={s['out']}", f"{record['rounds']} rounds"))
     return "\n".join(rows)
 
 

@@ -151,9 +151,8 @@ def render(record: dict) -> str:
         out.append(f"\nThe same kernels with the autograd formula in Python: {fwd:+.1f} µs a forward, "
                    f"{step:+.1f} µs a forward + backward (medians' differences).")
     s = record["shape"]
-    out.append(f"\n{record['device']}{benchmark.conditions(record)}, torch {record['torch']}, "
-               f"{record['threads']} threads, {record['dtype']}, B={s['batch']} I={s['in']} O={s['out']}, "
-               f"{record['rounds']} rounds, {record['date']}: `{record['command']}`")
+    out.append("\n" + benchmark.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}",
+                                       f"{record['rounds']} rounds"))
     return "\n".join(out)
 
 

@@ -55,7 +55,16 @@ GOALS = {"forward": 0.90, "fwd+bwd": 0.75, "forward, B=32": 1.0}
 
 
 def _versions() -> list[int]:
-    return [v for v in modes.stage("cuda").KERNELS if v > 0]
+    """The GEMM versions to check and time, 1 to kVersions of cuda/dense_kernels.h (read anew on
+    each call): a version added there is checked and timed here with no list to edit."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dense_cuda_emulated", ROOT / "cuda" / "emulated.py")
+    emulated = sys.modules.get(spec.name)
+    if emulated is None:  # loaded by file once, as grad_check.py does (cuda/ is no package)
+        emulated = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(emulated)
+    return [v for v in emulated.versions() if v > 0]
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -218,11 +227,7 @@ def _pct(ci: list[float] | None) -> str:
 
 
 def _footer(record: dict) -> str:
-    g = record.get("gpu", {})
-    smi = g.get("nvidia_smi", {}) if isinstance(g.get("nvidia_smi"), dict) else {}
-    return (f"\n{record['device']} ({g.get('sm_count', '?')} SMs, max SM clock {smi.get('clocks.max.sm', '?')}, "
-            f"driver {smi.get('driver_version', '?')}), torch {record['torch']}, {record['dtype']}, TF32 off; "
-            f"{record['date']}: `{record['command']}`")
+    return "\n" + benchmark.footer(record, "TF32 off", card=True, sep="; ")
 
 
 def gemm_table(record: dict) -> str:
@@ -289,12 +294,11 @@ def from_ncu(csv_path: Path, device: str) -> dict:
     return {"device": device, "source": "ncu --csv", "kernels": [kernels[i] for i in sorted(kernels)]}
 
 
-NCU_KERNELS = "regex:dense_gemm_v._n[tn]_f32"  # the GEMMs of the forward (nt) and of grad_x (nn)
+NCU_KERNELS = "regex:dense_gemm_v[0-9]+_n[tn]_f32"  # every version's GEMM of the forward (nt) and of grad_x (nn)
 
 
 def ncu_record(args, json_path: Path | None) -> int:
     """--ncu: the profile part under ncu, its CSV made a record; --from-ncu: an earlier CSV."""
-    import datetime
     import shutil
     import subprocess
     import tempfile
@@ -320,8 +324,7 @@ def ncu_record(args, json_path: Path | None) -> int:
         if not csv_path.is_file():
             raise cli.UserError(f"--from-ncu {csv_path}: no such file")
     record = {**from_ncu(csv_path, device), "shape": [2048, 2048, 2048], "kernels_profiled": NCU_KERNELS,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": benchmark.command_line()}
+              **benchmark.provenance()}
     if torch.cuda.is_available():
         record["gpu"] = benchmark.describe_gpu()
     return cli.publish(ncu_table(record), [(json_path, cli.json_writer(record))])
@@ -348,8 +351,8 @@ def ncu_table(record: dict) -> str:
                     f"{m['l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum']:.2g} | "
                     f"{m['dram__throughput.avg.pct_of_peak_sustained_elapsed']:.1f}% | "
                     f"{m['sm__throughput.avg.pct_of_peak_sustained_elapsed']:.0f}% | {ffma:.2f} |")
-    return "\n".join(rows) + (f"\n\nNsight Compute on {record['device']}, one call of each at B=I=O={b} "
-                              f"(`python cuda/bench_gpu.py profile`); {record.get('date', '')}: `{record['command']}`")
+    return "\n".join(rows) + "\n\nNsight Compute on " + benchmark.footer(
+        record, f"one call of each at B=I=O={b} (`python cuda/bench_gpu.py profile`)", sep="; ")
 
 
 def table(record: dict) -> str:
@@ -389,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         reason = modes.available()[mode]
         if reason is not None:
             raise cli.UserError(f"mode {mode!r} is not available here: {reason}")
-    record = {**benchmark.record_header("cuda", torch.float32), "gpu": benchmark.describe_gpu()}
+    record = benchmark.record_header("cuda", torch.float32)
     for part in PARTS:
         if part in args.parts:
             print(f"{part}...", file=sys.stderr, flush=True)

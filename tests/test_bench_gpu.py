@@ -3,7 +3,9 @@ Nsight Compute's CSV, the tables, the refusals) and the lease script's plumbing.
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -53,6 +55,22 @@ def test_a_csv_without_kernels_is_a_clear_error(tmp_path):
 def test_refusals_without_a_gpu(args, message):
     result = run_script("cuda/bench_gpu.py", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_versions_timed_are_those_of_the_header(tmp_path, monkeypatch):
+    """A version added to cuda/dense_kernels.h's kVersions is checked and timed with no list to edit."""
+    bench_gpu._versions()  # loads cuda/emulated.py
+    emulated = sys.modules["dense_cuda_emulated"]
+    (tmp_path / "dense_kernels.h").write_text("constexpr int kVersions = 12;\n")
+    monkeypatch.setattr(emulated, "HERE", tmp_path)
+    assert bench_gpu._versions() == list(range(1, 13))
+
+
+@pytest.mark.parametrize("kernel, profiled", [("dense_gemm_v1_nt_f32", True), ("dense_gemm_v12_nn_f32", True),
+                                              ("dense_gemm_v3_tn_f32", False), ("dense_gemm_v10_nt_f64", False)])
+def test_ncu_profiles_every_versions_forward_and_grad_x_gemm(kernel, profiled):
+    pattern = bench_gpu.NCU_KERNELS.removeprefix("regex:")
+    assert bool(re.search(pattern, kernel)) == profiled
 
 
 def test_lease_script_runs_only_the_parts_named_and_packs_what_they_wrote(tmp_path):

@@ -110,7 +110,7 @@ def run(batch: int, in_f: int, out_f: int, dtype: torch.dtype, rounds: int) -> d
                         "forward_tflops": flops / fwd.median / 1e6, "fwd_bwd_tflops": 3 * flops / both.median / 1e6,
                         "ratio_to_reference": paired["ratio"], "ratio_ci": paired["ci"], "verdict": paired["verdict"]})
     best = getattr(tuned, "best_config", None)
-    return {**benchmark.record_header("cuda", dtype), "gpu": benchmark.describe_gpu(), "triton": _triton_version(),
+    return {**benchmark.record_header("cuda", dtype), "triton": _triton_version(),
             "shape": {"batch": batch, "in": in_f,
             "out": out_f}, "rounds": len(ref), "skipped": skipped, "autotuned": str(best) if best else None,
             "results": results}
@@ -134,9 +134,9 @@ def table(record: dict) -> str:
                     f"({r['fwd_bwd_spread_us']:.1f}) | {ratio} | {verdict} |")
     s = record["shape"]
     skipped = "".join(f" Not timed: {k} ({v})." for k, v in record.get("skipped", {}).items())
-    rows.append(f"\n{record['device']}, torch {record['torch']}, Triton {record['triton']}, {record['dtype']}, "
-                f"B={s['batch']} I={s['in']} O={s['out']}, {record['rounds']} rounds, autotuned forward: "
-                f"{record['autotuned']}.{skipped} {record['date']}: `{record['command']}`")
+    rows.append("\n" + benchmark.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}",
+                                        f"{record['rounds']} rounds", f"autotuned forward: {record['autotuned']}",
+                                        tools=[f"Triton {record['triton']}"], sep=f".{skipped} "))
     return "\n".join(rows)
 
 
