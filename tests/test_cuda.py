@@ -4,12 +4,17 @@ tests/test_gpu_build.py checks, without a GPU, that both build, register and tra
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import modes
-from conftest import GPU, NO_GPU, REASONS, run_script
+from conftest import GPU, NO_GPU, REASONS, ROOT, run_script
 
 # A CUDA build of torch without a GPU: say that, not that torch lacks CUDA.
 # (reason must be a string even where the condition is false: pytest refuses None.)
@@ -114,6 +119,22 @@ def test_opcheck(mode):
 
 
 @pytest.mark.parametrize("mode", STAGES)
+def test_direct_op_call_on_two_devices_names_both(mode):
+    """torch.ops.dense_<mode>.forward skips modes.check_inputs: x on the GPU picks the CUDA kernel,
+    whose C++ check (cpp/dense_common.h) names both devices and raises; nothing is launched."""
+    modes.dense(mode)
+    forward = getattr(torch.ops, f"dense_{mode}").forward
+    x, w, b = torch.randn(3, 4, device="cuda"), torch.randn(2, 4, device="cuda"), torch.randn(2, device="cuda")
+    with pytest.raises(ValueError, match="^device mismatch: x is on cuda:0 but weight is on cpu$"):
+        forward(x, w.cpu(), b)
+    with pytest.raises(ValueError, match="^device mismatch: x is on cuda:0 but bias is on cpu$"):
+        forward(x, w, b.cpu())
+    with pytest.raises(TypeError, match="^dtype mismatch: x is Float but weight is Double$"):
+        forward(x, w.double(), b)
+    torch.testing.assert_close(forward(x, w, b), torch.sigmoid(F.linear(x, w, b)), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", STAGES)
 @pytest.mark.parametrize("compile_mode", ["default", "reduce-overhead"])
 def test_torch_compile_fullgraph(mode, compile_mode):
     layer = modes.Dense(64, 32, mode=mode, device="cuda")
@@ -192,12 +213,13 @@ def test_ptx_stage_runs_the_compilers_ptx_too(tmp_path):
     """What the edits buy is measured against the compiler's own PTX (bash ptx/regen.sh)."""
     if REASONS["ptx"] is not None:
         pytest.skip(REASONS["ptx"])
-    import subprocess
-
-    from conftest import ROOT
-
-    if subprocess.run(["bash", str(ROOT / "ptx" / "regen.sh")], capture_output=True).returncode != 0:
-        pytest.skip("nvcc could not regenerate the PTX")
+    # regen.sh's own search: nvcc on PATH, else $CUDA_HOME (default /usr/local/cuda). Where there
+    # is one, a failed regeneration is a failure, not a reason to skip.
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    if shutil.which("nvcc") is None and not (home / "bin" / "nvcc").exists():
+        pytest.skip(f"needs nvcc (on PATH, or in {home}/bin) to regenerate the PTX")
+    regen = subprocess.run(["bash", str(ROOT / "ptx" / "regen.sh")], capture_output=True, text=True, timeout=300)
+    assert regen.returncode == 0, f"bash ptx/regen.sh failed:\n{regen.stdout[-2000:]}{regen.stderr[-3000:]}"
     stage = modes.stage("ptx")
     try:
         stage.load_ptx(stage.GENERATED)
