@@ -24,9 +24,14 @@
 // pthread barriers, so it sees the happens-before edges the GPU guarantees and reports a race
 // between two threads of a block. Every barrier then wakes OS threads (microseconds, not
 // nanoseconds), and a barrier not every thread reaches hangs, as on a GPU.
+// With -DCUDA_EMU_COUNT (cuda/emulate/counters.cpp, built by cuda/counters.py), every __shared__
+// array lies in one known address range, and the scheduler tells the counters where each block-wide
+// barrier ends an interval of accesses and which blocks of the grid to run (a sample): the
+// compiler's instrumentation of every load and store does the rest, the kernels stay unchanged.
 // Not modelled: warps executing in lock step (code relying on it without __syncwarp is a race
-// here, as it is on Volta and later), timing, coalescing, caches, bank conflicts, the limits of
-// registers and shared memory, and uninitialised shared memory (static storage starts at zero).
+// here, as it is on Volta and later), timing, caches, the limits of registers and shared memory,
+// and uninitialised shared memory (static storage starts at zero). Coalescing and bank conflicts
+// are counted, not timed, by the CUDA_EMU_COUNT build alone.
 #pragma once
 
 // Standard headers first: the macros below (e.g. __noinline__) would break their attributes.
@@ -63,7 +68,18 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
+#ifdef CUDA_EMU_COUNT
+#ifdef CUDA_EMU_THREADS
+#error "the memory counters run the fiber emulation (one OS thread, a deterministic order)"
+#endif
+// Shared arrays become thread-local: then they, and nothing else of the emulation (whose state is
+// not thread-local with fibers), lie in this library's thread-local block, whose bounds tell the
+// counters that an address is shared memory. (A linker section would be neater, but GCC ignores
+// section attributes on the static variables of function templates.)
+#define __shared__ static thread_local
+#else
 #define __shared__ static
+#endif
 #define __restrict__ __restrict
 
 struct uint3 {
@@ -82,6 +98,19 @@ struct alignas(16) double2 {
 inline CUDA_EMU_PER_THREAD uint3 threadIdx, blockIdx;
 inline CUDA_EMU_PER_THREAD dim3 blockDim, gridDim;
 constexpr int warpSize = 32;
+
+#ifdef CUDA_EMU_COUNT
+// Defined by the counters (cuda/emulate/counters.cpp).
+namespace emu::count {
+void launch_begin(unsigned gx, unsigned gy, unsigned gz, unsigned threads);
+bool block_wanted();  // this blockIdx is in the sample the counters emulate
+void interval_end();  // every thread of the block is at __syncthreads, or has returned
+void launch_end();
+}  // namespace emu::count
+#define CUDA_EMU_COUNT_HOOK(call) emu::count::call
+#else
+#define CUDA_EMU_COUNT_HOOK(call) ((void)0)
+#endif
 
 namespace emu {
 
@@ -253,6 +282,9 @@ class Scheduler {
       for (unsigned y = 0; y < l.grid.y; ++y)
         for (unsigned x = 0; x < l.grid.x; ++x) {
           blockIdx = {x, y, z};
+#ifdef CUDA_EMU_COUNT
+          if (!count::block_wanted()) continue;
+#endif
           for (unsigned i = 0; i < n; ++i) {
             fiber::prepare(fibers_[i].context, fibers_[i].stack, kStackBytes, &Scheduler::thread_body, this);
             fibers_[i].ready = true;
@@ -271,6 +303,7 @@ class Scheduler {
             }
             if (!resumed) return never_reached(l, n, finished);
           }
+          CUDA_EMU_COUNT_HOOK(interval_end());
         }
     return 0;
   }
@@ -278,6 +311,7 @@ class Scheduler {
   // Called by a fiber at a barrier: the last to arrive releases the others and goes on.
   void wait(Barrier& b) {
     if (++b.arrived == b.expected) {
+      if (&b == &current_block->barrier) CUDA_EMU_COUNT_HOOK(interval_end());
       b.arrived = 0;
       for (unsigned i : b.waiting) fibers_[i].ready = true;
       b.waiting.clear();
@@ -342,11 +376,13 @@ int launch(dim3 grid, dim3 block, F&& fn) {
   }
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return 0;  // an empty grid launches nothing
   Launch l{grid, block, [](void* f) { (*static_cast<std::remove_reference_t<F>*>(f))(); }, &fn, {}};
+  CUDA_EMU_COUNT_HOOK(launch_begin(grid.x, grid.y, grid.z, n));
   l.shared_block.barrier.init(n);
   l.shared_block.warps = std::vector<Warp>((n + 31) / 32);
   for (unsigned w = 0; w < l.shared_block.warps.size(); ++w)
     l.shared_block.warps[w].barrier.init((w + 1) * 32 <= n ? 32 : n - w * 32);
   const int status = executor().run(l, n);
+  CUDA_EMU_COUNT_HOOK(launch_end());
   for (auto& w : l.shared_block.warps) w.barrier.destroy();
   l.shared_block.barrier.destroy();
   return status;

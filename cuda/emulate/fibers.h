@@ -25,7 +25,10 @@
 #include <ucontext.h>
 #endif
 
-#if defined(__SANITIZE_ADDRESS__)
+// (The memory counters' build, CUDA_EMU_COUNT, borrows the sanitizer's instrumentation but not
+// its run time: there is no shadow memory to tell about a switch.)
+#if defined(CUDA_EMU_COUNT)
+#elif defined(__SANITIZE_ADDRESS__)
 #define CUDA_EMU_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
