@@ -38,16 +38,18 @@ constexpr bool kHasCpAsync =
 // S[k][x], in two halves: fetch() issues the global loads (v7's load_tile, same directions and
 // vectors), stash() stores what fetch() left in registers. The operand is contiguous along k
 // (element (x, k) at P[x * K + k]; stored transposed) or along x (at P[k * X + x]; on sm_80+ a
-// whole aligned vector goes by cp.async, straight into S).
-template <typename T, int BK, int BX, int NT>
+// whole aligned vector goes by cp.async, straight into S). Loads stop at k_end (K here; the end
+// of a slice of K in the split-K versions). LD, the length of a row of S, is BX here; the later
+// versions pad it (v10).
+template <typename T, int BK, int BX, int NT, int LD = BX>
 struct TileLoaderV8 {
   static constexpr int V = Vec16<T>::n, R = (BK * BX / V + NT - 1) / NT;
   using VT = typename Vec16<T>::type;
   T v[R][V];
   bool in_registers[R];
 
-  __device__ __forceinline__ void fetch(T (&S)[BK][BX], const T* P, bool contig_k, int64_t x0, int64_t k0, int64_t X,
-                                        int64_t K, bool vec) {
+  __device__ __forceinline__ void fetch(T (&S)[BK][LD], const T* P, bool contig_k, int64_t x0, int64_t k0, int64_t X,
+                                        int64_t K, int64_t k_end, bool vec) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int u = threadIdx.x + r * NT;
@@ -57,27 +59,27 @@ struct TileLoaderV8 {
       const int64_t gx = x0 + x, gk = k0 + k;
       in_registers[r] = true;
       if (contig_k) {
-        if (vec && gx < X && gk + V <= K) {
+        if (vec && gx < X && gk + V <= k_end) {
           const VT w = *reinterpret_cast<const VT*>(P + gx * K + gk);
           memcpy(v[r], &w, sizeof(w));
         } else {
 #pragma unroll
-          for (int j = 0; j < V; ++j) v[r][j] = (gx < X && gk + j < K) ? P[gx * K + gk + j] : T(0);
+          for (int j = 0; j < V; ++j) v[r][j] = (gx < X && gk + j < k_end) ? P[gx * K + gk + j] : T(0);
         }
-      } else if (kHasCpAsync && vec && gk < K && gx + V <= X) {
+      } else if (kHasCpAsync && vec && gk < k_end && gx + V <= X) {
         cp_async16(&S[k][x], P + gk * X + gx);
         in_registers[r] = false;
-      } else if (vec && gk < K && gx + V <= X) {
+      } else if (vec && gk < k_end && gx + V <= X) {
         const VT w = *reinterpret_cast<const VT*>(P + gk * X + gx);
         memcpy(v[r], &w, sizeof(w));
       } else {
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[r][j] = (gk < K && gx + j < X) ? P[gk * X + gx + j] : T(0);
+        for (int j = 0; j < V; ++j) v[r][j] = (gk < k_end && gx + j < X) ? P[gk * X + gx + j] : T(0);
       }
     }
   }
 
-  __device__ __forceinline__ void stash(T (&S)[BK][BX], bool contig_k) const {
+  __device__ __forceinline__ void stash(T (&S)[BK][LD], bool contig_k) const {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (!in_registers[r]) continue;
@@ -116,8 +118,8 @@ __device__ void gemm_v8(const T* A, const T* B, T* C, const T* bias, int64_t M, 
 
   TileLoaderV8<T, BK, BM, NT> la;
   TileLoaderV8<T, BK, BN, NT> lb;
-  la.fetch(As[0], A, !TA, m0, 0, M, K, a_vec);
-  lb.fetch(Bs[0], B, TB, n0, 0, N, K, b_vec);
+  la.fetch(As[0], A, !TA, m0, 0, M, K, K, a_vec);
+  lb.fetch(Bs[0], B, TB, n0, 0, N, K, K, b_vec);
   la.stash(As[0], !TA);
   lb.stash(Bs[0], TB);
   cp_async_wait_all();
@@ -126,8 +128,8 @@ __device__ void gemm_v8(const T* A, const T* B, T* C, const T* bias, int64_t M, 
     const int cur = step & 1, nxt = cur ^ 1;
     const bool more = k0 + BK < K;
     if (more) {  // the next step's loads are in flight during this step's FMAs
-      la.fetch(As[nxt], A, !TA, m0, k0 + BK, M, K, a_vec);
-      lb.fetch(Bs[nxt], B, TB, n0, k0 + BK, N, K, b_vec);
+      la.fetch(As[nxt], A, !TA, m0, k0 + BK, M, K, K, a_vec);
+      lb.fetch(Bs[nxt], B, TB, n0, k0 + BK, N, K, K, b_vec);
     }
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {

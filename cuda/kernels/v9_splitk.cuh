@@ -8,68 +8,9 @@
 #pragma once
 
 #include "common.cuh"
-#include "v8_double_buffer.cuh"  // cp_async16, cp_async_wait_all, kHasCpAsync
+#include "v8_double_buffer.cuh"  // TileLoaderV8 (its k_end bounds a slice), cp_async_wait_all
 
 namespace {
-
-// (v9: as v8's, but k is bounded by the slice's end `k_end` while rows are still K long.)
-// One thread's share of staging the BK × BX tile of an operand that starts at (x0, k0) into
-// S[k][x], in two halves: fetch() issues the global loads (v7's load_tile, same directions and
-// vectors), stash() stores what fetch() left in registers. The operand is contiguous along k
-// (element (x, k) at P[x * K + k]; stored transposed) or along x (at P[k * X + x]; on sm_80+ a
-// whole aligned vector goes by cp.async, straight into S).
-template <typename T, int BK, int BX, int NT>
-struct TileLoaderV9 {
-  static constexpr int V = Vec16<T>::n, R = (BK * BX / V + NT - 1) / NT;
-  using VT = typename Vec16<T>::type;
-  T v[R][V];
-  bool in_registers[R];
-
-  __device__ __forceinline__ void fetch(T (&S)[BK][BX], const T* P, bool contig_k, int64_t x0, int64_t k0, int64_t X,
-                                        int64_t K, int64_t k_end, bool vec) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int u = threadIdx.x + r * NT;
-      in_registers[r] = false;
-      if (u >= BK * BX / V) continue;
-      const int x = contig_k ? u / (BK / V) : (u % (BX / V)) * V, k = contig_k ? (u % (BK / V)) * V : u / (BX / V);
-      const int64_t gx = x0 + x, gk = k0 + k;
-      in_registers[r] = true;
-      if (contig_k) {
-        if (vec && gx < X && gk + V <= k_end) {
-          const VT w = *reinterpret_cast<const VT*>(P + gx * K + gk);
-          memcpy(v[r], &w, sizeof(w));
-        } else {
-#pragma unroll
-          for (int j = 0; j < V; ++j) v[r][j] = (gx < X && gk + j < k_end) ? P[gx * K + gk + j] : T(0);
-        }
-      } else if (kHasCpAsync && vec && gk < k_end && gx + V <= X) {
-        cp_async16(&S[k][x], P + gk * X + gx);
-        in_registers[r] = false;
-      } else if (vec && gk < k_end && gx + V <= X) {
-        const VT w = *reinterpret_cast<const VT*>(P + gk * X + gx);
-        memcpy(v[r], &w, sizeof(w));
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) v[r][j] = (gk < k_end && gx + j < X) ? P[gk * X + gx + j] : T(0);
-      }
-    }
-  }
-
-  __device__ __forceinline__ void stash(T (&S)[BK][BX], bool contig_k) const {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (!in_registers[r]) continue;
-      const int u = threadIdx.x + r * NT;
-      const int x = contig_k ? u / (BK / V) : (u % (BX / V)) * V, k = contig_k ? (u % (BK / V)) * V : u / (BX / V);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if (contig_k) S[k + j][x] = v[r][j];  // the transposing store
-        else S[k][x + j] = v[r][j];
-      }
-    }
-  }
-};
 
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v9(const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K, int kind) {
@@ -98,8 +39,8 @@ __device__ void gemm_v9(const T* A, const T* B, T* C, const T* bias, int64_t M, 
 #pragma unroll
     for (int j = 0; j < TN; ++j) acc[i][j] = T(0);
 
-  TileLoaderV9<T, BK, BM, NT> la;
-  TileLoaderV9<T, BK, BN, NT> lb;
+  TileLoaderV8<T, BK, BM, NT> la;
+  TileLoaderV8<T, BK, BN, NT> lb;
   la.fetch(As[0], A, !TA, m0, k_begin, M, K, k_end, a_vec);
   lb.fetch(Bs[0], B, TB, n0, k_begin, N, K, k_end, b_vec);
   la.stash(As[0], !TA);
