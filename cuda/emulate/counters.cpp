@@ -7,8 +7,11 @@
 //                 --param asan-instrumentation-with-call-threshold=0, so that every load and store
 //                 the compiler keeps becomes a call __asan_load4_noabort(addr) (…8, …16, …N);
 //   this file     those calls, compiled without instrumentation (it would call itself).
-// The kernels' source is unchanged: what is counted is what the host compiler keeps of it, at -O1
-// (no vectoriser), which is close to what nvcc keeps, with one exception handled below.
+// The kernels' source is unchanged: what is counted is what the host compiler keeps of it (-O3
+// without its vectoriser), which is close to what nvcc keeps, with one exception handled below.
+// Not counted: an access at a constant index of a shared array (GCC does not instrument an
+// access to a thread-local variable that it can prove in bounds); every index into shared memory
+// in the chapter's kernels depends on threadIdx.
 //
 // The model, per block-wide interval (from one __syncthreads to the next):
 //   - each thread's accesses to shared memory (the emu_shared section) or to a buffer the caller
