@@ -1,17 +1,16 @@
-"""cuda/bench_gpu.py and .ci/gpu_lease away from a GPU: the parts that need none (reading
-Nsight Compute's CSV, the tables, the refusals) and the lease script's plumbing."""
+"""cuda/bench_gpu.py away from a GPU: the parts that need none (reading Nsight Compute's CSV, the
+tables, the refusals, the versions it times)."""
 
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 
 import pytest
 import torch
 
 import cli
-from conftest import ROOT, load_script, run_script
+from conftest import load_script, run_script
 
 bench_gpu = load_script("cuda/bench_gpu.py", "bench_gpu_cuda")  # tiles/ has a bench_gpu.py too
 
@@ -71,17 +70,3 @@ def test_the_versions_timed_are_those_of_the_header(tmp_path, monkeypatch):
 def test_ncu_profiles_every_versions_forward_and_grad_x_gemm(kernel, profiled):
     pattern = bench_gpu.NCU_KERNELS.removeprefix("regex:")
     assert bool(re.search(pattern, kernel)) == profiled
-
-
-def test_lease_script_runs_only_the_parts_named_and_packs_what_they_wrote(tmp_path):
-    # Under a 30-second deadline with only "stages" asked for: env and stages run, nothing else.
-    got = subprocess.run(["bash", str(ROOT / ".ci" / "gpu_lease"), "--out", str(tmp_path), "--deadline", "30",
-                          "stages"], capture_output=True, text=True, timeout=120)
-    assert got.returncode == 0, got.stderr
-    parts = [line.split()[1] for line in (tmp_path / "lease.log").read_text().splitlines()
-             if line.startswith("== ") and "(limit" in line]
-    assert parts == ["env", "stages"]
-    assert (tmp_path / "records.tar.gz").is_file()
-    bad = subprocess.run(["bash", str(ROOT / ".ci" / "gpu_lease"), "--out", str(tmp_path), "everything"],
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown argument everything" in bad.stderr
