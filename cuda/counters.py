@@ -16,6 +16,7 @@ Examples:
   python cuda/counters.py --shape 256 256 256 --kernels 5:nt 7:nt 10:nt
   python cuda/counters.py --shape 32 4096 4096 --kernels 8:nt 9:nt --sm-count 132
   python cuda/counters.py --shape 65 129 33 --kernels 3:tn --dtype float64 --full
+  python cuda/counters.py --shape 4096 64 1 --kernels grad:1 grad:2 grad:3   # the backward's kernel
   python cuda/counters.py --planted                        # the four patterns with known counts
 """
 
@@ -213,6 +214,31 @@ def count_gemm(version: int, layout: str, m: int, n: int, k: int, element_bytes:
     return _read(lib, [kernel_name(version, layout, element_bytes), reduce])
 
 
+def count_sigmoid_grad(version: int, rows: int, cols: int, element_bytes: int = 4, sm_count: int = 132,
+                       sample: bool = True, seed: int = 0) -> list[Counts]:
+    """Counts for the backward's elementwise kernel (and v3's second pass), db included."""
+    import torch
+
+    lib = library()
+    dtype = torch.float32 if element_bytes == 4 else torch.float64
+    g = torch.Generator().manual_seed(seed)
+    grad, y = torch.randn(rows, cols, generator=g, dtype=dtype), torch.rand(rows, cols, generator=g, dtype=dtype)
+    dz, db = torch.empty(rows, cols, dtype=dtype), torch.empty(cols, dtype=dtype)
+    lib.emu_sigmoid_grad_workspace.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
+    lib.emu_sigmoid_grad_workspace.restype = ctypes.c_int64
+    lib.emu_sigmoid_grad.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4 + [
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+    size = lib.emu_sigmoid_grad_workspace(version, rows, cols, sm_count)
+    work = torch.empty(max(size, 0), dtype=dtype)
+    _begin(lib, sample, grad, y, dz, db, work)
+    rc = lib.emu_sigmoid_grad(version, element_bytes, 0, grad.data_ptr(), y.data_ptr(), dz.data_ptr(), db.data_ptr(),
+                              rows, cols, sm_count, work.data_ptr() if size > 0 else None)
+    if rc != 0:
+        raise RuntimeError(f"the emulated sigmoid-grad v{version} returned {rc}")
+    suffix = "f32" if element_bytes == 4 else "f64"
+    return _read(lib, [f"dense_sigmoid_grad_v{version}_{suffix}", f"dense_bias_grad_v3_{suffix}"])
+
+
 def count_planted(which: str) -> Counts:
     """One warp running one of the planted patterns (cuda/emulate/counted.cpp), counted in full."""
     import torch
@@ -330,10 +356,21 @@ def render(record: dict) -> str:
     return table(record) + "\n\n" + conditions(record)
 
 
+GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions
+
+
 def parse_kernel(text: str, versions: range) -> tuple[int, str]:
-    match = re.fullmatch(r"v?(\d+):(nt|nn|tn)", text)
+    """"8:nt" -> (8, "nt"): a GEMM version and layout; "grad:3" -> (3, "grad"): the backward's
+    elementwise kernel (M×N is then its rows × columns; K is unused)."""
+    match = re.fullmatch(r"v?(\d+):(nt|nn|tn)|grad:(\d+)", text)
     if not match:
-        raise ValueError(f"--kernels takes VERSION:LAYOUT, e.g. 8:nt (layouts {', '.join(LAYOUTS)}); got {text!r}")
+        raise ValueError(f"--kernels takes VERSION:LAYOUT (layouts {', '.join(LAYOUTS)}), e.g. 8:nt, or grad:VERSION "
+                         f"for the backward's elementwise kernel; got {text!r}")
+    if match.group(3):
+        v = int(match.group(3))
+        if v not in GRAD_VERSIONS:
+            raise ValueError(f"no sigmoid-grad version {v}: they are {GRAD_VERSIONS[0]} to {GRAD_VERSIONS[-1]}")
+        return v, "grad"
     v = int(match.group(1))
     if v not in versions:
         raise ValueError(f"no version {v}: the versions are {versions[0]} to {versions[-1]} (cuda/dense_kernels.h)")
@@ -399,9 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     results: list[Counts] = []
     for v, layout in kernels:
-        counts = count_gemm(v, layout, m, n, k, eb, args.sm_count, sample=not args.full)
-        results.append(counts[0])
-        results.extend(c for c in counts[1:])
+        if layout == "grad":
+            results.extend(count_sigmoid_grad(v, m, n, eb, args.sm_count, sample=not args.full))
+        else:
+            results.extend(count_gemm(v, layout, m, n, k, eb, args.sm_count, sample=not args.full))
     seconds = time.perf_counter() - start
     import benchmark  # the record's header fields, written once
 

@@ -52,6 +52,14 @@ def test_scalar_shared_loads_are_merged_as_nvcc_merges_them():
     assert v3.get("inst_executed_op_shared_ld") == 32 * 40 * (64 // 32)
 
 
+def test_the_backward_kernels_padded_column_reads_have_no_conflicts():
+    # v2 reads a column of its 32×33 array of lane sums: 33 words a row put 32 lanes in 32 banks.
+    grad, = counters.count_sigmoid_grad(2, 256, 64, sample=False)[:1]
+    assert grad.get("inst_executed_op_shared_ld") > 0
+    assert grad.get("bank_conflicts_pipe_lsu_mem_shared_op_ld") == 0
+    assert grad.per_request("ld") == 4  # g and y, 32 neighbouring columns
+
+
 @pytest.mark.parametrize("kernel", ["3:nt", "8:nt", "2:nn"])
 def test_a_sample_of_blocks_scaled_equals_the_whole_grid(kernel):
     v, layout = counters.parse_kernel(kernel, range(1, 100))
@@ -99,6 +107,7 @@ def test_the_committed_record_agrees_with_its_ncu_record():
 @pytest.mark.parametrize("args, message", [
     (["--kernels", "99:nt"], "no version 99"),
     (["--kernels", "8:xy"], "VERSION:LAYOUT"),
+    (["--kernels", "grad:9"], "no sigmoid-grad version 9"),
     (["--shape", "200000", "200000", "200000"], "GiB of memory"),
     (["--json", "/nonexistent/folder/x.json"], "--json"),
     (["--compare", "/nonexistent.json"], "no such file"),
