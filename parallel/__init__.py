@@ -5,8 +5,13 @@
     parallel/collectives/   chapter 6, continued: other all-reduce algorithms, their cost model,
                             ZeRO (README.md, then algorithms.py, costmodel.py, zero.py)
     parallel/tp/            chapter 7: tensor parallelism (README.md, then layers.py, training.py)
-    parallel/common/        what the three share and none of them teaches: the process launcher,
-                            the data, checkpoints, the benchmarks' harness
+    parallel/common/        what the three share: the training loop and the Strategy it runs
+                            (training.py), the point-to-point messages every collective is made
+                            of (p2p.py), the process launcher, the data, checkpoints, the
+                            benchmarks' harness
+
+A chapter imports only from common/ and from the chapters before it (dp, then collectives,
+then tp); common/ imports no chapter. distributed.py, outside the package, puts them together.
 
 The names a reader uses most are importable from here too:
 
@@ -22,7 +27,7 @@ import importlib
 
 _PUBLIC = {
     "ring_all_reduce": "parallel.dp.ring", "ring_reduce_scatter": "parallel.dp.ring",
-    "ring_all_gather": "parallel.dp.ring", "RingError": "parallel.dp.ring",
+    "ring_all_gather": "parallel.dp.ring", "RingError": "parallel.common.p2p",
     "GradReducer": "parallel.dp.reducer", "all_reduce": "parallel.collectives.algorithms",
     "ZeroAdam": "parallel.collectives.zero",
     "ColumnParallelDense": "parallel.tp.layers", "RowParallelDense": "parallel.tp.layers",

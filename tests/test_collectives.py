@@ -14,10 +14,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from conftest import all_reduce_case, world_sizes
+from distributed import train
 from parallel.collectives import costmodel
 from parallel.collectives.algorithms import ALGORITHMS, RingError, all_reduce, choose
 from parallel.common.launch import launch
-from parallel.dp.trainer import Config, train
+from parallel.common.training import Config
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -122,16 +123,17 @@ def test_nan_payloads_identical_on_every_rank_and_disagreeing_ranks_all_get_a_cl
 
 
 def split_into_messages(message_bytes: int) -> list:
-    """Every collective with each tensor cut into messages of ``message_bytes`` (ring._post),
+    """Every collective with each tensor cut into messages of ``message_bytes`` (p2p.post),
     and with one message per tensor: the same bits must come out."""
+    from parallel.common import p2p
     from parallel.dp import ring
 
-    rank, out, default = dist.get_rank(), [], ring.MESSAGE_BYTES
+    rank, out, default = dist.get_rank(), [], p2p.MESSAGE_BYTES
     for numel in (1, 17, 1000, 4099):
         for dtype in (torch.float32, torch.float64, torch.bfloat16):
             results = []
             for size in (message_bytes, 0):
-                ring.MESSAGE_BYTES = size
+                p2p.MESSAGE_BYTES = size
                 try:
                     t, expected = all_reduce_case(numel, dtype, "sum", 100)
                     got = [all_reduce(t.clone(), algorithm=a) for a in ALGORITHMS if a != "auto"]
@@ -140,7 +142,7 @@ def split_into_messages(message_bytes: int) -> list:
                             ring.ring_all_gather(rows[: rank + 1], segment_bytes=256),
                             ring.ring_all_reduce(t.clone(), segment_bytes=256)]
                 finally:
-                    ring.MESSAGE_BYTES = default
+                    p2p.MESSAGE_BYTES = default
                 results.append([g.view(-1).view(torch.uint8).numpy().tobytes() for g in got])
             out.append((numel, str(dtype), results[0] == results[1], got[0], expected))
     return out
@@ -220,11 +222,11 @@ def test_two_steps_in_flight_and_each_finished_before_the_one_two_later_is_poste
 
 
 def test_a_tensor_is_cut_into_nearly_equal_messages_of_about_message_bytes():
-    from parallel.dp import ring
+    from parallel.common import p2p
 
     t = torch.arange(1001, dtype=torch.float64)  # 8008 bytes
     for limit, count in ((0, 1), (1 << 20, 1), (8008, 1), (8000, 2), (1024, 8), (12, 668), (8, 1001)):
-        parts = ring._messages(t, limit)
+        parts = p2p._messages(t, limit)
         sizes = [p.numel() for p in parts]
         assert len(parts) == count and max(sizes) - min(sizes) <= 1, limit
         assert torch.equal(torch.cat(parts), t)
@@ -461,7 +463,7 @@ def zero_twins(steps: int = 5) -> dict:
 
     from parallel.collectives.zero import ZeroAdam, torch_zero
     from parallel.common import data as data_mod
-    from parallel.dp.trainer import build_model
+    from parallel.common.training import build_model
 
     rank, n = dist.get_rank(), dist.get_world_size()
     ds = data_mod.synthetic(0)

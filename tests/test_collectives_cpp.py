@@ -76,7 +76,7 @@ def test_the_cpp_loop_on_a_subgroup(built):
 
 
 def refusals() -> list[str]:
-    from parallel.dp.ring import RingError
+    from parallel.common.p2p import RingError
 
     out = []
     for call in (lambda: cpp_loop.segmented_ring(torch.arange(6.0).view(2, 3).t()),

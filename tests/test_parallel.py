@@ -23,11 +23,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from conftest import ROOT, all_reduce_case, run_script, world_sizes
+from distributed import train
 from parallel.common import data as data_mod
 from parallel.common.checkpoint import CheckpointError
 from parallel.common.launch import LaunchError, launch
-from parallel.dp.ring import RingError, ring_all_reduce, ring_broadcast_from_rank0
-from parallel.dp.trainer import Config, build_model, train
+from parallel.common.p2p import RingError
+from parallel.common.training import Config, build_model
+from parallel.dp.ring import ring_all_reduce, ring_broadcast_from_rank0
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -77,6 +79,7 @@ def scratch_reuse() -> dict:
     scratch buffer (a buffer grown in the first round is replaced, not the point), and nothing
     a call returned may live in it."""
     from parallel.collectives.algorithms import all_reduce
+    from parallel.common import p2p
     from parallel.dp import ring
     rank, n = dist.get_rank(), dist.get_world_size()
     key = (torch.float32, torch.device("cpu"), "")  # the buffer the algorithms share
@@ -90,8 +93,8 @@ def scratch_reuse() -> dict:
         all_reduce(torch.full((n * 5000,), 7.0), algorithm="two_shot")  # collectives share the buffer
         sums.append(bool((t == total).all() and (part == total).all()))
         if round_ == 0:
-            held = ring._local.buffers[key]
-    return {"reused": ring._local.buffers[key] is held, "sums": all(sums),
+            held = p2p._local.buffers[key]
+    return {"reused": p2p._local.buffers[key] is held, "sums": all(sums),
             "results_untouched": all(torch.equal(p, kept) for p, kept in parts)}
 
 
@@ -100,38 +103,39 @@ def alternative_variants() -> dict:
     right sums, the switch each turns off really off during its call, and everything back after it."""
     from parallel.collectives import algorithms as collectives
     from parallel.collectives import bench
+    from parallel.common import p2p
     from parallel.dp import ring
     rank, n = dist.get_rank(), dist.get_world_size()
     key = (torch.float32, torch.device("cpu"), "")  # the buffer the algorithms share
     t = torch.full((n * 5000,), float(rank + 1))
     ring_all_reduce(t)
-    held, made = ring._local.buffers[key], []
-    posted, post = [], collectives._post  # the segmented ring goes through _post only as an alternative
+    held, made = p2p._local.buffers[key], []
+    posted, post = [], collectives.post  # the segmented ring goes through post only as an alternative
 
     def counted_posts(*args, **kwargs) -> list:
         posted.append(1)
         return post(*args, **kwargs)
-    collectives._post = counted_posts
+    collectives.post = counted_posts
 
     class Counted(ring._LateSends):
         def __init__(self) -> None:
             made.append(1)
             super().__init__()
     ring._LateSends = Counted
-    fresh, buffer = [], ring._buffer
+    fresh, buffer = [], ring.scratch
 
     def watched(numel: int, like: torch.Tensor, owner: str = "") -> torch.Tensor:
-        fresh.append(ring._local.__dict__.get("buffers", {}).get(key) is not held)
+        fresh.append(p2p._local.__dict__.get("buffers", {}).get(key) is not held)
         return buffer(numel, like, owner)
-    ring._buffer = watched
-    cut, messages = [], ring._messages
+    ring.scratch = watched
+    cut, messages = [], p2p._messages
 
     def counted(x: torch.Tensor, limit: int) -> tuple:
         parts = messages(x, limit)
         cut.append(len(parts) > 1)
         return parts
-    ring._messages = counted
-    ring.MESSAGE_BYTES = 4096  # small enough to cut this test's pieces
+    p2p._messages = counted
+    p2p.MESSAGE_BYTES = 4096  # small enough to cut this test's pieces
     out = {}
     for name, fn in [*bench._alternatives(t).items(),
                      ("segmented_ring (default)", lambda: collectives.all_reduce(t, algorithm="segmented_ring"))]:
@@ -142,7 +146,7 @@ def alternative_variants() -> dict:
         posted.clear()
         fn()
         out[name] = (bool((t == n * (n + 1) / 2).all()), len(made), any(fresh), any(cut), bool(posted),
-                     ring.LATE_SENDS, ring._local.buffers[key] is held, ring.MESSAGE_BYTES,
+                     ring.LATE_SENDS, p2p._local.buffers[key] is held, p2p.MESSAGE_BYTES,
                      collectives.SEGMENTED_DIRECT)
     return out
 
@@ -150,7 +154,7 @@ def alternative_variants() -> dict:
 def test_the_benchmarks_alternatives_switch_only_during_their_call():
     got = launch(alternative_variants, 2, deadline_s=60)[0]
     # (right sums, late-send schedules made, a fresh buffer seen, messages cut, posted through
-    # collectives._post, late sends back on, buffer back, message size back, direct posts back on)
+    # collectives.post, late sends back on, buffer back, message size back, direct posts back on)
     on = (True, True, 4096, True)
     assert got == {"ring, a fresh buffer per call": (True, 1, True, True, False, *on),
                    "ring, a fresh buffer and a wait per send": (True, 0, True, True, False, *on),
@@ -276,12 +280,13 @@ def test_the_short_ring_matches_dist_all_reduce_and_is_identical_on_every_rank(w
 
 
 def short_loop_weights() -> dict:
-    from parallel.dp import ring, simple
+    from parallel.common.p2p import SENT_BYTES
+    from parallel.dp import simple
 
-    before = ring.SENT_BYTES["data"]  # the production ring's counter: the short loop must not use it
+    before = SENT_BYTES["data"]  # the production ring's counter: the short loop must not use it
     weights = {"short ring": simple.train().state_dict(),
                "dist.all_reduce": simple.train(all_reduce=dist.all_reduce).state_dict()}
-    return {**weights, "production ring bytes": ring.SENT_BYTES["data"] - before}
+    return {**weights, "production ring bytes": SENT_BYTES["data"] - before}
 
 
 def test_the_short_loop_trains_as_one_process_does_and_as_with_dist_all_reduce():
@@ -441,7 +446,7 @@ def ddp_hook_weights(steps: int = 6) -> dict:
     several."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from parallel.dp import ring
+    from parallel.common.p2p import SENT_BYTES
     from parallel.dp.ddp import ddp_with_our_ring
 
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -460,9 +465,9 @@ def ddp_hook_weights(steps: int = 6) -> dict:
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     default = run(lambda m: DistributedDataParallel(m, bucket_cap_mb=0.004))
-    before = ring.SENT_BYTES["data"]
+    before = SENT_BYTES["data"]
     ours = run(lambda m: ddp_with_our_ring(m, bucket_cap_mb=0.004))
-    return {"default": default, "our ring": ours, "ring bytes": ring.SENT_BYTES["data"] - before}
+    return {"default": default, "our ring": ours, "ring bytes": SENT_BYTES["data"] - before}
 
 
 def test_ddp_with_our_ring_as_its_comm_hook_trains_as_ddp_does():
@@ -635,12 +640,22 @@ def test_gloo_io_threads_are_left_alone_unless_asked_and_then_only_ours_change(m
                    if name != IO_THREAD_NAME or users), threads
 
 
+def io_thread_nices_once_named(wait_s: float = 5.0) -> list:
+    """The I/O threads' settings, once gloo's I/O thread has named itself (it does so a moment
+    after it starts: read at once, on a busy machine, the list can still be empty)."""
+    from parallel.common.threads import io_thread_nices, io_threads
+
+    deadline = time.monotonic() + wait_s
+    while not io_threads() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return io_thread_nices()
+
+
 def io_settings_in_a_group_we_did_not_launch(folder: str) -> list:
     """As under torchrun: this process joins a group by itself (no launcher of ours started it)."""
     from parallel.common.launch import run_in_process_group
-    from parallel.common.threads import io_thread_nices
 
-    return run_in_process_group(io_thread_nices, (), "gloo", 30, f"file://{folder}/store", 0, 1)
+    return run_in_process_group(io_thread_nices_once_named, (), "gloo", 30, f"file://{folder}/store", 0, 1)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")

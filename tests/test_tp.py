@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from conftest import world_sizes
 from parallel.common.launch import launch
-from parallel.dp.ring import RingError, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from parallel.common.p2p import RingError
+from parallel.dp.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
@@ -270,7 +271,8 @@ def _same_run(a: dict, b: dict) -> None:
 def test_tensor_parallel_training_gives_the_data_parallel_curve(mode, world_size, tp):
     """hidden (16, 12, 8): a column/row pair and an unpaired column layer (output gathered);
     8 and 12 split unevenly over 3 ranks. The unsharded reference is one process."""
-    from parallel.dp.trainer import Config, train
+    from distributed import train
+    from parallel.common.training import Config
 
     single = train(Config(mode=mode, world_size=1, **QUICK_TP))
     ranks = launch(train, world_size, (Config(mode=mode, world_size=world_size, tp=tp, **QUICK_TP),),
@@ -283,8 +285,9 @@ def test_tensor_parallel_training_gives_the_data_parallel_curve(mode, world_size
 
 @pytest.mark.slow
 def test_checkpoint_of_a_tp_run_resumes_with_another_tp_and_loads_into_the_plain_mlp(tmp_path):
+    from distributed import train
     from parallel.common import data as data_mod
-    from parallel.dp.trainer import Config, build_model, train
+    from parallel.common.training import Config, build_model
 
     ckpt = str(tmp_path / "ckpt.pt")
     straight = train(Config(world_size=1, **{**QUICK_TP, "epochs": 3}))

@@ -52,8 +52,9 @@ gloo/allreduce.cc) runs the same steps on another schedule, and so does
                        between every pair of segments, is what 4 ranks on 2 cores could not afford.
 
 Fixed cost: a call looks up a cached plan (ranks, partners, global ranks) for its group and
-reuses a receive buffer per thread, instead of asking torch.distributed and allocating on
-every call (``distributed.py --bench overhead`` measures the difference).
+reuses a receive buffer per thread (``p2p.scratch``, as the ring does), instead of asking
+torch.distributed and allocating on every call (``distributed.py --bench overhead`` measures the
+difference).
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from parallel.collectives import costmodel
+from parallel.common.p2p import OPS, RingError, agree, exchange, post, scratch, wait
 from parallel.dp import ring
-from parallel.dp.ring import OPS, RingError, _agree, _buffer, _exchange, _post, _wait, ring_all_reduce
+from parallel.dp.ring import ring_all_reduce
 
 ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_shot", "segmented_ring")
 # The segmented ring's largest segment (parallel/collectives/costmodel.py models the same):
@@ -77,7 +79,7 @@ ALGORITHMS = ("auto", "ring", "doubling", "halving_doubling", "one_shot", "two_s
 SEGMENT_BYTES = 1 << 20
 # On gloo the segmented ring posts straight to the process group (no Python wrapper per message)
 # and keeps a scratch of its own. The allreduce benchmark times the alternative beside it
-# (through dist.irecv / dist.isend, ring._post, with the scratch the other algorithms share);
+# (through dist.irecv / dist.isend, p2p.post, with the scratch the other algorithms share);
 # only the benchmark turns this off.
 SEGMENTED_DIRECT = True
 
@@ -146,12 +148,12 @@ def _fold_in(flat: Tensor, plan: _Plan, group) -> bool:
     """Extra ranks hand their tensor to a partner. Returns whether this rank sits the exchanges out."""
     extra = plan.size - plan.p
     if plan.rank >= plan.p:  # an extra rank: send, then wait for the result in _fold_out
-        _wait(_exchange(flat, None, plan.glob[plan.rank - plan.p], plan.glob[plan.rank - plan.p], group))
+        wait(exchange(flat, None, plan.glob[plan.rank - plan.p], plan.glob[plan.rank - plan.p], group))
         return True
     if plan.rank < extra:
         partner = plan.glob[plan.rank + plan.p]
-        buf = _buffer(flat.numel(), flat)
-        _wait(_exchange(None, buf, partner, partner, group))
+        buf = scratch(flat.numel(), flat)
+        wait(exchange(None, buf, partner, partner, group))
         _add_ordered(flat, buf, True)  # rank i < its extra rank p + i
     return False
 
@@ -160,18 +162,18 @@ def _fold_out(flat: Tensor, plan: _Plan, group) -> None:
     extra = plan.size - plan.p
     if plan.rank >= plan.p:
         partner = plan.glob[plan.rank - plan.p]
-        _wait(_exchange(None, flat, partner, partner, group))
+        wait(exchange(None, flat, partner, partner, group))
     elif plan.rank < extra:
         partner = plan.glob[plan.rank + plan.p]
-        _wait(_exchange(flat, None, partner, partner, group))
+        wait(exchange(flat, None, partner, partner, group))
 
 
 def _doubling(flat: Tensor, plan: _Plan, group) -> None:
-    buf = _buffer(flat.numel(), flat)
+    buf = scratch(flat.numel(), flat)
     d = 1
     while d < plan.p:
         partner = plan.rank ^ d
-        _wait(_exchange(flat, buf, plan.glob[partner], plan.glob[partner], group))
+        wait(exchange(flat, buf, plan.glob[partner], plan.glob[partner], group))
         _add_ordered(flat, buf, plan.rank < partner)
         d <<= 1
 
@@ -184,13 +186,13 @@ def _halving_doubling(flat: Tensor, plan: _Plan, op: str, group) -> None:
         return block * q + min(block, rem)
 
     lo, hi, d = 0, p, p >> 1
-    buf = _buffer((p // 2) * (q + 1), flat)  # the larger half: p/2 blocks of at most q + 1
+    buf = scratch((p // 2) * (q + 1), flat)  # the larger half: p/2 blocks of at most q + 1
     while d >= 1:  # reduce-scatter by recursive halving: keep one half, send the other
         partner, mid = r ^ d, (lo + hi) // 2
         keep, give = ((lo, mid), (mid, hi)) if r & d == 0 else ((mid, hi), (lo, mid))
         mine = flat[start(keep[0]): start(keep[1])]
         recv = buf[: mine.numel()]
-        _wait(_exchange(flat[start(give[0]): start(give[1])], recv, plan.glob[partner], plan.glob[partner], group))
+        wait(exchange(flat[start(give[0]): start(give[1])], recv, plan.glob[partner], plan.glob[partner], group))
         _add_ordered(mine, recv, r < partner)
         lo, hi = keep
         d >>= 1
@@ -201,7 +203,7 @@ def _halving_doubling(flat: Tensor, plan: _Plan, op: str, group) -> None:
         partner = r ^ d
         width = hi - lo
         other = (lo - width, lo) if r & d else (hi, hi + width)
-        _wait(_exchange(flat[start(lo): start(hi)], flat[start(other[0]): start(other[1])],
+        wait(exchange(flat[start(lo): start(hi)], flat[start(other[0]): start(other[1])],
                         plan.glob[partner], plan.glob[partner], group))
         lo, hi = min(lo, other[0]), max(hi, other[1])
         d <<= 1
@@ -223,10 +225,10 @@ def _sum_in_rank_order(terms: list[Tensor], out: Tensor, rank: int) -> None:
 
 def _one_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
     r, n, numel = plan.rank, plan.size, flat.numel()
-    buf = _buffer((n - 1) * numel, flat).view(n - 1, numel)
+    buf = scratch((n - 1) * numel, flat).view(n - 1, numel)
     others = [(r + i) % n for i in range(1, n)]  # peers in a rotated order: not all to rank 0 first
     slot = {j: buf[i] for i, j in enumerate(others)}
-    _wait(_post([(plan.glob[j], slot[j]) for j in others], [(plan.glob[j], flat) for j in others], group))
+    wait(post([(plan.glob[j], slot[j]) for j in others], [(plan.glob[j], flat) for j in others], group))
     _sum_in_rank_order([flat if j == r else slot[j] for j in range(n)], flat, r)
     if op == "avg":
         flat.div_(n)
@@ -237,32 +239,32 @@ def _two_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
     blocks = torch.tensor_split(flat, n)  # sizes differ by at most one element
     mine = blocks[r]
     others = [(r + i) % n for i in range(1, n)]
-    buf = _buffer((n - 1) * mine.numel(), flat).view(n - 1, mine.numel())
+    buf = scratch((n - 1) * mine.numel(), flat).view(n - 1, mine.numel())
     slot = {j: buf[i] for i, j in enumerate(others)}
     # reduce-scatter: block j goes to rank j; every other rank's block r comes here
     receives, sends = [(plan.glob[j], slot[j]) for j in others], [(plan.glob[j], blocks[j]) for j in others]
     if flat.is_cuda or not ring.LATE_SENDS:  # one batch on NCCL; or (the benchmark's alternative) a wait per send
-        _wait(_post(receives, sends, group))
+        wait(post(receives, sends, group))
         sends = []
     else:  # on gloo, add while the sends finish (see ring._LateSends)
-        receives = _post(receives, [], group)
-        sends = _post([], sends, group)
-        _wait(receives)
+        receives = post(receives, [], group)
+        sends = post([], sends, group)
+        wait(receives)
     _sum_in_rank_order([mine if j == r else slot[j] for j in range(n)], mine, r)
-    _wait(sends)  # the all-gather receives into the blocks they read
+    wait(sends)  # the all-gather receives into the blocks they read
     if op == "avg":
         mine.div_(n)
     # all-gather: the finished block to every other rank; theirs straight into place
-    _wait(_post([(plan.glob[j], blocks[j]) for j in others], [(plan.glob[j], mine) for j in others], group))
+    wait(post([(plan.glob[j], blocks[j]) for j in others], [(plan.glob[j], mine) for j in others], group))
 
 
-def _in_pairs(count: int, post, finish) -> None:
+def _in_pairs(count: int, start, finish) -> None:
     """Run ``count`` steps with two in flight: step i + 2 is posted once step i is finished."""
     pending: deque = deque()
     for i in range(count):
         if len(pending) == 2:
             finish(*pending.popleft())
-        pending.append(post(i))
+        pending.append(start(i))
     while pending:
         finish(*pending.popleft())
 
@@ -286,43 +288,43 @@ def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group, cpp: bool = False
     s = _segments_per_chunk(chunks[0].numel() * flat.element_size())
     pg = group if group is not None else dist.group.WORLD
     if cpp:  # the loop below in C++: the same segments, messages, order and additions, the same bits
-        scratch = _buffer(2 * -(-chunks[0].numel() // s), flat, "segmented")  # two of the longest segment
-        torch.ops.dense_collectives.segmented_ring_(flat, pg.group_name, s, op == "avg", scratch)
+        space = scratch(2 * -(-chunks[0].numel() // s), flat, "segmented")  # two of the longest segment
+        torch.ops.dense_collectives.segmented_ring_(flat, pg.group_name, s, op == "avg", space)
         return
     segments = [torch.tensor_split(c, s) for c in chunks]
     direct = SEGMENTED_DIRECT and not flat.is_cuda
     # two segments (segment 0 of chunk 0 is the longest), at most 2·SEGMENT_BYTES
-    scratch = _buffer(2 * segments[0][0].numel(), flat, "segmented" if direct else "").view(2, -1)
+    space = scratch(2 * segments[0][0].numel(), flat, "segmented" if direct else "").view(2, -1)
     steps = [(step, j) for step in range(n - 1) for j in range(s)]
 
-    def post(send: Tensor, recv: Tensor) -> tuple[list, list]:
+    def post_segment(send: Tensor, recv: Tensor) -> tuple[list, list]:
         """A segment step's receives and sends: the receive posted first, the send waited for after the add."""
         if flat.is_cuda:  # NCCL: one batch, waited for as a whole
-            return _exchange(send, recv, right, left, group), []
+            return exchange(send, recv, right, left, group), []
         if not direct:
-            return _post([(left, recv)], [], group, message_bytes=0), _post([], [(right, send)], group, message_bytes=0)
+            return post([(left, recv)], [], group, message_bytes=0), post([], [(right, send)], group, message_bytes=0)
         return ([pg.recv([recv], (r - 1) % n, 0)] if recv.numel() else [],  # group ranks, one message each
                 [pg.send([send], (r + 1) % n, 0)] if send.numel() else [])
 
     def reduce_post(i: int) -> tuple:
         step, j = steps[i]  # as in the ring: send chunk r − step − 1, receive and add chunk r − step − 2
         mine = segments[(r - step - 2) % n][j]
-        recv = scratch[i % 2][: mine.numel()]
-        return (*post(segments[(r - step - 1) % n][j], recv), mine, recv, step == n - 2)
+        recv = space[i % 2][: mine.numel()]
+        return (*post_segment(segments[(r - step - 1) % n][j], recv), mine, recv, step == n - 2)
 
     def reduce_finish(receives: list, sends: list, mine: Tensor, recv: Tensor, last: bool) -> None:
-        _wait(receives)
+        wait(receives)
         torch.add(mine, recv, out=mine)  # own + partial, as the ring adds: the same bits
         if last and op == "avg":
             mine.div_(n)
-        _wait(sends)
+        wait(sends)
 
     def gather_post(i: int) -> tuple:
         step, j = steps[i]  # pass chunk r − step on, receive chunk r − step − 1 in place
-        return post(segments[(r - step) % n][j], segments[(r - step - 1) % n][j])
+        return post_segment(segments[(r - step) % n][j], segments[(r - step - 1) % n][j])
 
     _in_pairs(len(steps), reduce_post, reduce_finish)
-    _in_pairs(len(steps), gather_post, lambda receives, sends: (_wait(receives), _wait(sends)))
+    _in_pairs(len(steps), gather_post, lambda receives, sends: (wait(receives), wait(sends)))
 
 
 def _validate(tensor: Tensor, op: str, algorithm: str) -> None:
@@ -366,7 +368,7 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
     if algorithm == "ring":
         return ring_all_reduce(tensor, op, group, check=check)
     if check:
-        _agree("all_reduce", tensor, op, group)
+        agree("all_reduce", tensor, op, group)
     if plan.size == 1 or tensor.numel() == 0:
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)

@@ -23,6 +23,7 @@ busbw = algbw · 2(n − 1)/n for an all-reduce.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -40,13 +41,15 @@ from parallel.collectives import algorithms
 from parallel.collectives.algorithms import ALGORITHMS, all_reduce, choose
 from parallel.collectives.costmodel import PREDICT, link_for, size_label
 from parallel.common import data as data_mod
+from parallel.common import p2p
 from parallel.common.harness import arrivals, every_rank, header, progress, slowest_rank, warm_up, write_record
 from parallel.common.launch import world
+from parallel.common.p2p import peers
 from parallel.common.threads import THREAD_KINDS, thread_cpu_s
+from parallel.common.training import Config, build_model
 from parallel.dp import ring
 from parallel.dp.reducer import GradReducer
-from parallel.dp.ring import _peers, ring_all_reduce
-from parallel.dp.trainer import Config, build_model
+from parallel.dp.ring import ring_all_reduce
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
@@ -94,7 +97,7 @@ def _alternatives(t: torch.Tensor) -> dict:
     """The ring, two-shot and the segmented ring with one of their choices undone, to measure
     what each is worth: a fresh receive buffer on every call (the ring only: two-shot keeps one
     either way), a wait for every send before going on (ring.LATE_SENDS off), each piece or
-    block sent as one message however large (ring.MESSAGE_BYTES 0), and the segmented ring
+    block sent as one message however large (p2p.MESSAGE_BYTES 0), and the segmented ring
     posting through dist.isend / dist.irecv with its scratch in the shared buffer
     (algorithms.SEGMENTED_DIRECT off). Each switch is undone again after its call."""
     calls = {"ring": lambda: ring_all_reduce(t, check=False),
@@ -104,18 +107,15 @@ def _alternatives(t: torch.Tensor) -> dict:
     def altered(fn: Callable[[], object], fresh_buffer: bool, wait_every_send: bool,
                 one_message: bool, indirect: bool) -> Callable[[], None]:
         def run() -> None:
-            kept, message_bytes = ring._local.__dict__.get("buffers"), ring.MESSAGE_BYTES
-            if fresh_buffer:
-                ring._local.buffers = {}
+            message_bytes = p2p.MESSAGE_BYTES
             ring.LATE_SENDS = not wait_every_send
-            ring.MESSAGE_BYTES = 0 if one_message else message_bytes
+            p2p.MESSAGE_BYTES = 0 if one_message else message_bytes
             algorithms.SEGMENTED_DIRECT = not indirect
             try:
-                fn()
+                with p2p.fresh_scratch() if fresh_buffer else contextlib.nullcontext():
+                    fn()
             finally:
-                ring.LATE_SENDS, ring.MESSAGE_BYTES, algorithms.SEGMENTED_DIRECT = True, message_bytes, True
-                if fresh_buffer and kept is not None:  # the next variant finds the buffer it left
-                    ring._local.buffers = kept
+                ring.LATE_SENDS, p2p.MESSAGE_BYTES, algorithms.SEGMENTED_DIRECT = True, message_bytes, True
         return run
     return {name: altered(calls[default], *flags) for name, (default, *flags) in ALTERNATIVES.items()}
 
@@ -174,7 +174,7 @@ def allreduce(config: Config, json_path: Path | None) -> dict:
 
     rank, n = world()
     device = config.device if dist.get_backend() == "nccl" else "cpu"
-    warm_up(*_peers(None)[2:])  # a fresh gloo pair is slow for its first messages
+    warm_up(*peers(None)[2:])  # a fresh gloo pair is slow for its first messages
     without_cpp = "it runs on gloo only" if dist.get_backend() != "gloo" else _cpp_loop_everywhere()
     if without_cpp is None:
         cpp_loop.build()  # in every rank, before any call: auto's segmented ring runs in C++ from here
@@ -240,7 +240,7 @@ def cpu(config: Config, json_path: Path | None) -> dict:
     time is paired with gloo's in the same round."""
     from parallel.collectives import cpp_loop
 
-    warm_up(*_peers(None)[2:])
+    warm_up(*peers(None)[2:])
     without_cpp = _cpp_loop_everywhere()
     shuffler = random.Random(0)  # the same order on every rank: they must make the same calls
     results, started = [], time.perf_counter()
@@ -333,7 +333,7 @@ def burst(config: Config, json_path: Path | None) -> dict:
     from parallel.collectives import cpp_loop
 
     n = world()[1]
-    warm_up(*_peers(None)[2:])
+    warm_up(*peers(None)[2:])
     without_cpp = _cpp_loop_everywhere()
     variants = [v for v in BURST_VARIANTS if v != CPP_LOOP or without_cpp is None]
     results, started = [], time.perf_counter()
@@ -411,14 +411,15 @@ def zero(config: Config, json_path: str | None) -> None:
     per_rank = config.batch_size  # weak scaling: every rank computes the same amount at every n
     idx = torch.arange(rank * per_rank, (rank + 1) * per_rank) % len(ds.train)
     x, y = ds.train.x[idx], ds.train.y[idx]
-    warm_up(*_peers(None)[2:])
+    warm_up(*peers(None)[2:])
 
     def make(variant: str):
         torch.manual_seed(config.seed)
         model = build_model(ds.features, tuple(config.hidden), ds.classes, config.mode)
         params = list(model.parameters())
         opt = ZeroAdam(params, lr=1e-4) if variant == "zero" else torch.optim.Adam(params, lr=1e-4)
-        reducer = GradReducer(params, bucket_bytes=config.bucket_kb * 1024, overlap=False) if variant == "dp" else None
+        reducer = (GradReducer(params, bucket_bytes=config.bucket_kb * 1024, overlap=False, all_reduce=all_reduce)
+                   if variant == "dp" else None)
 
         def run() -> None:
             (F.cross_entropy(model(x), y, reduction="sum") / (per_rank * n)).backward()
@@ -480,23 +481,23 @@ def zero_table(record: dict) -> str:
     return "\n".join(rows)
 
 
-ONE_MESSAGE = "one message: irecv, then isend, + wait (ring._exchange on gloo)"
+ONE_MESSAGE = "one message: irecv, then isend, + wait (p2p.exchange on gloo)"
 
 
 def overhead(config: Config, json_path: str | None) -> None:
     """Where the microseconds of a small all-reduce go: whole calls against one bare message,
     and the Python-side pieces of a call timed alone (no message)."""
-    from parallel.dp.ring import _exchange, _wait
+    from parallel.common.p2p import exchange, wait
 
     rank, n = world()
     nbytes = 4096
-    _, _, right, left = _peers(None)
+    _, _, right, left = peers(None)
     warm_up(right, left)
     t, recv = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4)
     calls = {  # variant -> (callable, messages each rank sends per call)
-        "one message: batch_isend_irecv + wait": (lambda: _wait(dist.batch_isend_irecv(
+        "one message: batch_isend_irecv + wait": (lambda: wait(dist.batch_isend_irecv(
             [dist.P2POp(dist.isend, t, right), dist.P2POp(dist.irecv, recv, left)])), 1),
-        ONE_MESSAGE: (lambda: _wait(_exchange(t, recv, right, left, None)), 1),
+        ONE_MESSAGE: (lambda: wait(exchange(t, recv, right, left, None)), 1),
         "ring_all_reduce, check=False": (lambda: ring_all_reduce(t, check=False), 2 * (n - 1)),
         "all_reduce doubling": (lambda: all_reduce(t, algorithm="doubling", check=False),
                                 (n.bit_length() - 1) + 2 * (n != 1 << (n.bit_length() - 1))),
@@ -516,7 +517,7 @@ def overhead(config: Config, json_path: str | None) -> None:
             lambda: torch.empty(nbytes // 4 // n),
         "add_ of one received piece": lambda: t[: nbytes // 4 // n].add_(recv[: nbytes // 4 // n]),
         "cached plan + buffer lookup + choice (all_reduce, per call)":
-            lambda: (algorithms._plan(None), algorithms._buffer(nbytes // 4, t),
+            lambda: (algorithms._plan(None), p2p.scratch(nbytes // 4, t),
                      algorithms.choose(nbytes // 4, 4, n)),
     }, rounds=10, warmup=2)
     results = [{"variant": k, "time_us": v, "messages": calls[k][1],

@@ -16,7 +16,6 @@ algorithm in parallel/collectives/algorithms.py follows from counting its messag
                              partner first and get the result back last (p = 2^⌊log₂n⌋)
   ring reduce-scatter        (n−1)·α + (n−1)/n·N·β + (n−1)·piece·γ
   ring all-gather            (n−1)·α + (n−1)/n·N·β
-  binomial-tree broadcast    ⌈log₂n⌉·(α + N·β)
 
 Two assumptions are worth saying. The direct algorithms post n − 1 messages at once, and
 a step of theirs costs what it was measured to cost: `fit` times direct steps (the same bytes
@@ -106,7 +105,7 @@ PIECE_BYTES = 4 << 20  # parallel.dp.ring.DEFAULT_SEGMENT_BYTES (a test checks t
 
 def ring_piece(n: int, nbytes: float) -> float:
     """The bytes of one of the ring's pieces: it cuts each chunk (N/n) into as many equal pieces
-    as it takes to keep them at most PIECE_BYTES (parallel.dp.ring._pieces), so a chunk of 1.5
+    as it takes to keep them at most PIECE_BYTES (``_pieces`` in parallel/dp/ring.py), so a chunk of 1.5
     pieces' worth travels as two of 0.75."""
     chunk = nbytes / n
     return chunk / max(1, math.ceil(chunk / PIECE_BYTES))
@@ -187,10 +186,6 @@ def all_gather(n: int, nbytes: float, link: Link) -> float:
     return (n - 1) * link.alpha + (n - 1) / n * nbytes * link.beta if n > 1 else 0.0
 
 
-def tree_broadcast(n: int, nbytes: float, link: Link) -> float:
-    return math.ceil(math.log2(n)) * (link.alpha + nbytes * link.beta) if n > 1 else 0.0
-
-
 PREDICT = {"ring": ring, "doubling": doubling, "halving_doubling": halving_doubling, "one_shot": one_shot,
            "two_shot": two_shot, "segmented_ring": segmented_ring}
 
@@ -249,9 +244,9 @@ def link_for(n: int, fit: Path = FIT_PATH) -> Link:
 # ---------------------------------------------------------------------------
 
 def _p2p_job(sizes: list[int], rounds: int) -> dict:
-    """On every rank: time one ring step (ring._exchange: send right, receive left) per size;
+    """On every rank: time one ring step (p2p.exchange: send right, receive left) per size;
     with 3 ranks or more, one direct step too (the same bytes, cut in n − 1 equal messages, one
-    to each other rank, posted at once as one-shot and two-shot post theirs: ring._post, peers
+    to each other rank, posted at once as one-shot and two-shot post theirs: p2p.post, peers
     in a rotated order); and the addition of a received piece. Returns this rank's samples, µs
     per call."""
     import torch
@@ -259,22 +254,22 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
 
     from benchmark import measure
     from parallel.common.harness import warm_up
+    from parallel.common.p2p import exchange, peers, post, wait
     from parallel.common.threads import io_thread_nices
-    from parallel.dp.ring import _exchange, _peers, _post, _wait
 
-    rank, n, right, left = _peers(None)
+    rank, n, right, left = peers(None)
     out: dict = {"steps": {}, "direct": {}, "add": {}}
     warm_up(right, left)
     others = [(rank + i) % n for i in range(1, n)]
     bufs = {nbytes: (torch.zeros(nbytes // 4), torch.empty(nbytes // 4)) for nbytes in sizes}
     fns = {}
     for nbytes, (send, recv) in bufs.items():
-        fns[("steps", nbytes)] = lambda s=send, r=recv: _wait(_exchange(s, r, right, left, None))
+        fns[("steps", nbytes)] = lambda s=send, r=recv: wait(exchange(s, r, right, left, None))
         if n > 2:
             block = nbytes // 4 // (n - 1)
             inbox = recv[: block * (n - 1)].view(n - 1, block)
-            fns[("direct", nbytes)] = lambda s=send[:block], r=inbox: _wait(
-                _post([(j, r[i]) for i, j in enumerate(others)], [(j, s) for j in others], None))
+            fns[("direct", nbytes)] = lambda s=send[:block], r=inbox: wait(
+                post([(j, r[i]) for i, j in enumerate(others)], [(j, s) for j in others], None))
     # All sizes and both kinds of step interleaved round by round, so a burst of load from
     # elsewhere hits them alike instead of spoiling one. The same number of calls on every
     # rank: each is a message. A barrier starts every sample, as in the all-reduce benchmark
@@ -352,7 +347,7 @@ def fit(world_sizes: list[int], rounds: int) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": "python -m parallel.collectives.costmodel " + " ".join(sys.argv[1:]),
             "method": "per size: median over rounds (all sizes interleaved in each round; a barrier, then 4 timed "
-                      "steps, per sample) of the slowest rank's time of one ring._exchange step "
+                      "steps, per sample) of the slowest rank's time of one p2p.exchange step "
                       "(send right, receive left: on gloo irecv, then isend); "
                       "t = α + β·m fitted by least squares weighted by 1/t; from 3 ranks, direct steps "
                       "(m bytes in n − 1 equal messages, one to each other rank, at once; interleaved with the "
@@ -385,7 +380,7 @@ def fit_table(record: dict) -> str:
         rows.append(f"| {w} | {f['alpha_s'] * 1e6:.0f} | {f['beta_s_per_byte'] * 1e9:.3f} ({f['bandwidth_gbs']:.2f}) "
                     f"| {f['gamma_s_per_byte'] * 1e9:.3f} | {max(res, key=abs):+.0f}% | "
                     + " ".join(f"{r:+.0f}%" for r in res) + " " + direct)
-    rows.append(f"\nOne step = one ring._exchange between neighbours; a direct step sends the same bytes to the "
+    rows.append(f"\nOne step = one p2p.exchange between neighbours; a direct step sends the same bytes to the "
                 f"n − 1 others at once (with 2 ranks it is a ring step); slowest rank, median; on gloo, "
                 f"{record['threads_per_rank']} thread per rank"
                 + (f", gloo's I/O threads {_io_text(record['gloo_io_nice'])}" if "gloo_io_nice" in record else "")

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from parallel.collectives import algorithms
-from parallel.dp.ring import _agree
+from parallel.common.p2p import agree
 
 NAME = "dense_collectives"
 SOURCE = Path(__file__).resolve().parent / "segmented_ring.cpp"
@@ -59,7 +59,7 @@ def segmented_ring(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | N
     if not tensor.is_contiguous():
         raise ValueError("the C++ segmented ring needs a contiguous tensor")
     if check:
-        _agree("all_reduce", tensor, op, group)
+        agree("all_reduce", tensor, op, group)
     if plan.size == 1 or tensor.numel() == 0:
         return tensor
     build()

@@ -52,10 +52,10 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
     from parallel.collectives.algorithms import all_reduce
     from parallel.collectives.costmodel import size_label
     from parallel.common.harness import warm_up
+    from parallel.common.p2p import peers
     from parallel.common.threads import io_thread_nices
-    from parallel.dp.ring import _peers
 
-    warm_up(*_peers(None)[2:])
+    warm_up(*peers(None)[2:])
     fns = {}
     for nbytes in sizes:
         t = torch.zeros(nbytes // 4)

@@ -163,8 +163,9 @@ def torch_zero(params, lr: float = 1e-3, group: dist.ProcessGroup | None = None,
 # ---------------------------------------------------------------------------
 
 class ZeRO(DataParallel):
-    """parallel/dp/trainer.py's loop with ZeroAdam: the optimiser reduce-scatters the gradients
-    itself in its step, so there are no all-reduce buckets during backward."""
+    """The training loop's strategy (parallel/common/training.py) with ZeroAdam: chapter 6's
+    DataParallel, except that the optimiser reduce-scatters the gradients itself in its step,
+    so there are no all-reduce buckets during backward."""
 
     def __init__(self, config) -> None:
         super().__init__(config)

@@ -3,9 +3,9 @@ that a resumed run continues exactly the run that wrote it (the same model, the 
 order), or stops with one line saying why not.
 
 A checkpoint holds the unsharded state (the model's state_dict and torch.optim.Adam's), whatever
-the run sharded: ZeRO and tensor-parallel runs gather it first (parallel/dp/trainer.py's
-strategies), so a checkpoint resumes under any layout. ``config`` is the trainer's Config (its
-seed, batch_size and data fix the data order).
+the run sharded: ZeRO and tensor-parallel runs gather it first (each strategy's ``full_state``,
+parallel/common/training.py), so a checkpoint resumes under any layout. ``config`` is the
+training loop's Config (its seed, batch_size and data fix the data order).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Run on every rank by ``distributed.py --bench`` (the benchmarks themselves live with their
 chapters: parallel/dp/bench.py, parallel/collectives/bench.py, parallel/tp/bench.py). A
 collective is done when its last rank is, so a sample is the slowest rank's time for it
-(``slowest_rank``); the ranks' readings are gathered with our own ring (``every_rank``). A
+(``slowest_rank``); the ranks' readings are gathered round our own ring (``every_rank``). A
 record starts with the same fields everywhere (``header``: the machine, torch, the backend,
 the ranks, and the setting of gloo's I/O threads it ran under), and rank 0 writes it
 (``write_record``).
@@ -24,16 +24,17 @@ import cli
 from benchmark import describe_device
 from parallel.common import threads
 from parallel.common.launch import world
-from parallel.dp.ring import _exchange, _wait, ring_all_reduce_host
+from parallel.common.p2p import agree, exchange, stack_rows, wait
 
 
 def every_rank(mine: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``mine`` (the same shape on all), stacked in rank order: each rank fills its
-    own row of zeros and a ring sum gathers them. Every rank must call it."""
-    rank, n = world()
-    table = torch.zeros(n, *mine.shape, dtype=mine.dtype)
-    table[rank] = mine
-    return ring_all_reduce_host(table)
+    """Every rank's ``mine`` (a CPU tensor, the same shape on all), stacked in rank order, on
+    the CPU: gathered round the ring (p2p.stack_rows; on NCCL through the current GPU, since
+    NCCL sends CUDA tensors only). Every rank must call it."""
+    if dist.get_backend() == "nccl":
+        mine = mine.to(torch.device("cuda", torch.cuda.current_device()))
+    agree("all_reduce", mine, "sum", None)  # ranks that disagree on the size raise, not crash gloo
+    return stack_rows(mine, purpose="data").cpu()
 
 
 def slowest_rank(samples: list[float]) -> list[float]:
@@ -74,7 +75,7 @@ def _io_thread_nices() -> dict[str, int]:
     counts = torch.zeros(40 + len(policies), dtype=torch.int64)  # niceness -20 … 19, then the policies
     for nice in threads.io_thread_nices():
         counts[40 + policies.index(nice) if nice in threads.POLICIES else nice + 20] += 1
-    ring_all_reduce_host(counts)  # every rank calls header, so every rank takes part
+    counts = every_rank(counts).sum(0)  # every rank calls header, so every rank takes part
     return {(policies[i - 40] if i >= 40 else str(i - 20)): int(c) for i, c in enumerate(counts.tolist()) if c}
 
 
@@ -116,6 +117,6 @@ def warm_up(right: int, left: int, group=None, seconds: float = 0.5) -> None:
     dist.broadcast(end, 0, group)  # every rank stops after the same number of exchanges
     go = torch.ones(1)
     while go.item():
-        _wait(_exchange(a, b, right, left, group))
+        wait(exchange(a, b, right, left, group))
         go.fill_(float(time.perf_counter() < end.item()))
         dist.broadcast(go, 0, group)

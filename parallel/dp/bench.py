@@ -18,12 +18,14 @@ from benchmark import CI_LEVEL, Stats, measure, paired_ratio
 from parallel.common import data as data_mod
 from parallel.common.harness import header, slowest_rank, write_record
 from parallel.common.launch import world
-from parallel.dp.reducer import GradReducer
-from parallel.dp.trainer import Config, build_model
+from parallel.common.training import Config, build_model
+from parallel.dp.reducer import AllReduce, GradReducer
+from parallel.dp.ring import ring_all_reduce
 
 
-def step(config: Config, json_path: Path | None) -> dict:
-    """Time a training step three ways on the same model, data and shard."""
+def step(config: Config, json_path: Path | None, all_reduce: AllReduce = ring_all_reduce) -> dict:
+    """Time a training step three ways on the same model, data and shard; our loop's buckets
+    reduced by ``all_reduce`` (distributed.py passes the one training uses)."""
     from torch.nn.parallel import DistributedDataParallel
 
     rank, n = world()
@@ -45,7 +47,7 @@ def step(config: Config, json_path: Path | None) -> dict:
                 opt.zero_grad(set_to_none=True)
             return run, None
         reducer = GradReducer(list(model.parameters()), bucket_bytes=config.bucket_kb * 1024,
-                              overlap=(variant == "all_reduce, overlap"))
+                              overlap=(variant == "all_reduce, overlap"), all_reduce=all_reduce)
 
         def run() -> None:
             (F.cross_entropy(model(x), y, reduction="sum") / len(batch)).backward()

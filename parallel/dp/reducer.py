@@ -3,8 +3,8 @@
 Parameters are grouped, in reverse order of registration (the order backward produces their
 gradients), into buckets of about ``bucket_bytes``. A hook on each parameter
 (``register_post_accumulate_grad_hook``) notes when its gradient is ready; when a bucket is
-complete it is handed to a communication thread, which flattens it, all-reduces it (the
-algorithm chosen by size, parallel/collectives/algorithms.py) and writes the result back, while autograd
+complete it is handed to a communication thread, which flattens it, all-reduces it (with the
+``all_reduce`` it was given: the ring by default) and writes the result back, while autograd
 goes on with the earlier layers. ``finish()`` waits for the last bucket before the optimiser step.
 
 Buckets always start in index order on every rank: an all-reduce is a sequence of point-to-point
@@ -16,28 +16,35 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
-from parallel.collectives.algorithms import all_reduce
+from parallel.dp.ring import ring_all_reduce
+
+# all_reduce(tensor, group=..., check=...): sums ``tensor`` over the group's ranks, in place
+AllReduce = Callable[..., Tensor]
 
 
 class GradReducer:
     """Sum the gradients of ``params`` over all ranks, bucket by bucket.
 
-    The loss on each rank must already carry the global scale (this trainer divides the
-    local sum by the global batch size), so a plain sum gives the global-batch gradient
-    whatever the shard sizes. ``staging_device="cpu"`` reduces CUDA gradients through host
-    memory, for gloo (which sends CPU tensors only).
+    The loss on each rank must already carry the global scale (the training loop,
+    parallel/common/training.py, divides the local sum by the global batch size), so a plain
+    sum gives the global-batch gradient whatever the shard sizes. ``staging_device="cpu"``
+    reduces CUDA gradients through host memory, for gloo (which sends CPU tensors only).
+    ``all_reduce(buffer, group=..., check=...)`` sums a bucket in place: the ring, or any
+    all-reduce with its signature (the second part of this chapter picks one by size).
     """
 
     def __init__(self, params: list[nn.Parameter], bucket_bytes: int = 1 << 20, overlap: bool = True,
-                 staging_device: str | torch.device | None = None,
-                 group: dist.ProcessGroup | None = None) -> None:
+                 staging_device: str | torch.device | None = None, group: dist.ProcessGroup | None = None,
+                 all_reduce: AllReduce = ring_all_reduce) -> None:
         params = [p for p in params if p.requires_grad]
         self.group = group  # the ranks that average these gradients (a data-parallel group)
+        self.all_reduce = all_reduce
         self.overlap = overlap
         self.buckets: list[list[nn.Parameter]] = []
         size = bucket_bytes  # start a new bucket at the first parameter
@@ -110,7 +117,7 @@ class GradReducer:
             part.copy_(p.grad.view(-1)) if p.grad is not None else part.zero_()
             offset += p.numel()
         start = time.perf_counter()
-        all_reduce(buf, group=self.group, check=False)
+        self.all_reduce(buf, group=self.group, check=False)
         end = time.perf_counter()
         self.comm_s += end - start
         if self.calls is not None:

@@ -15,28 +15,29 @@ The all-reduce is the one followed by the other, 2(n − 1) steps in which each 
 2(n − 1)/n of the data, whatever n is: the ring is bandwidth-optimal.
 
 parallel/dp/simple.py is the same all-reduce in thirty lines. This one adds what a library
-needs, each for a reason:
+needs, each for a reason. The messages themselves go through parallel/common/p2p.py, which the
+later chapters' collectives share:
 
-- Agreement first (``_agree``). On gloo, a receive whose size differs from its send kills the
-  receiving process with a C++ terminate; here every rank first sees every other rank's call
-  (kind, dtype, op, shape), and ranks that disagree all raise the same RingError instead.
+- Agreement first (``p2p.agree``). On gloo, a receive whose size differs from its send kills
+  the receiving process with a C++ terminate; here every rank first sees every other rank's
+  call (kind, dtype, op, shape), and ranks that disagree all raise the same RingError instead.
 - Any shape, any split. Chunks and pieces follow ``torch.tensor_split``, so sizes that n does
   not divide, empty tensors, 0-d tensors, non-contiguous tensors (through a copy) and, in the
   all-gather, ranks with different numbers of rows all work; ``avg`` as well as ``sum``, for
   every float and integer dtype.
 - Clear errors before anything is sent (``_check_tensor``): a wrong op, a CPU tensor on NCCL,
   a CUDA tensor on gloo.
-- NCCL as well as gloo (``_post``): on NCCL a step is one ``batch_isend_irecv``, because
+- NCCL as well as gloo (``p2p.post``): on NCCL a step is one ``batch_isend_irecv``, because
   separate isend/irecv calls can deadlock there.
 - The reduce-scatter and the all-gather on their own, for ZeRO (parallel/collectives/zero.py)
   and the tensor-parallel layers (parallel/tp/layers.py).
 - Overlap inside a call. Each chunk travels in pieces of about 4 MiB (on gloo, each as
-  messages of at most about 1 MiB: ``MESSAGE_BYTES``), in a wavefront: piece k + 1 runs one
-  step behind piece k, so adding one piece can overlap the transfer of the next, and the
+  messages of at most about 1 MiB: ``p2p.MESSAGE_BYTES``), in a wavefront: piece k + 1 runs
+  one step behind piece k, so adding one piece can overlap the transfer of the next, and the
   all-gather of the first pieces overlaps the reduce-scatter of the last. On gloo a rank waits
   for its receive alone and settles a send only before its piece is written again
   (``_LateSends``).
-- No allocation per call: receive and scratch buffers are kept from call to call (``_buffer``).
+- No allocation per call: receive buffers are kept from call to call (``p2p.scratch``).
 
 Buckets, the other overlap (reducing while backward still runs), are the caller's:
 parallel/dp/reducer.py. The three public collectives run the same two step functions
@@ -47,113 +48,20 @@ parallel/dp/reducer.py. The three public collectives run the same two step funct
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-OPS = ("sum", "avg")
+from parallel.common.p2p import OPS, agree, exchange, peers, scratch, wait
+
 # The pieces' size. `distributed.py --bench allreduce` times 1 and 16 MiB pieces beside it
 # (its second table); none has been faster everywhere on the 2-core machine.
 DEFAULT_SEGMENT_BYTES = 4 << 20
-_DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3,
-                torch.float16: 4, torch.bfloat16: 5, torch.uint8: 6, torch.int8: 7}
-_KINDS = ("all_reduce", "reduce_scatter", "all_gather")
-_SHOWN_DIMS = 4  # the metadata row carries the first dimensions (for the message) and a hash of all
-
-
-class RingError(RuntimeError):
-    """The ranks disagree about a call (sizes, dtypes, op), or a peer failed."""
-
-
-def _peers(group: dist.ProcessGroup | None) -> tuple[int, int, int, int]:
-    """(rank in group, group size, global rank of right neighbour, of left neighbour)."""
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-
-    def glob(r: int) -> int:
-        return r if group is None else dist.get_global_rank(group, r)
-
-    return rank, size, glob((rank + 1) % size), glob((rank - 1) % size)
-
-
-# Bytes this process has sent, by purpose (parallel/tp/report.py's table of bytes per step).
-SENT_BYTES = {"data": 0, "metadata": 0}
-
-
-def _post(recvs: list[tuple[int, Tensor]], sends: list[tuple[int, Tensor]], group: dist.ProcessGroup | None,
-          purpose: str = "data", message_bytes: int | None = None) -> list:
-    """Post receives from and sends to any peers (global ranks) at once. Returns the requests.
-
-    NCCL needs the whole set as one batch_isend_irecv (separate calls can deadlock). On gloo an
-    isend or irecv never blocks, so the receives are posted first, straight to the process
-    group: the data finds its buffers waiting, and no batching code runs (the overhead
-    benchmark, ``distributed.py --bench overhead``, times both ways). Empty tensors are
-    skipped, on both sides alike when both derive the sizes from the same agreed numel. On gloo
-    a tensor goes as messages of at most ``message_bytes`` (default ``MESSAGE_BYTES``; 0: one).
-    """
-    recvs = [(peer, t) for peer, t in recvs if t.numel()]
-    sends = [(peer, t) for peer, t in sends if t.numel()]
-    for _, t in sends:
-        SENT_BYTES[purpose] += t.numel() * t.element_size()
-    if not (sends or recvs):
-        return []
-    if (sends or recvs)[0][1].is_cuda:
-        return dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer, group) for peer, t in sends] +
-                                      [dist.P2POp(dist.irecv, t, peer, group) for peer, t in recvs])
-    limit = MESSAGE_BYTES if message_bytes is None else message_bytes
-    return ([dist.irecv(m, peer, group) for peer, t in recvs for m in _messages(t, limit)] +
-            [dist.isend(m, peer, group) for peer, t in sends for m in _messages(t, limit)])
-
-
-# On gloo a tensor larger than this goes as several messages, all posted at once (0: one
-# message). gloo's own all_reduce cuts its segments at 1 MiB too. The allreduce benchmark
-# times the ring and two-shot with one message per piece beside them; why gloo's TCP transport
-# moves one large message more slowly than the same bytes as several is not traced.
-MESSAGE_BYTES = 1 << 20
-
-
-def _messages(t: Tensor, limit: int) -> tuple[Tensor, ...]:
-    """``t`` cut into ⌈bytes / limit⌉ messages whose sizes differ by one element at most (0: one
-    message). The sender and the receiver hold tensors of the same numel and dtype, so both cut
-    them the same way."""
-    n = -(-t.numel() * t.element_size() // limit) if limit else 1
-    return (t,) if n <= 1 else torch.tensor_split(t.view(-1), n)
-
-
-_local = threading.local()
 # Whether the all-reduces on gloo wait for a send only when they must (``_LateSends``). Only
 # the allreduce benchmark turns it off, to measure what it is worth.
 LATE_SENDS = True
-
-
-def _buffer(numel: int, like: Tensor, owner: str = "") -> Tensor:
-    """Scratch space of ``numel`` elements, reused across calls (one per thread, dtype, device
-    and ``owner``: the algorithms share the default ""; one that names itself keeps its own).
-
-    A fresh buffer per call costs an allocation (and, for large ones, page faults) each time;
-    the allreduce benchmark times the ring with one beside the ring without.
-    Nothing returned to a caller lives here, and a collective is done with it when it returns,
-    so the next call on the same thread may overwrite it.
-    """
-    cache = _local.__dict__.setdefault("buffers", {})
-    key = (like.dtype, like.device, owner)
-    buf = cache.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = cache[key] = torch.empty(max(numel, 1024), dtype=like.dtype, device=like.device)
-    return buf[:numel]
-
-
-def _exchange(send: Tensor | None, recv: Tensor | None, right: int, left: int,
-              group: dist.ProcessGroup | None, purpose: str = "data") -> list:
-    """Post one ring step: send to the right, receive from the left (either may be None)."""
-    return _post([] if recv is None else [(left, recv)], [] if send is None else [(right, send)], group, purpose)
-
-
-def _wait(requests: list) -> None:
-    for req in requests:
-        req.wait()
 
 
 # ---------------------------------------------------------------------------
@@ -175,54 +83,6 @@ def _check_tensor(name: str, tensor: Tensor, op: str | None, group: dist.Process
         raise ValueError(f"the nccl backend sends CUDA tensors only; this tensor is on {tensor.device}")
 
 
-def _metadata(kind: str, tensor: Tensor, op: str) -> list[int]:
-    shape = tuple(tensor.shape) or (1,)  # a 0-d tensor is one row of one element
-    shown = list(shape[:_SHOWN_DIMS]) + [-1] * (_SHOWN_DIMS - min(len(shape), _SHOWN_DIMS))
-    # Python hashes tuples of ints the same way in every process (no hash randomisation).
-    trailing = hash(shape[1:]) & ((1 << 62) - 1)
-    return [_KINDS.index(kind), _DTYPE_CODES.get(tensor.dtype, -1), OPS.index(op), tensor.numel(),
-            len(shape), trailing, *shown]
-
-
-def _agree(kind: str, tensor: Tensor, op: str, group: dist.ProcessGroup | None) -> list[list[int]]:
-    """Make every rank see every other rank's call (kind, dtype, op, shape) before data moves.
-
-    On gloo, a receive whose size differs from the matching send kills the receiving
-    process (a C++ terminate, not a Python error), so this must come first. The rows are
-    all-gathered round the same ring, n − 1 tiny steps, and every rank raises the same error.
-    The all-gather allows different sizes along dimension 0; everything else must match.
-    Returns every rank's row (the all-gather needs the sizes).
-    """
-    rank, size, right, left = _peers(group)
-    mine = torch.tensor(_metadata(kind, tensor, op), dtype=torch.int64, device=tensor.device)
-    seen = torch.empty(size, len(mine), dtype=torch.int64, device=tensor.device)
-    seen[rank] = mine
-    for step in range(size - 1):
-        _wait(_exchange(seen[(rank - step) % size], seen[(rank - step - 1) % size], right, left, group,
-                        "metadata"))
-    rows = seen.tolist()
-    if kind == "all_gather":  # sizes along dimension 0 may differ: compare the rest
-        key = [(r[0], r[1], r[2], r[4], r[5]) for r in rows]
-    elif kind == "all_reduce":  # only the number of elements matters
-        key = [(r[0], r[1], r[2], r[3]) for r in rows]
-    else:
-        key = [tuple(r) for r in rows]
-    if len(set(key)) > 1:
-        names = {v: str(k).removeprefix("torch.") for k, v in _DTYPE_CODES.items()}
-
-        def describe(r: int, row: list[int]) -> str:
-            k, d, o, numel, ndim, _, *shown = row
-            dims = ", ".join(str(s) for s in shown[:ndim]) + (", ..." if ndim > _SHOWN_DIMS else "")
-            op_text = f", op {OPS[o]}" if kind != "all_gather" else ""
-            call = f"{_KINDS[k]}, " if k != _KINDS.index(kind) else ""
-            return f"rank {r}: {call}numel {numel}, shape ({dims}), {names.get(d, 'other dtype')}{op_text}"
-
-        detail = "; ".join(describe(r, row) for r, row in enumerate(rows))
-        what = "shapes" if kind == "all_gather" else "tensors or ops"
-        raise RingError(f"ring_{kind}: ranks passed different {what} ({detail})")
-    return rows
-
-
 # ---------------------------------------------------------------------------
 # The two step functions and the wavefront that runs them
 # ---------------------------------------------------------------------------
@@ -240,7 +100,7 @@ def _wavefront(n_pieces: int, n_steps: int, post: Callable[[int, int], Posted]) 
     for slot in range(n_pieces + n_steps - 1):
         posted, in_flight = in_flight, []
         for k, step, requests, done in posted:
-            _wait(requests)
+            wait(requests)
             if done is not None:
                 done()
             if step + 1 < n_steps:
@@ -265,13 +125,13 @@ class _LateSends:
         self.pending: dict[tuple[int, int], list] = {}  # (chunk, piece) -> its sends' requests
 
     def post(self, tensor: Tensor, key: tuple[int, int], right: int, group: dist.ProcessGroup | None) -> None:
-        self.pending.setdefault(key, []).extend(_exchange(tensor, None, right, right, group))
+        self.pending.setdefault(key, []).extend(exchange(tensor, None, right, right, group))
 
     def settle(self, key: tuple[int, int] | None = None) -> None:
         """Wait for the sends of piece ``key`` (chunk, piece), or for all of them. Each request
         is waited for once: on gloo a second wait on a finished send hangs."""
         for requests in ([self.pending.pop(key, [])] if key is not None else self.pending.values()):
-            _wait(requests)
+            wait(requests)
         if key is None:
             self.pending = {}
 
@@ -297,8 +157,8 @@ def _reduce_scatter_step(src: list[list[Tensor]], acc: Callable[[int, int], Tens
         if last and op == "avg":
             dst.div_(size)
     if late is None:
-        return _exchange(send, buf, right, left, group), done
-    receive = _exchange(None, buf, right, left, group)  # the receive first, as _exchange posts them
+        return exchange(send, buf, right, left, group), done
+    receive = exchange(None, buf, right, left, group)  # the receive first, as exchange posts them
     late.post(send, (send_chunk, k), right, group)
     return receive, done
 
@@ -309,9 +169,9 @@ def _all_gather_step(chunks: list[list[Tensor]], k: int, step: int, rank: int, s
     (with ``late``: once any send still reading that place is done)."""
     send_chunk, recv_chunk = (rank - step) % size, (rank - step - 1) % size
     if late is None:
-        return _exchange(chunks[send_chunk][k], chunks[recv_chunk][k], right, left, group), None
+        return exchange(chunks[send_chunk][k], chunks[recv_chunk][k], right, left, group), None
     late.settle((recv_chunk, k))  # the all-reduce sent this piece in its reduce-scatter
-    receive = _exchange(None, chunks[recv_chunk][k], right, left, group)
+    receive = exchange(None, chunks[recv_chunk][k], right, left, group)
     late.post(chunks[send_chunk][k], (send_chunk, k), right, group)
     return receive, None
 
@@ -344,9 +204,9 @@ def ring_reduce_scatter(tensor: Tensor, op: str = "sum", group: dist.ProcessGrou
     ``ring_all_reduce``, added in the same order: the results are its chunks, bit for bit.
     """
     _check_tensor("ring_reduce_scatter", tensor, op, group)
-    rank, size, right, left = _peers(group)
+    rank, size, right, left = peers(group)
     if check:
-        _agree("reduce_scatter", tensor, op, group)
+        agree("reduce_scatter", tensor, op, group)
     rows = _flat_rows(tensor)
     chunks = [c.reshape(-1) for c in torch.tensor_split(rows, size)]
     result = torch.tensor_split(tensor.reshape(1) if tensor.dim() == 0 else tensor, size)[rank]
@@ -363,8 +223,8 @@ def ring_reduce_scatter(tensor: Tensor, op: str = "sum", group: dist.ProcessGrou
     # one receives a partial sum, the other keeps this rank's sum of it until it is sent.
     n_buffers = min(n_pieces, size - 1)
     longest = src[0][0].numel()
-    scratch = _buffer(2 * n_buffers * longest, tensor).view(2 * n_buffers, longest)
-    recv, keep = scratch[:n_buffers], scratch[n_buffers:]
+    space = scratch(2 * n_buffers * longest, tensor).view(2 * n_buffers, longest)
+    recv, keep = space[:n_buffers], space[n_buffers:]
 
     def acc(c: int, k: int) -> Tensor:
         return keep[k % n_buffers][: src[c][k].numel()]
@@ -383,10 +243,10 @@ def ring_all_gather(tensor: Tensor, group: dist.ProcessGroup | None = None, *, c
     to learn the sizes).
     """
     _check_tensor("ring_all_gather", tensor, None, group)
-    rank, size, right, left = _peers(group)
+    rank, size, right, left = peers(group)
     rows = _flat_rows(tensor)
     if check:
-        agreed = _agree("all_gather", tensor, "sum", group)
+        agreed = agree("all_gather", tensor, "sum", group)
         counts, total_rows = [row[3] for row in agreed], sum(row[6] for row in agreed)
     else:
         counts, total_rows = [rows.numel()] * size, rows.shape[0] * size
@@ -415,9 +275,9 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
     A non-contiguous tensor is reduced through a contiguous copy and written back.
     """
     _check_tensor("ring_all_reduce", tensor, op, group)
-    rank, size, right, left = _peers(group)
+    rank, size, right, left = peers(group)
     if check:
-        _agree("all_reduce", tensor, op, group)
+        agree("all_reduce", tensor, op, group)
     if size == 1 or tensor.numel() == 0:
         return tensor
 
@@ -425,7 +285,7 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
     pieces, n_pieces = _pieces(list(torch.tensor_split(flat, size)), segment_bytes)
     n_buffers = min(n_pieces, size - 1)
     longest = pieces[0][0].numel()
-    recv = _buffer(n_buffers * longest, flat).view(n_buffers, longest)
+    recv = scratch(n_buffers * longest, flat).view(n_buffers, longest)
     rs_steps = size - 1
     # On gloo, sends are waited for late. A reduce-scatter step never writes a piece it has
     # sent (it adds into the chunk it receives, sent at the next step); the all-gather

@@ -27,7 +27,7 @@ EVENTS = ("ready", "start", "end")  # per bucket
 
 
 class Tracer:
-    """Held by the trainer's strategy (parallel/dp/trainer.py) in a traced run: notes the times of
+    """Held by the DataParallel strategy (parallel/dp/trainer.py) in a traced run: notes the times of
     the recorded steps, with the GradReducer's record of its buckets."""
 
     def __init__(self, reducer) -> None:

@@ -1,6 +1,7 @@
 """Chapter 7, tensor parallelism (README.md). Read the code in this order: layers.py (the
 column- and row-parallel Dense layers, and their sequence-parallel, overlapped form),
-training.py (the dp × tp process groups and checkpoints of the unsharded state); bench.py
+training.py (the dp × tp process groups, checkpoints of the unsharded state, and
+TensorParallel, the training loop's strategy); bench.py
 times a step against torch's parallelize_module, report.py counts the bytes and draws the
 figures.
 

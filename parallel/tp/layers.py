@@ -16,7 +16,8 @@ reduce-scatters its output, and with ``overlap=True`` each of those collectives 
 steps with a GEMM on the chunk in hand while the next chunk travels (collective matmul),
 forward and backward.
 
-Every collective is the ring of parallel/dp/ring.py on ``group``; without a process group (or
+Every collective is the ring of parallel/dp/ring.py on ``group`` (its steps, where they are
+interleaved with GEMMs, through parallel/common/p2p.py); without a process group (or
 with a group of one) the layers compute the unsharded result alone.
 """
 
@@ -31,7 +32,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 import modes
-from parallel.dp.ring import _agree, _exchange, _peers, _wait, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from parallel.common.p2p import agree, exchange, peers, wait
+from parallel.dp.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 
 class TPError(ValueError):
@@ -103,7 +105,7 @@ def _timed(kind: str, fn: Callable[[], Tensor | None]) -> Tensor | None:
 
 
 def _wait_timed(requests: list) -> None:
-    _timed("comm", lambda: _wait(requests))
+    _timed("comm", lambda: wait(requests))
 
 
 # ---------------------------------------------------------------------------
@@ -267,7 +269,7 @@ def _batch_parts(x: Tensor, group, check: bool) -> list[int]:
     size = size_of(group)
     if not check or size == 1:
         return [x.shape[0]] * size
-    return [row[6] for row in _agree("all_gather", x, "sum", group)]
+    return [row[6] for row in agree("all_gather", x, "sum", group)]
 
 
 def _split_sizes(n: int, parts: int) -> list[int]:
@@ -278,13 +280,13 @@ def _split_sizes(n: int, parts: int) -> list[int]:
 def _gather_matmul(x: Tensor, parts: list[int], group, compute: Callable[[int, Tensor], None]) -> Tensor:
     """All-gather ``x`` (this rank's rows) round the ring; ``compute(c, rows)`` runs on chunk c
     as soon as it is here, while the next chunk travels. Returns the gathered tensor."""
-    rank, size, right, left = _peers(group) if size_of(group) > 1 else (0, 1, 0, 0)
+    rank, size, right, left = peers(group) if size_of(group) > 1 else (0, 1, 0, 0)
     full = torch.empty(sum(parts), *x.shape[1:], dtype=x.dtype, device=x.device)
     chunks = list(torch.split(full, parts))
     chunks[rank].copy_(x)
     for step in range(size):
         c = (rank - step) % size  # in hand
-        requests = (_exchange(chunks[c], chunks[(c - 1) % size], right, left, group)
+        requests = (exchange(chunks[c], chunks[(c - 1) % size], right, left, group)
                     if step < size - 1 else [])
         _timed("compute", lambda c=c: compute(c, chunks[c]))
         _wait_timed(requests)
@@ -295,14 +297,14 @@ def _matmul_reduce_scatter(parts: list[int], group, partial: Callable[[int], Ten
     """Reduce-scatter partial products round the ring: ``partial(c)`` computes this rank's
     contribution to chunk c. The partial for the chunk that arrives next is computed while the
     current one travels. Returns this rank's finished chunk (the sum over ranks)."""
-    rank, size, right, left = _peers(group) if size_of(group) > 1 else (0, 1, 0, 0)
+    rank, size, right, left = peers(group) if size_of(group) > 1 else (0, 1, 0, 0)
     if size == 1:
         return _timed("compute", lambda: partial(0))
     send = _timed("compute", lambda: partial((rank - 1) % size))
     for step in range(size - 1):
         c = (rank - step - 2) % size  # the chunk arriving in this step
         recv = send.new_empty(parts[c], *send.shape[1:])
-        requests = _exchange(send, recv, right, left, group)
+        requests = exchange(send, recv, right, left, group)
         own = _timed("compute", lambda c=c: partial(c))
         _wait_timed(requests)
         send = _timed("compute", lambda own=own, recv=recv: own.add_(recv))
@@ -491,7 +493,7 @@ class RowParallelDense(_ParallelDense):
 
 def build_tp_model(features: int, hidden: tuple[int, ...], classes: int, mode: str,
                    group: dist.ProcessGroup | None, device: str = "cpu") -> nn.Sequential:
-    """parallel.dp.trainer.build_model, tensor-parallel: hidden layers in Megatron's pairs
+    """parallel.common.training.build_model, tensor-parallel: hidden layers in Megatron's pairs
     (column then row), an unpaired last hidden layer column-parallel with its output gathered,
     and the linear head whole on every rank. Same indices, so the same state_dict keys."""
     layers: list[nn.Module] = []

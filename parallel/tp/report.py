@@ -39,10 +39,12 @@ def layouts(world: int) -> list[tuple[str, int]]:
 def _one_step(tp: int) -> dict:
     """One training step on this rank; the bytes this rank's ring sends during it. The dp group
     sums the gradients with one ring all-reduce, so that both kinds of traffic go by the ring
-    and its formula. (The trainer's GradReducer picks an algorithm by message size, chapter 6
-    continued: over 4 ranks a small bucket may go by recursive doubling, which sends 2N, not 1.5N.)"""
-    from parallel.dp import ring
-    from parallel.dp.trainer import build_model
+    and its formula. (In distributed.py's training the gradient buckets go by the all-reduce
+    that picks an algorithm by message size, chapter 6 continued: over 4 ranks a small bucket
+    may go by recursive doubling, which sends 2N, not 1.5N.)"""
+    from parallel.common.p2p import SENT_BYTES
+    from parallel.common.training import build_model
+    from parallel.dp.ring import ring_all_reduce
     from parallel.tp.layers import build_tp_model
     from parallel.tp.training import make_layout
 
@@ -55,14 +57,14 @@ def _one_step(tp: int) -> dict:
     g = torch.Generator().manual_seed(layout.dp_rank)  # the ranks of a tp group share a shard
     x = torch.randn(BATCH // layout.dp, FEATURES, generator=g)
     y = torch.randint(CLASSES, (BATCH // layout.dp,), generator=g)
-    for key in ring.SENT_BYTES:
-        ring.SENT_BYTES[key] = 0
+    for key in SENT_BYTES:
+        SENT_BYTES[key] = 0
     (F.cross_entropy(model(x), y, reduction="sum") / BATCH).backward()
     if layout.dp > 1:  # the gradient averaging: every parameter's gradient, one flat buffer
         grads = torch.cat([p.grad.view(-1) for p in model.parameters()])
-        ring.ring_all_reduce(grads, group=layout.dp_group, check=False)
+        ring_all_reduce(grads, group=layout.dp_group, check=False)
     params = sum(p.numel() for p in model.parameters())
-    return {**ring.SENT_BYTES, "parameters_per_rank": params}
+    return {**SENT_BYTES, "parameters_per_rank": params}
 
 
 def formula(tp: int, world: int) -> dict:

@@ -18,6 +18,8 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from parallel.common import threads
+from parallel.dp.reducer import AllReduce
+from parallel.dp.ring import ring_all_reduce
 from parallel.dp.trainer import DataParallel
 from parallel.tp.layers import Timeline, TPError, _all_gather, _group_info, _own_part, build_tp_model, size_of
 
@@ -41,7 +43,7 @@ def _gather_dim(t: Tensor, dim: int, group) -> Tensor:
 
 def full_state_dict(model: nn.Module, group) -> dict[str, Tensor]:
     """The unsharded state_dict (on the CPU), gathered from every rank of ``group`` (every
-    rank must call it). It loads into parallel.dp.trainer.build_model's model."""
+    rank must call it). It loads into parallel.common.training.build_model's model."""
     dims = tp_dims(model)
     out = {}
     for key, value in model.state_dict().items():
@@ -143,13 +145,14 @@ def make_layout(tp: int) -> Layout:
 # ---------------------------------------------------------------------------
 
 class TensorParallel(DataParallel):
-    """parallel/dp/trainer.py's loop over a dp × tp layout: the ranks of a tensor-parallel group
-    share a data shard and split the hidden layers (build_tp_model); the data-parallel ranks
-    (dp_rank of dp) split the batch and sum their gradients over ``dp_group``. Checkpoints hold
-    the unsharded state."""
+    """The training loop's strategy (parallel/common/training.py) over a dp × tp layout:
+    chapter 6's DataParallel, except that the ranks of a tensor-parallel group share a data
+    shard and split the hidden layers (build_tp_model); the data-parallel ranks (dp_rank of dp)
+    split the batch and sum their gradients over ``dp_group``. Checkpoints hold the unsharded
+    state."""
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
+    def __init__(self, config, all_reduce: AllReduce = ring_all_reduce) -> None:
+        super().__init__(config, all_reduce)
         self.layout = make_layout(config.tp)
         self.rank, self.size, self.group = self.layout.dp_rank, self.layout.dp, self.layout.dp_group
 
