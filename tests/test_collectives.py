@@ -308,6 +308,21 @@ def test_fit_record_with_direct_steps_is_read_and_shown(tmp_path):
     assert "| 500 | 2.000 | -7% |" in table
 
 
+def test_the_chapters_cost_table_prices_exactly_the_algorithms_implemented():
+    """Each row of parallel/collectives/README.md's cost table is an all-reduce that
+    algorithms.py runs and costmodel.py prices (or the fold-in they add), and each of those has
+    a row: no row for an algorithm the code does not have."""
+    from conftest import ROOT
+
+    text = (ROOT / "parallel" / "collectives" / "README.md").read_text()
+    table = text[text.index("| algorithm | latency term"):].split("\n\n")[0].splitlines()[2:]
+    names = [row.split("|")[1].strip() for row in table]
+    keys = [name.split(" (")[0].split(",")[0].removeprefix("recursive ").replace("-", "_").replace(" ", "_")
+            for name in names]
+    assert sorted(keys) == sorted([*costmodel.PREDICT, "fold_in"]), names
+    assert set(costmodel.PREDICT) == set(ALGORITHMS) - {"auto"}
+
+
 def test_the_model_knows_the_rings_piece_size():
     from parallel.dp.ring import DEFAULT_SEGMENT_BYTES, _pieces
 
