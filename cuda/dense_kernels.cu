@@ -21,3 +21,15 @@
 #define DENSE_INVALID static_cast<int>(cudaErrorInvalidValue)
 
 #include "kernels/launch.cuh"
+
+// The autotuning candidates for cuda/bench_gpu.py candidates, which calls these through ctypes in
+// the loaded extension (the cuda stage's own library: the same runtime, context and streams).
+// dense_tune_launch runs candidate `candidate` (float32) on `stream` and returns a cudaError_t.
+#define DENSE_EXPORT extern "C" __attribute__((visibility("default")))
+DENSE_EXPORT int dense_tune_count() { return dense_kernels::kTuneCount; }
+DENSE_EXPORT int dense_tune_launch(int candidate, const char* layout, const float* A, const float* B, float* C,
+                                   const float* bias, int64_t M, int64_t N, int64_t K, int epilogue, void* stream) {
+  if (candidate < 0 || candidate >= dense_kernels::kTuneCount) return DENSE_INVALID;
+  return dense_kernels::launch_gemm(dense_kernels::tune_id(candidate), layout, 4, A, B, C, bias, M, N, K, epilogue,
+                                    /*sm_count=*/1, /*workspace=*/nullptr, static_cast<dense_kernels::Stream>(stream));
+}

@@ -19,12 +19,13 @@ namespace dense_kernels {
 //   "nt": A is M×K, B is given as N×K  (forward:  y  = x · Wᵀ)
 //   "nn": A is M×K, B is K×N           (backward: dx = dz · W)
 //   "tn": A is given as K×M, B is K×N  (backward: dW = dzᵀ · x)
-// Entry names: dense_gemm_v{N}_{nt|nn|tn}_{f32|f64} (extern "C", the same in the PTX).
+// Entry names: dense_gemm_v{N}_{nt|nn|tn}_{f32|f64} (extern "C", the same in the PTX), and for
+// the autotuning candidates (below) dense_gemm_tune{I}_{nt|nn|tn}_f32.
 // Parameters: (const T* A, const T* B, T* C, const T* bias, int64 M, int64 N, int64 K, int epilogue)
 enum Epilogue : int { kPlain = 0, kBiasSigmoid = 1 };
 
 // The GEMM progression, one idea per version (cuda/kernels/v{N}_*.cuh; cuda/README.md):
-constexpr int kVersions = 9;
+constexpr int kVersions = 12;
 constexpr const char* kVersionIdeas[kVersions + 1] = {
     "automatic: v8, or v9 when v8's tiles leave SMs idle",
     "naive, uncoalesced: one thread per output, a warp's threads walk down a column",
@@ -36,6 +37,9 @@ constexpr const char* kVersionIdeas[kVersions + 1] = {
     "warp tiling: a warp's threads own one compact sub-tile (fewer shared-memory bytes per step)",
     "double buffering: the next k-step's tiles load while this one computes (cp.async on sm_80+)",
     "split-K for small batches: the k loop split over blocks until every SM has work",
+    "padded tiles: rows 16 bytes longer, so the transposing store hits 32 different banks",
+    "warp tiling in pieces (SGEMM_CUDA's kernel 10): one template for every tile shape",
+    "skinny batches: a 32-row tile and K split over every SM, W streamed once",
 };
 constexpr int kDefaultVersion = 0;  // 0: choose by shape and SM count (see choose_version)
 
@@ -47,18 +51,48 @@ struct Geometry {
   Dim3 grid, block;
 };
 
-// Tile of C per block (BM×BN), k-step (BK) and outputs per thread (TM×TN). The kernels are
-// instantiated from these numbers. float64 halves the 2-D tiles: 8×8 doubles per thread need
-// about twice the registers of 8×8 floats.
+// Warp tiling in pieces (v11's template; v12 and the autotuning candidates are instances of it):
+// the block's BM×BN tile of C is cut into warp tiles of WM×WN, K into steps of BK; a warp's 32
+// lanes form the kWarpLanesM × kWarpLanesN grid of v7, each lane owning a TM×TN piece, and the
+// warp covers its tile in (WM / (8·TM)) × (WN / (4·TN)) steps. A lane thus holds (WM/8)×(WN/4)
+// outputs, and a block has (BM/WM)·(BN/WN) warps. MINB: the blocks per SM asked of the compiler
+// (__launch_bounds__'s second argument, which caps the registers at 65536 / (MINB · threads)).
+struct WarpTile {
+  int BM, BN, BK, WM, WN, TM, TN, MINB;
+};
+// Warp tiling (v7+): a warp's 32 lanes form an 8×4 grid, so in v7 to v10 a warp owns (8·TM)×(4·TN) of C.
+constexpr int kWarpLanesM = 8, kWarpLanesN = 4;
+constexpr bool is_warp_tiled(int version) { return version == 11 || version == 12; }
+constexpr WarpTile warp_tile(int version, int element_bytes) {
+  // v11: SGEMM_CUDA's kernel 10 (128×128, 64×64 per warp in 1×4 steps of 64×16, 128 threads) with
+  // k-steps of 8: with its 16, ptxas 13.0 needs 255 registers and spills 88 bytes in the nn layout.
+  // float64 halves the block and warp tiles, as from v5 on.
+  if (version == 11) return element_bytes == 4 ? WarpTile{128, 128, 8, 64, 64, 8, 4, 1}
+                                               : WarpTile{64, 64, 8, 32, 32, 4, 4, 1};
+  // v12: a batch of 32 in one tile's rows, 4 warps side by side along n, 4×4 outputs a lane; as
+  // many blocks per SM as registers allow without spilling: float32 8 (at most 64 registers),
+  // float64 3 (at most 170; with 4, ptxas 13.0 spills 16 bytes in the nn layout).
+  if (version == 12) return WarpTile{32, 64, 16, 32, 16, 4, 4, element_bytes == 4 ? 8 : 3};
+  return WarpTile{0, 0, 0, 0, 0, 0, 0, 1};
+}
+constexpr int warp_threads(WarpTile w) { return (w.BM / w.WM) * (w.BN / w.WN) * 32; }
+
+// Tile of C per block (BM×BN), k-step (BK) and outputs per thread (TM×TN; in the warp-tiled
+// versions a lane's outputs, all its pieces together). The kernels are instantiated from these
+// numbers. float64 halves the 2-D tiles: 8×8 doubles per thread need about twice the registers
+// of 8×8 floats.
 struct Tile {
   int BM, BN, BK, TM, TN;
 };
+constexpr Tile tile_of(WarpTile w) { return {w.BM, w.BN, w.BK, w.WM / kWarpLanesM, w.WN / kWarpLanesN}; }
 constexpr Tile tile(int version, int element_bytes) {
   switch (version) {
     case 1: return {32, 8, 1, 1, 1};    // block 32×8 threads, x along m
     case 2: return {8, 32, 1, 1, 1};    // block 32×8 threads, x along n
     case 3: return {32, 32, 32, 1, 1};  // block 32×32 threads
     case 4: return {64, 64, 8, 8, 1};   // 512 threads
+    case 11:
+    case 12: return tile_of(warp_tile(version, element_bytes));
     default: return element_bytes == 4 ? Tile{128, 128, 8, 8, 8} : Tile{64, 64, 8, 4, 4};  // 256 threads
   }
 }
@@ -68,12 +102,46 @@ struct TileOf {
   static constexpr Tile t = tile(Version, Bytes);
   static constexpr int BM = t.BM, BN = t.BN, BK = t.BK, TM = t.TM, TN = t.TN;
 };
+template <int Version, int Bytes>
+struct WarpTileOf {
+  static constexpr WarpTile w = warp_tile(Version, Bytes);
+  static constexpr int BM = w.BM, BN = w.BN, BK = w.BK, WM = w.WM, WN = w.WN, TM = w.TM, TN = w.TN, MINB = w.MINB;
+};
 constexpr int threads(int version, int element_bytes) {
   return (tile(version, element_bytes).BM / tile(version, element_bytes).TM) *
          (tile(version, element_bytes).BN / tile(version, element_bytes).TN);
 }
-// Warp tiling (v7+): a warp's 32 lanes form an 8×4 grid, so a warp owns (8·TM)×(4·TN) of C.
-constexpr int kWarpLanesM = 8, kWarpLanesN = 4;
+
+// Autotuning (SGEMM_CUDA's kernel 9): tile shapes of v11's template, each compiled as an entry of
+// its own, dense_gemm_tune{I}_{nt|nn|tn}_f32 (cuda/kernels/all.cuh), and launched as the
+// "version" tune_id(I) by launch_gemm (on the GPU, in the emulation, by cuda/bench_gpu.py
+// candidates). float32 only: the goals they are timed for are float32's, and float64 would need
+// shapes of its own (halved, as v5 on halve theirs). Each candidate passes the emulated checks
+// and compiles for sm_90 without spills (tests/test_emulate.py, tests/test_kernels.py). Left out,
+// because ptxas 13.0 spills them on sm_90 (bytes of spill stores + loads, nt/nn/tn):
+//   {128, 128, 16, 64, 64, 8, 4, 1}  SGEMM_CUDA's kernel 10 as it is: 255 registers, 0/88/0
+//   {128, 128, 8, 64, 32, 8, 8, 3}   v10's shape capped for 3 blocks (80 registers): 952/930/1186
+//   {128, 128, 16, 64, 32, 8, 8, 2}  the same with k-steps of 16, capped for 2 blocks: 260/272/0
+//   {128, 128, 8, 64, 64, 8, 4, 3}   v11's shape capped for 3 blocks (168 registers): 648/810/936
+constexpr WarpTile kTuneCandidates[] = {
+    {128, 128, 8, 64, 32, 8, 8, 1},    // 0: v10's shape: 256 threads, 8×8 a lane in one piece
+    {128, 128, 16, 64, 32, 8, 8, 1},   // 1: the same with k-steps of 16: half the barriers per FMA
+    {128, 128, 16, 64, 32, 4, 4, 1},   // 2: 8×8 a lane in 2×2 pieces of 4×4, k-steps of 16
+    {128, 128, 8, 32, 64, 4, 8, 1},    // 3: warp tiles 32×64 (4×16 a lane in 1×2 pieces)
+    {128, 64, 8, 32, 32, 4, 4, 3},     // 4: fewer registers, more blocks: 4×8 a lane, 3 blocks of 256
+    {128, 64, 16, 64, 32, 8, 8, 1},    // 5: half the tile: 128 threads of 8×8
+    {64, 128, 16, 32, 64, 4, 8, 1},    // 6: the same, turned: 64 rows, 4×16 a lane
+    {128, 256, 8, 64, 64, 8, 8, 1},    // 7: a wide tile: 256 threads of 8×16
+};
+constexpr int kTuneCount = sizeof(kTuneCandidates) / sizeof(kTuneCandidates[0]);
+constexpr int kTuneBase = 100;  // launch_gemm's "version" tune_id(I) is candidate I
+constexpr int tune_id(int candidate) { return kTuneBase + candidate; }
+constexpr bool is_tune(int version) { return version >= kTuneBase && version < kTuneBase + kTuneCount; }
+template <int I>
+struct TuneShape {
+  static constexpr WarpTile w = kTuneCandidates[I];
+  static constexpr int BM = w.BM, BN = w.BN, BK = w.BK, WM = w.WM, WN = w.WN, TM = w.TM, TN = w.TN, MINB = w.MINB;
+};
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
@@ -89,14 +157,65 @@ inline int splitk_slices(int64_t M, int64_t N, int64_t K, int element_bytes, int
   return s < 1 ? 1 : static_cast<int>(s);
 }
 
-// Version 0: v8 when its tiles fill the GPU (the device's SM count, queried by the caller),
-// else v9 (which splits K, when K is deep enough to split).
+// v12: slices of K so that tiles × slices fills every SM with the MINB blocks it holds, each slice
+// at least kMinSliceK deep, then as few slices as give each one the same whole number of k-steps
+// (none left empty). At B = 32, I = O = 4096 on 132 SMs (float32): 64 tiles × 16 slices of 256.
+inline int skinny_slices(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
+  const WarpTile w = warp_tile(12, element_bytes);
+  const int64_t tiles = int64_t(ceil_div(M, w.BM)) * ceil_div(N, w.BN), target = int64_t(sm_count) * w.MINB;
+  if (tiles <= 0 || tiles >= target) return 1;
+  int64_t s = (target + tiles - 1) / tiles;
+  if (s > K / kMinSliceK) s = K / kMinSliceK;
+  if (s <= 1) return 1;
+  const int64_t steps = (K + w.BK - 1) / w.BK, per_slice = (steps + s - 1) / s;
+  return static_cast<int>((steps + per_slice - 1) / per_slice);
+}
+
+inline int gemm_slices(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
+  if (version == 9) return splitk_slices(M, N, K, element_bytes, sm_count);
+  if (version == 12) return skinny_slices(M, N, K, element_bytes, sm_count);
+  return 1;
+}
+
+// Version 0 picks from a committed table by class of shape (cuda/gemm_choice.h):
+enum ShapeClass : int {
+  kFillsGpu = 0,    // v8's 128×128 tiles cover every SM, or K is too shallow to split
+  kSmallBatch = 1,  // fewer of those tiles than SMs, and K deep enough to split (v9 splits it)
+};
+inline ShapeClass shape_class(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
+  return splitk_slices(M, N, K, element_bytes, sm_count) > 1 ? kSmallBatch : kFillsGpu;
+}
+struct Choice {
+  ShapeClass shape;
+  int element_bytes, version;  // a version 1..kVersions, or a candidate tune_id(I) (float32 only)
+};
+}  // namespace dense_kernels
+#include "gemm_choice.h"  // kChoices: the table
+namespace dense_kernels {
+constexpr bool valid_choices() {
+  for (const Choice& c : kChoices)
+    if (!(c.version >= 1 && c.version <= kVersions) && !(is_tune(c.version) && c.element_bytes == 4)) return false;
+  return true;
+}
+static_assert(valid_choices(), "gemm_choice.h names a version that does not exist (or a candidate for float64)");
+
+// Version 0: the table's entry for the class of this shape on a device of sm_count SMs (queried
+// by the caller, never a constant); v8 where the table has none.
 inline int choose_version(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
-  return splitk_slices(M, N, K, element_bytes, sm_count) > 1 ? 9 : 8;
+  const ShapeClass shape = shape_class(M, N, K, element_bytes, sm_count);
+  for (const Choice& c : kChoices)
+    if (c.shape == shape && c.element_bytes == element_bytes) return c.version;
+  return 8;
 }
 
 inline Geometry gemm_geometry(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
   Geometry g;
+  if (is_tune(version)) {
+    const WarpTile w = kTuneCandidates[version - kTuneBase];
+    g.block = {static_cast<unsigned>(warp_threads(w)), 1, 1};
+    g.grid = {ceil_div(N, w.BN), ceil_div(M, w.BM), 1};
+    return g;
+  }
   const Tile t = tile(version, element_bytes);
   if (version <= 3) {  // one output per thread; x is the fast index of a warp
     g.block = {32, static_cast<unsigned>(threads(version, element_bytes) / 32), 1};
@@ -104,16 +223,16 @@ inline Geometry gemm_geometry(int version, int element_bytes, int64_t M, int64_t
   } else {
     g.block = {static_cast<unsigned>(threads(version, element_bytes)), 1, 1};
     g.grid = {ceil_div(N, t.BN), ceil_div(M, t.BM), 1};
-    if (version == 9) g.grid.z = static_cast<unsigned>(splitk_slices(M, N, K, element_bytes, sm_count));
+    g.grid.z = static_cast<unsigned>(gemm_slices(version, element_bytes, M, N, K, sm_count));
   }
   return g;
 }
 
-// v9 with S > 1 slices writes S partial M×N products into a workspace, then
+// v9 and v12 with S > 1 slices write S partial M×N products into a workspace, then
 // dense_splitk_reduce_{f32|f64}(const T* partial, T* C, const T* bias, int64 M, int64 N, int slices,
 // int epilogue) adds them in slice order (deterministic) and applies the epilogue.
 inline int64_t gemm_workspace_elements(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
-  const int s = version == 9 ? splitk_slices(M, N, K, element_bytes, sm_count) : 1;
+  const int s = gemm_slices(version, element_bytes, M, N, K, sm_count);
   return s > 1 ? s * M * N : 0;
 }
 constexpr int kReduceThreads = 256;
@@ -125,7 +244,9 @@ inline Geometry reduce_geometry(int64_t M, int64_t N) {
 }
 
 inline std::string gemm_name(int version, const char* layout, int element_bytes) {
-  return "dense_gemm_v" + std::to_string(version) + "_" + layout + (element_bytes == 4 ? "_f32" : "_f64");
+  const std::string suffix = std::string("_") + layout + (element_bytes == 4 ? "_f32" : "_f64");
+  if (is_tune(version)) return "dense_gemm_tune" + std::to_string(version - kTuneBase) + suffix;
+  return "dense_gemm_v" + std::to_string(version) + suffix;
 }
 inline std::string splitk_reduce_name(int element_bytes) {
   return std::string("dense_splitk_reduce") + (element_bytes == 4 ? "_f32" : "_f64");

@@ -37,8 +37,8 @@ from torch import Tensor
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SOURCES = sorted([HERE / "dense_kernels.h", *(HERE / "kernels").glob("*.cuh"), *(HERE / "emulate").glob("*.h"),
-                  HERE / "emulate" / "emulate.cpp"])
+SOURCES = sorted([HERE / "dense_kernels.h", HERE / "gemm_choice.h", *(HERE / "kernels").glob("*.cuh"),
+                  *(HERE / "emulate").glob("*.h"), HERE / "emulate" / "emulate.cpp"])
 CXX_FLAGS = ["-std=c++17", "-O2", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{HERE}"]
 KPLAIN, KBIAS_SIGMOID = 0, 1  # dense_kernels::Epilogue
 # The emulated device's SM count: small, so that the small shapes of the tests already take
@@ -146,6 +146,37 @@ def gemm(version: int, layout: str, a: Tensor, b: Tensor, c: Tensor, bias: Tenso
     rc = lib.emu_gemm(version, layout.encode(), a.element_size(), _ptr(a), _ptr(b), _ptr(c), _ptr(bias),
                       m, n, k, epilogue, sm_count, _ptr(work) if size > 0 else None)
     _raise_for(rc, f"emulated GEMM version {version} for layout {layout!r} and dtype {a.dtype}")
+
+
+def _tune_api(lib: ctypes.CDLL) -> ctypes.CDLL:
+    p, i64, i32 = ctypes.POINTER(ctypes.c_int), ctypes.c_int64, ctypes.c_int
+    lib.emu_tune_count.argtypes, lib.emu_tune_count.restype = [], i32
+    lib.emu_tune_id.argtypes, lib.emu_tune_id.restype = [i32], i32
+    lib.emu_tune_shape.argtypes, lib.emu_tune_shape.restype = [i32, p], i32
+    lib.emu_choose_version.argtypes, lib.emu_choose_version.restype = [i64, i64, i64, i32, i32], i32
+    return lib
+
+
+TUNE_FIELDS = ("bm", "bn", "bk", "wm", "wn", "tm", "tn", "min_blocks", "threads")
+
+
+def tune_candidates(lib: ctypes.CDLL | None = None) -> list[dict]:
+    """The autotuning candidates (dense_kernels::kTuneCandidates): each one's shape, and the
+    "version" that gemm() launches it as (float32 only)."""
+    lib = _tune_api(lib or library())
+    out = []
+    for i in range(lib.emu_tune_count()):
+        shape = (ctypes.c_int * len(TUNE_FIELDS))()
+        if lib.emu_tune_shape(i, shape) != 0:
+            raise RuntimeError(f"the emulation has no autotuning candidate {i}")
+        out.append({"candidate": i, "version": lib.emu_tune_id(i), **dict(zip(TUNE_FIELDS, shape))})
+    return out
+
+
+def choose_version(m: int, n: int, k: int, element_size: int, sm_count: int = SM_COUNT,
+                   lib: ctypes.CDLL | None = None) -> int:
+    """What version 0 runs for an m×n×k product (dense_kernels::choose_version, its table)."""
+    return _tune_api(lib or library()).emu_choose_version(m, n, k, element_size, sm_count)
 
 
 GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions

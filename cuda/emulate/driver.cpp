@@ -2,7 +2,8 @@
 // under AddressSanitizer (out-of-bounds reads and writes, global and "shared") and
 // ThreadSanitizer (races between the threads of a block). tests/test_emulate.py builds and runs:
 //   c++ -std=c++17 -O1 -g -pthread -fsanitize=thread -Icuda cuda/emulate/driver.cpp -o /tmp/emu_tsan
-//   /tmp/emu_tsan [--quick] [version ...]      (default: every GEMM version; exit status 0 iff all match)
+//   /tmp/emu_tsan [--quick] [version ...]      (default: every GEMM version and autotuning candidate
+//                                               (version 100 + I, float32); exit status 0 iff all match)
 // Under AddressSanitizer the block's threads are fibers, as in the library; under ThreadSanitizer
 // they are OS threads (cuda_emu.h chooses them there: ThreadSanitizer models pthread barriers).
 // Buffers are allocated at their exact size, so a read one element past the end is caught.
@@ -105,30 +106,44 @@ int main(int argc, char** argv) {
     if (std::string(argv[i]) == "--quick") quick = true;
     else versions.push_back(std::atoi(argv[i]));
   }
-  if (versions.empty())
+  if (versions.empty()) {
     for (int v = 1; v <= kVersions; ++v) versions.push_back(v);
+    for (int i = 0; i < kTuneCount; ++i) versions.push_back(tune_id(i));
+  }
   std::mt19937 gen(0);
-  int failures = 0, runs = 0;
-  for (int v : versions)
+  int failures = 0, runs = 0, tuned = 0;
+  for (int v : versions) {
+    const bool f64 = !is_tune(v);  // the candidates are float32 only, and refuse float64 (below)
+    tuned += !f64;
     for (const char* layout : {"nt", "nn", "tn"})
       for (const Shape& s : kShapes) {
         // --quick: three shapes with several k-steps (the barriers' work), both types once
         if (quick && !(s.M == 33 || s.M == 37 || s.M == 20)) continue;
         // both types; the fused epilogue with and without bias, and the plain one
         failures += check_gemm<float>(v, layout, s, kBiasSigmoid, true, gen);
-        failures += check_gemm<double>(v, layout, s, quick ? kPlain : kBiasSigmoid, false, gen);
-        runs += 2;
+        if (f64) failures += check_gemm<double>(v, layout, s, quick ? kPlain : kBiasSigmoid, false, gen), ++runs;
+        ++runs;
         if (quick) continue;
         failures += check_gemm<float>(v, layout, s, kPlain, false, gen);
-        failures += check_gemm<double>(v, layout, s, kPlain, false, gen);
-        runs += 2;
+        if (f64) failures += check_gemm<double>(v, layout, s, kPlain, false, gen), ++runs;
+        ++runs;
       }
+    if (!f64) {  // a float64 request for a candidate is refused (1), not run
+      double one = 1, out = 0;
+      if (emu_gemm(v, "nt", 8, &one, &one, &out, nullptr, 1, 1, 1, kPlain, kSms, nullptr) != 1) {
+        std::printf("candidate %d ran a float64 product\n", v - kTuneBase);
+        ++failures;
+      }
+      ++runs;
+    }
+  }
   for (int v = 1; v <= kGradVersions; ++v)
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {0, 5}, {33, 31}, {300, 36}}) {
       failures += check_sigmoid_grad<float>(v, 0, rows, cols, gen) + check_sigmoid_grad<double>(v, 0, rows, cols, gen);
       runs += 2;
       if (v == 1 && cols % 4 == 0) failures += check_sigmoid_grad<float>(v, 1, rows, cols, gen), ++runs;
     }
-  std::printf("%d of %d kernel runs matched the reference\n", runs - failures, runs);
+  std::printf("%d of %d kernel runs matched the reference (%zu GEMM versions and candidates, %d of them candidates)\n",
+              runs - failures, runs, versions.size(), tuned);
   return failures ? 1 : 0;
 }

@@ -23,7 +23,7 @@ inline int take_status() {
 
 #include "kernels/launch.cuh"
 
-// The library is built with -fvisibility=hidden and exports only these four functions: two
+// The library is built with -fvisibility=hidden and exports only the functions below: two
 // builds (fibers, OS threads) then load side by side in one process without sharing the
 // emulation's variables, which C++ would otherwise make one process-wide object (inline variables).
 #define EMU_API __attribute__((visibility("default")))
@@ -50,6 +50,23 @@ EMU_API int emu_sigmoid_grad(int version, int element_bytes, int x4, const void*
 EMU_API int64_t emu_sigmoid_grad_workspace(int version, int64_t rows, int64_t cols, int sm_count) {
   if (version == 0) version = dense_kernels::kDefaultGradVersion;
   return dense_kernels::sigmoid_grad_workspace_elements(version, rows, cols, sm_count);
+}
+
+// The autotuning candidates (dense_kernels::kTuneCandidates): how many; the "version" that runs
+// candidate i through emu_gemm (float32 only); its shape into out[9] (BM, BN, BK, WM, WN, TM, TN,
+// MINB, threads), returning 0, or 1 for no such candidate.
+EMU_API int emu_tune_count() { return dense_kernels::kTuneCount; }
+EMU_API int emu_tune_id(int i) { return dense_kernels::tune_id(i); }
+EMU_API int emu_tune_shape(int i, int* out) {
+  if (i < 0 || i >= dense_kernels::kTuneCount) return 1;
+  const dense_kernels::WarpTile w = dense_kernels::kTuneCandidates[i];
+  const int shape[] = {w.BM, w.BN, w.BK, w.WM, w.WN, w.TM, w.TN, w.MINB, dense_kernels::warp_threads(w)};
+  std::memcpy(out, shape, sizeof(shape));
+  return 0;
+}
+// What version 0 runs for this shape (dense_kernels::choose_version and its table).
+EMU_API int emu_choose_version(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
+  return dense_kernels::choose_version(M, N, K, element_bytes, sm_count);
 }
 
 }  // extern "C"

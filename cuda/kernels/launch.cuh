@@ -1,5 +1,6 @@
 // The host side, written once: which entry for (version, layout, type), and the launch sequence
-// (split-K's reduction, the bias gradient's second pass). cuda/dense_kernels.cu includes it with
+// (split-K's reduction, the bias gradient's second pass). A "version" tune_id(I) is autotuning
+// candidate I (float32 only; dense_kernels.h). cuda/dense_kernels.cu includes it with
 // DENSE_LAUNCH = kernel<<<grid, block, 0, stream>>>, cuda/emulate/emulate.cpp with the emulator's
 // launch; both take the geometry from dense_kernels.h.
 //   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
@@ -26,21 +27,27 @@ int layout_index(const char* layout) {
 #define DENSE_TABLE(SUFFIX)                                                                                 \
   {DENSE_TABLE_ROW(1, SUFFIX), DENSE_TABLE_ROW(2, SUFFIX), DENSE_TABLE_ROW(3, SUFFIX), DENSE_TABLE_ROW(4, SUFFIX), \
    DENSE_TABLE_ROW(5, SUFFIX), DENSE_TABLE_ROW(6, SUFFIX), DENSE_TABLE_ROW(7, SUFFIX), DENSE_TABLE_ROW(8, SUFFIX), \
-   DENSE_TABLE_ROW(9, SUFFIX)}
+   DENSE_TABLE_ROW(9, SUFFIX), DENSE_TABLE_ROW(10, SUFFIX), DENSE_TABLE_ROW(11, SUFFIX), DENSE_TABLE_ROW(12, SUFFIX)}
+#define DENSE_TUNE_ROW(I) {dense_gemm_tune##I##_nt_f32, dense_gemm_tune##I##_nn_f32, dense_gemm_tune##I##_tn_f32}
 
 template <typename T>
 GemmFn<T> gemm_entry(int version, const char* layout);
 template <>
 GemmFn<float> gemm_entry<float>(int version, const char* layout) {
   static const GemmFn<float> table[kVersions][3] = DENSE_TABLE(f32);
+  static const GemmFn<float> tune[kTuneCount][3] = {DENSE_TUNE_ROW(0), DENSE_TUNE_ROW(1), DENSE_TUNE_ROW(2),
+                                                    DENSE_TUNE_ROW(3), DENSE_TUNE_ROW(4), DENSE_TUNE_ROW(5),
+                                                    DENSE_TUNE_ROW(6), DENSE_TUNE_ROW(7)};
   const int l = layout_index(layout);
-  return (version >= 1 && version <= kVersions && l >= 0) ? table[version - 1][l] : nullptr;
+  if (l < 0) return nullptr;
+  if (is_tune(version)) return tune[version - kTuneBase][l];
+  return (version >= 1 && version <= kVersions) ? table[version - 1][l] : nullptr;
 }
 template <>
 GemmFn<double> gemm_entry<double>(int version, const char* layout) {
   static const GemmFn<double> table[kVersions][3] = DENSE_TABLE(f64);
   const int l = layout_index(layout);
-  return (version >= 1 && version <= kVersions && l >= 0) ? table[version - 1][l] : nullptr;
+  return (version >= 1 && version <= kVersions && l >= 0) ? table[version - 1][l] : nullptr;  // no f64 candidates
 }
 
 void (*splitk_reduce_entry(float*))(const float*, float*, const float*, int64_t, int64_t, int, int) {

@@ -1,0 +1,20 @@
+// Which GEMM version 0 runs, per class of shape and element size: the table that GPU timings fill.
+//   python cuda/bench_gpu.py gemm candidates --json /tmp/gpu.json     (GPU: the timings that decide)
+// Included by dense_kernels.h (ShapeClass, Choice, tune_id are defined there), which checks every
+// entry at compile time. An entry changes only with a committed record that shows its version
+// or candidate faster than the one it replaces on that class of shape; until then the entries
+// are v8 (tiles fill the GPU) and v9 (a small batch: split-K). The PTX stage chooses through this
+// table too and carries only v8 and v9 (ptx/lesson_kernels.cu): an entry naming another version
+// needs that version added there as well. A candidate (float32 only) is written tune_id(I).
+#pragma once
+
+namespace dense_kernels {
+
+constexpr Choice kChoices[] = {
+    {kFillsGpu, 4, 8},
+    {kFillsGpu, 8, 8},
+    {kSmallBatch, 4, 9},
+    {kSmallBatch, 8, 9},
+};
+
+}  // namespace dense_kernels
