@@ -1,5 +1,6 @@
 """The CUDA chapter's kernels run on the CPU through the execution-model emulation (cuda/emulate/):
-every GEMM version × layout × dtype × epilogue and the backward kernels against torch, NaN/±inf,
+every GEMM version × layout × dtype × epilogue, every autotuning candidate (float32), version 0's
+table, and the backward kernels against torch, NaN/±inf,
 the emulation's three ways of running a block's threads (fibers by a hand-written switch or by
 swapcontext, OS threads), and the same kernels under AddressSanitizer and ThreadSanitizer (plus
 proof that a race is caught)."""
@@ -17,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import REASONS, ROOT, run_script
+from conftest import REASONS, ROOT, load_script, run_script
 
 spec = importlib.util.spec_from_file_location("dense_cuda_emulated", ROOT / "cuda" / "emulated.py")
 emu = importlib.util.module_from_spec(spec)
@@ -108,8 +109,9 @@ def test_bad_inputs_get_clear_errors():
         fn(torch.randn(2, 3), torch.randn(4, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="in_features"):
         fn(torch.randn(2, 3), torch.randn(4, 5))
-    with pytest.raises(ValueError, match="no emulated GEMM version 12"):
-        emu.gemm(12, "nt", torch.ones(1, 1), torch.ones(1, 1), torch.empty(1, 1), None, 1, 1, 1, emu.KPLAIN)
+    beyond = VERSIONS[-1] + 1
+    with pytest.raises(ValueError, match=f"no emulated GEMM version {beyond}"):
+        emu.gemm(beyond, "nt", torch.ones(1, 1), torch.ones(1, 1), torch.empty(1, 1), None, 1, 1, 1, emu.KPLAIN)
 
 
 @pytest.mark.parametrize("version", emu.GRAD_VERSIONS)
@@ -152,13 +154,79 @@ def test_small_batch_paths_are_taken_and_deterministic():
     torch.testing.assert_close(runs[0], torch.sigmoid(a @ b.t() + bias), **TOL[torch.float32])
 
 
+# The autotuning candidates' shapes as cuda/static_report.py lists them (the test below checks them
+# against the header's, through the emulation).
+TUNE_SHAPES = load_script("cuda/static_report.py").TUNE_CANDIDATES
+
+
+@pytest.mark.parametrize("index", range(len(TUNE_SHAPES)), ids=lambda i: f"tune{i}")
+def test_every_autotuning_candidate_matches_torch_in_every_layout(index):
+    """Each candidate (v11's template at another shape), float32, at every tile edge, each layout
+    and epilogue; float64 is refused with a one-line error, never computed."""
+    candidate = emu.tune_candidates()[index]
+    g = torch.Generator().manual_seed(index)
+    for m, n, k in SHAPES:
+        for layout in ("nt", "nn", "tn"):
+            a = torch.randn((k, m) if layout[0] == "t" else (m, k), generator=g)
+            b = torch.randn((n, k) if layout[1] == "t" else (k, n), generator=g)
+            bias = torch.randn(n, generator=g)
+            for epilogue, bi in ((emu.KPLAIN, None), (emu.KBIAS_SIGMOID, bias)):
+                got = run_gemm(candidate["version"], layout, a, b, bi, epilogue, m, n, k)
+                torch.testing.assert_close(got, reference(layout, a, b, bi, epilogue), **TOL[torch.float32],
+                                           msg=lambda s, t=(layout, m, n, k, epilogue): f"{candidate}: {t}: {s}")
+    one = torch.ones(1, 1, dtype=torch.float64)
+    with pytest.raises(ValueError, match=f"no emulated GEMM version {candidate['version']} .* torch.float64"):
+        emu.gemm(candidate["version"], "nt", one, one, torch.empty_like(one), None, 1, 1, 1, emu.KPLAIN)
+
+
+def test_candidates_are_the_ones_the_static_report_knows():
+    """The candidates' shapes (the header, through the emulation) and cuda/static_report.py's
+    TUNE_CANDIDATES, from which it computes their napkin maths, are the same list; each shape
+    cuts evenly into warps and pieces."""
+    candidates = emu.tune_candidates()
+    assert [tuple(c[f] for f in emu.TUNE_FIELDS[:8]) for c in candidates] == TUNE_SHAPES and len(candidates) >= 6
+    for c in candidates:
+        assert c["bm"] % c["wm"] == 0 and c["bn"] % c["wn"] == 0 and c["wm"] % (8 * c["tm"]) == 0
+        assert c["wn"] % (4 * c["tn"]) == 0 and c["threads"] == (c["bm"] // c["wm"]) * (c["bn"] // c["wn"]) * 32
+
+
+def test_version_0_follows_the_committed_table():
+    """cuda/gemm_choice.h today: v8 where v8's tiles fill the SMs (or K is too shallow to split),
+    else v9, for both types; so version 0 is v9 exactly where v9 would split K."""
+    lib = emu.library()
+    for m in (1, 32, 100, 129, 1000, 4096):
+        for n in (64, 1000, 4096):
+            for k in (100, 300, 4096):
+                for size in (4, 8):
+                    for sms in (8, 114, 132):
+                        splits = lib.emu_gemm_workspace(9, size, m, n, k, sms) > 0
+                        assert emu.choose_version(m, n, k, size, sms) == (9 if splits else 8), (m, n, k, size, sms)
+
+
+def test_skinny_batches_split_k_over_every_sm_deterministically():
+    """v12 at B = 32, I = O = 4096 on 132 SMs: 64 tiles of 32×64 × 16 slices of K = 1024 blocks,
+    8 per SM (float32); partials added in slice order, the same bits on every run."""
+    lib = emu.library()
+    assert lib.emu_gemm_workspace(12, 4, 32, 4096, 4096, 132) == 16 * 32 * 4096
+    assert lib.emu_gemm_workspace(12, 8, 32, 4096, 4096, 132) == 7 * 32 * 4096  # float64: 3 blocks an SM
+    assert lib.emu_gemm_workspace(12, 4, 4096, 4096, 4096, 132) == 0  # a large batch fills the SMs unsplit
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(32, 1000, generator=g), torch.randn(70, 1000, generator=g)
+    bias = torch.randn(70, generator=g)
+    assert lib.emu_gemm_workspace(12, 4, 32, 70, 1000, emu.SM_COUNT) > 0  # the split path runs here
+    runs = [run_gemm(12, "nt", a, b, bias, emu.KBIAS_SIGMOID, 32, 70, 1000) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+    torch.testing.assert_close(runs[0], torch.sigmoid(a @ b.t() + bias), **TOL[torch.float32])
+
+
 def test_grad_check_script_emulated():
     result = run_script("grad_check.py", "cuda", "--emulate", "--kernel", str(VERSIONS[-1]), "-b", "3", "-i", "5",
                         "-o", "4", "--no-bias")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all checks passed" in result.stdout and "FAIL" not in result.stdout
     # before the checks, the version's idea and what they will cost, measured at these sizes
-    assert re.search(rf"^v{VERSIONS[-1]}: split-K.*; about \d+\.\d s$", result.stdout, re.M), result.stdout
+    idea = re.escape(emu.idea(VERSIONS[-1]))
+    assert re.search(rf"^v{VERSIONS[-1]}: {idea}; about \d+\.\d s$", result.stdout, re.M), result.stdout
     bad = run_script("grad_check.py", "cuda", "--emulate", "--kernel", "99")
     assert bad.returncode == 2 and "--kernel must be one of" in bad.stderr
 
@@ -260,7 +328,7 @@ def test_the_kernels_give_the_same_bits_on_fibers_and_on_os_threads():
     a GEMM per version and layout and the shuffling backward kernel, bit for bit."""
     threads = emu.load(("-DCUDA_EMU_THREADS",))
     g = torch.Generator().manual_seed(4)
-    for version in VERSIONS:
+    for version in [*VERSIONS, *(c["version"] for c in emu.tune_candidates())]:
         for layout in ("nt", "nn", "tn"):
             m, n, k = 33, 40, 70
             a = torch.randn((k, m) if layout[0] == "t" else (m, k), generator=g)
@@ -305,12 +373,17 @@ def run_driver(exe: Path, *args: str, env: dict | None = None) -> subprocess.Com
     return result
 
 
+# "N of N kernel runs matched the reference (V GEMM versions and candidates, C of them candidates)"
+DRIVER_ALL = re.compile(rf"(\d+) of \1 kernel runs matched the reference \({len(VERSIONS) + len(TUNE_SHAPES)} GEMM "
+                        rf"versions and candidates, {len(TUNE_SHAPES)} of them candidates\)")
+
+
 @pytest.mark.slow
 def test_every_kernel_under_address_sanitizer(tmp_path):
     result = run_driver(build_driver(tmp_path, "address"), env={"ASAN_OPTIONS": "detect_leaks=0"})
     assert "ERROR: AddressSanitizer" not in result.stderr, result.stderr[-4000:]
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert re.search(r"(\d+) of \1 kernel runs matched", result.stdout), result.stdout
+    assert DRIVER_ALL.search(result.stdout), result.stdout
 
 
 @pytest.mark.slow
@@ -318,7 +391,7 @@ def test_every_kernel_under_thread_sanitizer(tmp_path):
     result = run_driver(build_driver(tmp_path, "thread"), "--quick")
     assert "ThreadSanitizer" not in result.stderr, result.stderr[-4000:]
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert re.search(r"(\d+) of \1 kernel runs matched", result.stdout), result.stdout
+    assert DRIVER_ALL.search(result.stdout), result.stdout
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 pytestmark = pytest.mark.slow  # nvcc and the host compiler over the kernels and bindings
 
@@ -36,9 +36,14 @@ ENTRIES = {f"dense_gemm_v{v}_{layout}_{t}": GEMM_PARAMS
 ENTRIES.update({name: GRAD_PARAMS for name in
                 ("dense_sigmoid_grad_v1_f32", "dense_sigmoid_grad_v1_f64", "dense_sigmoid_grad_v1_x4_f32")})
 ENTRIES.update({f"dense_splitk_reduce_{t}": REDUCE_PARAMS for t in ("f32", "f64")})
-# Every entry of the CUDA stage (cuda/dense_kernels.cu), for the spill check.
-ALL_ENTRIES = {f"dense_gemm_v{v}_{layout}_{t}" for v in range(1, 10) for layout in ("nt", "nn", "tn")
-               for t in ("f32", "f64")} | {f"dense_sigmoid_grad_v{v}_{t}" for v in (1, 2, 3) for t in ("f32", "f64")}
+# Every entry of the CUDA stage (cuda/dense_kernels.cu), for the spill check: the versions and the
+# autotuning candidates as cuda/static_report.py lists them (tests/test_static.py checks its lists
+# against cuda/dense_kernels.h).
+_sr = load_script("cuda/static_report.py")
+ALL_ENTRIES = ({f"dense_gemm_v{v}_{layout}_{t}" for v in _sr.TILES for layout in ("nt", "nn", "tn")
+                for t in ("f32", "f64")} | {f"dense_sigmoid_grad_v{v}_{t}" for v in (1, 2, 3) for t in ("f32", "f64")}
+               | {f"dense_gemm_tune{i}_{layout}_f32" for i in range(len(_sr.TUNE_CANDIDATES))
+                  for layout in ("nt", "nn", "tn")})
 
 
 def resource_usage(output: str) -> dict[str, str]:
@@ -68,10 +73,16 @@ def test_kernels_compile_without_register_spills(arch, tmp_path):
     result = subprocess.run([NVCC, "-c", "-std=c++17", "-O3", f"-arch={arch}", "-Xptxas", "-v", str(KERNELS),
                              "-o", str(tmp_path / "k.o")], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    # sm_90: every version. sm_75 and sm_80: the kernels the stages run by default (v8, v9, the
-    # backward's); on sm_80 ptxas 13.0 gives v4's nt f32 kernel 64 registers and 8 bytes of spills.
+    # sm_90: every version and candidate. sm_75 and sm_80: the kernels the stages run by default (v8,
+    # v9, the backward's); on sm_80 ptxas 13.0 gives v4's nt f32 kernel 64 registers and 8 bytes of spills.
     assert_no_spills(result.stderr, ALL_ENTRIES if arch == "sm_90" else set(ENTRIES),
                      only=None if arch == "sm_90" else set(ENTRIES))
+    # cuda/bench_gpu.py candidates finds the candidates' launcher in the built extension by name
+    nm = shutil.which("nm")
+    if nm:
+        symbols = subprocess.run([nm, "-g", "--defined-only", str(tmp_path / "k.o")], capture_output=True,
+                                 text=True, timeout=120).stdout
+        assert re.search(r" T dense_tune_launch$", symbols, re.M) and re.search(r" T dense_tune_count$", symbols, re.M)
 
 
 @needs_ptxas
@@ -196,12 +207,29 @@ def test_gpu_bindings_type_check_against_torch_headers(source, tmp_path):
 def test_kernel_files_start_with_the_command_that_builds_or_checks_them():
     kernel_files = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "cuda" / "kernels").glob("*.cuh"))]
     emulation = ["cuda/emulate/cuda_emu.h", "cuda/emulate/emulate.cpp", "cuda/emulate/driver.cpp"]
-    for name in ["cuda/dense_kernels.cu", "cuda/binding.cpp", "cuda/dense_kernels.h", "cuda/dense_ops.h",
-                 "ptx/loader.cpp", "ptx/dense_kernels.ptx", "ptx/lesson_kernels.cu", "cpp/dense.cpp",
-                 "cpp/dense_common.h", *kernel_files, *emulation]:
+    for name in ["cuda/dense_kernels.cu", "cuda/binding.cpp", "cuda/dense_kernels.h", "cuda/gemm_choice.h",
+                 "cuda/dense_ops.h", "ptx/loader.cpp", "ptx/dense_kernels.ptx", "ptx/lesson_kernels.cu",
+                 "cpp/dense.cpp", "cpp/dense_common.h", *kernel_files, *emulation]:
         path = ROOT / name
         head = "\n".join(path.read_text().splitlines()[:8])
         assert re.search(r"(nvcc|ptxas|python|pip|pytest|bash|c\+\+) ", head), f"{path.name}: no build command"
+
+
+def test_bench_candidates_table_shows_each_candidates_shape_and_who_was_not_timed():
+    """cuda/bench_gpu.py candidates: its table on a made-up record (the part itself needs a GPU)."""
+    bench = load_script("cuda/bench_gpu.py")
+    ratio = {"speed": 1.25, "ci": [1.2, 1.3]}
+    row = {"forward_us": 100.0, "spread_us": 2.0, "gflops": 1.0, "of_reference": ratio, "of_version_0": ratio}
+    record = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-26", "command": "python cuda/bench_gpu.py candidates",
+              "candidates": {"rounds": 3, "candidates": [list(s) for s in _sr.TUNE_CANDIDATES[:2]], "timed": [1],
+                             "checked": [{"candidate": 0, "ok": False}, {"candidate": 1, "ok": True}],
+                             "shapes": {"32×4096×4096": {"shape": [32, 4096, 4096], "rows": [
+                                 {"line": "version 0", **row}, {"line": "candidate 1", **row}]}}}}
+    text = bench.table(record)
+    bm, bn, bk, wm, wn, tm, tn, minb = _sr.TUNE_CANDIDATES[1]
+    assert f"| 32, 4096, 4096 | candidate 1 | {bm}×{bn}×{bk}, {wm}×{wn} ({tm}×{tn}), {minb} | 100 (2) |" in text
+    assert "| 1.250 (1.200–1.300) | 1.250 (1.200–1.300) |" in text
+    assert "Not timed (failed the float64 check): 0." in text
 
 
 if __name__ == "__main__":
