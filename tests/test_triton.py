@@ -4,10 +4,12 @@ test_edge_cases.py; here is what is the triton stage's own."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -20,7 +22,7 @@ from conftest import GPU, NO_GPU, REASONS, ROOT, load_script, run_script
 # Where Triton is missing, what needs it skips with the reason; the rest (Triton missing, the
 # records, the tables) runs.
 needs_triton = pytest.mark.skipif(REASONS["triton"] is not None, reason=f"mode triton: {REASONS['triton']}")
-DEVICE = "cuda" if GPU else "cpu"  # the interpreter on CPU tensors, or the compiled kernels on a GPU
+needs_gpu = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=NO_GPU)]
 
 
 @pytest.fixture(scope="module")
@@ -31,22 +33,46 @@ def stage():
     return modes.stage("triton")
 
 
-def _tensors(shape_x, out_f, bias=True, dtype=torch.float32, seed=0):
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=needs_gpu)])
+def device(request, stage):
+    """The kernel tests run once per device: on CPU tensors through Triton's interpreter (where
+    there is no GPU, always), and compiled on CUDA tensors (gpu-marked). The stage runs one way
+    per process (tiles/dense.py), so on a GPU machine one of the two skips."""
+    if request.param == "cpu" and GPU and not stage.INTERPRETED:
+        pytest.skip("the stage compiles its kernels for the GPU in this process (TRITON_INTERPRET=1 would run "
+                    "the interpreter on CPU tensors)")
+    if request.param == "cuda" and stage.INTERPRETED:
+        pytest.skip("TRITON_INTERPRET=1 is set: the stage runs Triton's interpreter on CPU tensors")
+    return request.param
+
+
+def _tensors(shape_x, out_f, device, bias=True, dtype=torch.float32, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape_x, generator=gen, dtype=dtype).to(DEVICE)
-    w = torch.randn(out_f, shape_x[-1], generator=gen, dtype=dtype).to(DEVICE)
-    b = torch.randn(out_f, generator=gen, dtype=dtype).to(DEVICE) if bias else None
+    x = torch.randn(shape_x, generator=gen, dtype=dtype).to(device)
+    w = torch.randn(out_f, shape_x[-1], generator=gen, dtype=dtype).to(device)
+    b = torch.randn(out_f, generator=gen, dtype=dtype).to(device) if bias else None
     return x, w, b
+
+
+def _reference(x, w, b):
+    return torch.sigmoid(torch.nn.functional.linear(x, w, b))
 
 
 # ---------------------------------------------------------------------------
 # How the stage runs here
 # ---------------------------------------------------------------------------
 
-def test_the_interpreter_runs_where_there_is_no_gpu(stage):
-    assert stage.INTERPRETED == (not GPU or os.environ.get("TRITON_INTERPRET") == "1")
-    assert os.environ["TRITON_INTERPRET"] == ("1" if stage.INTERPRETED else "0")
-    assert stage.DEVICE == ("cpu" if stage.INTERPRETED else "cuda")
+def test_the_kernels_run_interpreted_on_cpu_and_compiled_on_cuda(stage, device):
+    """Without a GPU the kernels are Python functions run by Triton's interpreter on CPU tensors;
+    on a GPU they are compiled and take CUDA tensors. Either way, the reference's answer."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    for kernel in (stage.forward_kernel, stage.grad_x_kernel, stage.grad_w_kernel):
+        assert isinstance(kernel, InterpretedFunction) == (device == "cpu"), type(kernel)
+    x, w, b = _tensors((5, 4), 3, device)
+    y = modes.dense("triton")(x, w, b)
+    assert y.device.type == device
+    torch.testing.assert_close(y, _reference(x, w, b))
 
 
 @pytest.mark.slow
@@ -105,8 +131,8 @@ def test_compiled_stage_refuses_cpu_tensors_with_the_way_out(stage):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape_x, bias", [((5, 4), True), ((5, 4), False), ((2, 3, 4), True), ((4,), True)])
-def test_opcheck(stage, shape_x, bias):
-    x, w, b = _tensors(shape_x, 3, bias)
+def test_opcheck(stage, device, shape_x, bias):
+    x, w, b = _tensors(shape_x, 3, device, bias)
     ops = torch.ops.dense_triton
     torch.library.opcheck(ops.forward.default, (x.requires_grad_(), w.requires_grad_(),
                                                 b.requires_grad_() if bias else None))
@@ -117,14 +143,14 @@ def test_opcheck(stage, shape_x, bias):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_torch_compile_fullgraph_matches_eager(stage, dtype):
+def test_torch_compile_fullgraph_matches_eager(stage, device, dtype):
     torch._dynamo.reset()
-    layer = modes.Dense(8, 5, mode="triton", device=DEVICE, dtype=dtype)
+    layer = modes.Dense(8, 5, mode="triton", device=device, dtype=dtype)
 
     def step(x):
         return (layer(x) * 2).sum()
 
-    x = torch.randn(6, 8, device=DEVICE, dtype=dtype)
+    x = torch.randn(6, 8, device=device, dtype=dtype)
     eager = step(x)
     eager.backward()
     eager_grads = [p.grad.clone() for p in layer.parameters()]
@@ -137,15 +163,15 @@ def test_torch_compile_fullgraph_matches_eager(stage, dtype):
 
 
 @pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd:UserWarning")  # torch's own test backend
-def test_compiled_graph_calls_the_ops(stage):
+def test_compiled_graph_calls_the_ops(stage, device):
     """Whether torch.compile keeps the op whole (interpreter: a custom_op) or traces into its
     kernels (GPU: a triton_op), the forward and the backward of the stage are in the graph."""
     from torch._dynamo.testing import AotEagerAndRecordGraphs
 
     torch._dynamo.reset()
     backend = AotEagerAndRecordGraphs()
-    layer = modes.Dense(8, 5, mode="triton", device=DEVICE)
-    loss = torch.compile(lambda x: layer(x).sum(), backend=backend, fullgraph=True)(torch.randn(4, 8, device=DEVICE))
+    layer = modes.Dense(8, 5, mode="triton", device=device)
+    loss = torch.compile(lambda x: layer(x).sum(), backend=backend, fullgraph=True)(torch.randn(4, 8, device=device))
     loss.backward()
     forward = "\n".join(g.code for g in backend.fw_graphs)
     backward = "\n".join(g.code for g in backend.bw_graphs)
@@ -159,8 +185,8 @@ def test_compiled_graph_calls_the_ops(stage):
 # What the kernels compute
 # ---------------------------------------------------------------------------
 
-def test_bias_gradient_is_bit_identical_run_to_run(stage):
-    x, w, b = _tensors((257, 33), 19)
+def test_bias_gradient_is_bit_identical_run_to_run(stage, device):
+    x, w, b = _tensors((257, 33), 19, device)
     y = modes.dense("triton")(x, w, b)
     g = torch.randn_like(y)
     runs = [torch.ops.dense_triton.backward(g, x, w, y, [True, True, True]) for _ in range(3)]
@@ -169,9 +195,9 @@ def test_bias_gradient_is_bit_identical_run_to_run(stage):
             assert torch.equal(a, e)
 
 
-def test_one_rows_bias_gradient_is_torch_sigmoid_backward_bit_for_bit(stage):
+def test_one_rows_bias_gradient_is_torch_sigmoid_backward_bit_for_bit(stage, device):
     """dz = g · (1 − y) · y in the order ATen multiplies: the same bits, not just close."""
-    x, w, b = _tensors((1, 7), 45)
+    x, w, b = _tensors((1, 7), 45, device)
     y = modes.dense("triton")(x, w, b)
     g = torch.randn_like(y)
     _, _, db = torch.ops.dense_triton.backward(g, x, w, y, [False, False, True])
@@ -179,8 +205,8 @@ def test_one_rows_bias_gradient_is_torch_sigmoid_backward_bit_for_bit(stage):
 
 
 @pytest.mark.parametrize("mask", [[False, False, True], [False, True, False], [True, False, False]])
-def test_each_gradient_alone_matches_all_together(stage, mask):
-    x, w, b = _tensors((37, 45), 29, dtype=torch.float64)
+def test_each_gradient_alone_matches_all_together(stage, device, mask):
+    x, w, b = _tensors((37, 45), 29, device, dtype=torch.float64)
     y = modes.dense("triton")(x, w, b)
     g = torch.randn_like(y)
     together = torch.ops.dense_triton.backward(g, x, w, y, [True, True, True])
@@ -189,30 +215,175 @@ def test_each_gradient_alone_matches_all_together(stage, mask):
         assert torch.equal(a, t) if want else a.numel() == 0
 
 
-def test_strided_inputs_need_no_copy_and_give_the_same_answer(stage):
+def test_strided_inputs_need_no_copy_and_give_the_same_answer(stage, device):
     """x, W and the gradient transposed, W and b with stride 2, g expanded: the kernels take
     every tensor's two strides."""
-    x, w, b = _tensors((23, 17), 11, dtype=torch.float64)
-    wide = torch.randn(11, 34, dtype=torch.float64, device=DEVICE)
+    x, w, b = _tensors((23, 17), 11, device, dtype=torch.float64)
+    wide = torch.randn(11, 34, dtype=torch.float64, device=device)
     wide[:, ::2] = w
-    bias2 = torch.zeros(22, dtype=torch.float64, device=DEVICE)
+    bias2 = torch.zeros(22, dtype=torch.float64, device=device)
     bias2[::2] = b
     xt = x.t().contiguous().t()
     for args in ((xt, w, b), (x, wide[:, ::2], bias2[::2])):
         torch.testing.assert_close(modes.dense("triton")(*args), torch.sigmoid(torch.nn.functional.linear(x, w, b)))
     y = modes.dense("triton")(x, w, b)
-    g = torch.ones(1, 1, dtype=torch.float64, device=DEVICE).expand_as(y)
+    g = torch.ones(1, 1, dtype=torch.float64, device=device).expand_as(y)
     got = torch.ops.dense_triton.backward(g, xt, w, y, [True, True, True])
     want = torch.ops.dense_triton.backward(g.contiguous(), x, w, y, [True, True, True])
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e)
 
 
-def test_double_backward_works(stage):
+def test_double_backward_works(stage, device):
     """create_graph=True (and so torch.func.grad, which always asks for it) gets a backward
     made of torch's differentiable ops: gradients of gradients are right."""
-    ts = [t.requires_grad_() for t in _tensors((3, 4), 2, dtype=torch.float64)]
+    ts = [t.requires_grad_() for t in _tensors((3, 4), 2, device, dtype=torch.float64)]
     assert torch.autograd.gradgradcheck(modes.dense("triton"), ts)
+
+
+def test_every_launch_runs_inside_the_guard_for_its_inputs_device(stage, device, monkeypatch):
+    """Triton launches on the current CUDA device, whatever device the tensors are on: each
+    launch of both ops runs inside _device_guard(x.device), which makes x's GPU current."""
+    guard_for_cuda1 = stage._device_guard(torch.device("cuda", 1))
+    assert isinstance(guard_for_cuda1, torch.cuda.device) and guard_for_cuda1.idx == 1
+    assert isinstance(stage._device_guard(torch.device("cpu")), contextlib.nullcontext)
+
+    inside, launches = [], []
+    real_guard, real_wrap = stage._device_guard, stage.wrap_triton
+
+    @contextlib.contextmanager
+    def guard(dev):
+        with real_guard(dev):
+            inside.append(dev)
+            try:
+                yield
+            finally:
+                inside.pop()
+
+    class Launcher:
+        def __init__(self, kernel):
+            self.wrapped = real_wrap(kernel)
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(list(inside))
+                return self.wrapped[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(stage, "_device_guard", guard)
+    monkeypatch.setattr(stage, "wrap_triton", Launcher)
+    x, w, b = _tensors((7, 5), 3, device)
+    y = torch.ops.dense_triton.forward(x, w, b)
+    torch.ops.dense_triton.backward(torch.ones_like(y), x, w, y, [True, True, True])
+    assert launches == [[x.device]] * 3  # the forward, grad x, grad W and b
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs: x on cuda:1 while cuda:0 is current")
+def test_tensors_on_the_second_gpu_are_computed_there(stage):
+    if stage.INTERPRETED:
+        pytest.skip("TRITON_INTERPRET=1 is set: the stage runs Triton's interpreter on CPU tensors")
+    torch.cuda.set_device(0)
+    x, w, b = (t.requires_grad_() for t in _tensors((37, 45), 29, "cuda:1", dtype=torch.float64))
+    y = modes.dense("triton")(x, w, b)
+    got = (y, *torch.autograd.grad(y.sum(), (x, w, b)))
+    want = _reference(x, w, b)
+    want = (want, *torch.autograd.grad(want.sum(), (x, w, b)))
+    for a, e in zip(got, want):
+        assert a.device == torch.device("cuda", 1)
+        torch.testing.assert_close(a, e)
+    assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason=NO_GPU)
+@pytest.mark.parametrize("operand", ["x", "weight"])
+def test_offsets_past_two_to_the_31_elements(stage, operand):
+    """Columns 2²⁷ elements apart (16 GiB of float32): the forward kernel's step along K,
+    BLOCK_K · stride, is 2³¹ or more, which wraps in 32 bits."""
+    if stage.INTERPRETED:
+        pytest.skip("TRITON_INTERPRET=1 is set: the stage runs Triton's interpreter on CPU tensors")
+    stride, k = 2 ** 27, 33  # K = 33: a second step along K, at least 2³¹ elements on
+    x, w, b = _tensors((3, k), 5, "cpu")
+    small = x if operand == "x" else w
+    store = torch.empty((k - 1) * stride + small.shape[0], device="cuda")
+    big = store.as_strided(small.shape, (1, stride))
+    big.copy_(small)
+    args = (big, w.cuda(), b.cuda()) if operand == "x" else (x.cuda(), big, b.cuda())
+    y = modes.dense("triton")(*args)
+    del store, big, args
+    torch.testing.assert_close(y.cpu(), _reference(x, w, b), atol=1e-5, rtol=1e-4)
+
+
+# Every kernel compiled for sm_90 (no GPU needed), printed as Triton's first IR (TTIR). The
+# strides are 37: neither 1 nor a multiple of 16, so Triton specialises none of them away.
+TTIR_OF_THE_KERNELS = """
+import importlib.util, json, os
+os.environ["TRITON_INTERPRET"] = "0"  # read as kernels.py runs: compile, do not interpret
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
+
+spec = importlib.util.spec_from_file_location("kernels", "tiles/kernels.py")
+kernels = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kernels)
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+t, n = torch.empty(16, 16), 37
+tiles = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1, "PRECISION": "ieee"}
+launches = {"forward_kernel": ((t,) * 4 + (n,) * 10, {"HAS_BIAS": True}),
+            "grad_x_kernel": ((t,) * 4 + (n,) * 11, {}),
+            "grad_w_kernel": ((t,) * 5 + (n,) * 11, {"DW": True, "DB": True})}
+ttir = {}
+for name, (args, constants) in launches.items():
+    fn, kwargs = getattr(kernels, name), {**constants, **tiles}
+    bound, specialization, options = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    ttir[name] = {"strides": [a for a in fn.arg_names if a.startswith("stride_")],
+                  "ttir": triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
+                                         options=options.__dict__).asm["ttir"]}
+print(json.dumps(ttir))
+"""
+
+
+@needs_triton
+@pytest.mark.slow
+def test_compiled_kernels_widen_every_stride_to_64_bits_first():
+    """Offsets are 64-bit (tiles/kernels.py): each use of a 32-bit stride argument is its sign
+    extension to i64, so no product with a stride (BLOCK_K · stride included) is 32-bit."""
+    result = run_script("-c", TTIR_OF_THE_KERNELS, env={"TRITON_INTERPRET": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    for kernel, compiled in json.loads(result.stdout).items():
+        lines = [line.strip() for line in compiled["ttir"].splitlines()]
+        signature = next(line for line in lines if line.startswith("tt.func"))
+        assert re.findall(r"%(stride_\w+): i32", signature) == compiled["strides"], signature
+        for stride in compiled["strides"]:
+            uses = [line.split(" loc(")[0] for line in lines if re.search(rf"%{stride}\b", line) and line != signature]
+            assert uses, (kernel, stride)
+            for use in uses:
+                assert re.fullmatch(rf"%\w+ = arith\.extsi %{stride} : i32 to i64", use), (kernel, use)
+
+
+@pytest.mark.slow
+def test_torch_compile_of_jvp_runs_it_eagerly_or_says_why(stage, device):
+    """A graph cannot hold the forward-mode formula (tiles/dense.py: NO_FORWARD_MODE_GRAPH), so
+    torch.compile runs torch.func.jvp of the stage eagerly, with the reference's tangents; with
+    fullgraph=True it fails with that reason, not with zero tangents."""
+    primals = _tensors((6, 8), 5, device, dtype=torch.float64)
+    tangents = _tensors((6, 8), 5, device, dtype=torch.float64, seed=1)
+    dense = modes.dense("triton")
+
+    def jvp(x, w, b):
+        return torch.func.jvp(dense, (x, w, b), tangents)
+
+    want = torch.func.jvp(_reference, primals, tangents)
+    torch._dynamo.reset()
+    for got, expected in zip(torch.compile(jvp)(*primals), want):
+        torch.testing.assert_close(got, expected)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape(stage.NO_FORWARD_MODE_GRAPH)):
+        torch.compile(jvp, fullgraph=True)(*primals)
 
 
 # ---------------------------------------------------------------------------

@@ -123,6 +123,13 @@ def _check_device(x: Tensor) -> None:
                      "it to cuda, or start Python with TRITON_INTERPRET=1 to run Triton's interpreter on CPU tensors")
 
 
+def _device_guard(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make ``device`` the current CUDA device for the launches (and back after them): Triton
+    launches a kernel on the current device, not on its tensors' (the C++ stages take a CUDAGuard
+    for the same reason). The interpreter's CPU tensors need none."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _rows(x: Tensor) -> int:
     # The product of the leading dimensions (x.reshape(-1, K) cannot say it when K = 0).
     return math.prod(x.shape[:-1])
@@ -152,7 +159,7 @@ def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     def grid(meta):  # one program per BLOCK_M × BLOCK_N tile of y, whichever tile the autotuner picks
         return triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"])
 
-    with _quiet():
+    with _device_guard(x.device), _quiet():
         wrap_triton(forward_tuned)[grid](
             x2, weight, weight if bias is None else bias, y2, m, n, k,  # no bias: any pointer, never read
             x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), 0 if bias is None else bias.stride(0),
@@ -175,7 +182,7 @@ def backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor,
     tiles = {key: BACKWARD[key] for key in TILES}
     launch = {key: BACKWARD[key] for key in ("num_warps", "num_stages") if key in BACKWARD}
     prec = precision(x.dtype)
-    with _quiet():
+    with _device_guard(x.device), _quiet():
         if output_mask[0] and gx.numel():
             dx2 = gx.view(m, k)
             grid = (triton.cdiv(m, tiles["BLOCK_M"]), triton.cdiv(k, tiles["BLOCK_K"]))
@@ -251,10 +258,27 @@ class _Dense(torch.autograd.Function):
         return dz * y * (1 - y)
 
 
+# Forward-mode AD (torch.func.jvp, jacfwd, hessian) cannot be compiled into a graph: the op's
+# registered formula is reverse-mode only (traced, the op gets zero tangents), and Dynamo traces
+# the Function's forward without its jvp (zero tangents again; torch 2.13). So torch.compile
+# leaves the call out of its graph and runs it eagerly.
+NO_FORWARD_MODE_GRAPH = ("dense_triton under forward-mode AD (torch.func.jvp, jacfwd, hessian) runs eagerly: a "
+                         "graph cannot hold its forward-mode formula; compile without fullgraph=True, or call it "
+                         "outside torch.compile")
+
+
+@torch.compiler.disable(reason=NO_FORWARD_MODE_GRAPH)
+def _forward_mode_eagerly(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return _Dense.apply(x, weight, bias)
+
+
 def dense(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """sigmoid(x Wᵀ + b) by the kernels. The op itself (eager, and what torch.compile traces)
-    unless a torch.func transform or forward-mode AD is active: those take the Function."""
-    if torch.compiler.is_compiling() or not (torch._C._are_functorch_transforms_active()
-                                             or forward_ad._current_level >= 0):
+    unless a torch.func transform or forward-mode AD is active: those take the Function, which
+    torch.compile leaves out of its graph under forward-mode AD (NO_FORWARD_MODE_GRAPH)."""
+    forward_mode = forward_ad._current_level >= 0
+    if torch.compiler.is_compiling():
+        return _forward_mode_eagerly(x, weight, bias) if forward_mode else _op(x, weight, bias)
+    if not (forward_mode or torch._C._are_functorch_transforms_active()):
         return _op(x, weight, bias)
     return _Dense.apply(x, weight, bias)

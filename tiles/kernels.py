@@ -53,6 +53,9 @@ def forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
     # moved BLOCK_K columns on at each step.
     x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk
     w_ptrs = w_ptr + rk[:, None] * stride_wk + rn[None, :] * stride_wn
+    # The step, in 64 bits too: a stride that fits 32 bits, times BLOCK_K, may not.
+    x_step = BLOCK_K * tl.cast(stride_xk, tl.int64)
+    w_step = BLOCK_K * tl.cast(stride_wk, tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=x_ptr.dtype.element_ty)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         k_left = K - k * BLOCK_K
@@ -60,8 +63,8 @@ def forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K,
         x = tl.load(x_ptrs, mask=(rm[:, None] < M) & (rk[None, :] < k_left), other=0.0)
         w = tl.load(w_ptrs, mask=(rk[:, None] < k_left) & (rn[None, :] < N), other=0.0)
         acc = tl.dot(x, w, acc, input_precision=PRECISION, out_dtype=acc.dtype)
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += BLOCK_K * stride_wk
+        x_ptrs += x_step
+        w_ptrs += w_step
     # The epilogue: bias and sigmoid on the accumulator, in registers; z never reaches memory.
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn * stride_b, mask=rn < N, other=0.0)[None, :]
