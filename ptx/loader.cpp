@@ -25,6 +25,9 @@ struct Driver {
   decltype(&cuModuleGetFunction) moduleGetFunction;
   decltype(&cuLaunchKernel) launchKernel;
   decltype(&cuCtxGetCurrent) ctxGetCurrent;
+  decltype(&cuCtxPushCurrent) ctxPushCurrent;
+  decltype(&cuCtxPopCurrent) ctxPopCurrent;
+  decltype(&cuCtxSynchronize) ctxSynchronize;
   decltype(&cuGetErrorName) getErrorName;
   decltype(&cuGetErrorString) getErrorString;
   decltype(&cuDriverGetVersion) driverGetVersion;
@@ -41,6 +44,9 @@ struct Driver {
         moduleGetFunction(find<decltype(moduleGetFunction)>("cuModuleGetFunction")),
         launchKernel(find<decltype(launchKernel)>("cuLaunchKernel")),
         ctxGetCurrent(find<decltype(ctxGetCurrent)>("cuCtxGetCurrent")),
+        ctxPushCurrent(find<decltype(ctxPushCurrent)>("cuCtxPushCurrent")),
+        ctxPopCurrent(find<decltype(ctxPopCurrent)>("cuCtxPopCurrent")),
+        ctxSynchronize(find<decltype(ctxSynchronize)>("cuCtxSynchronize")),
         getErrorName(find<decltype(getErrorName)>("cuGetErrorName")),
         getErrorString(find<decltype(getErrorString)>("cuGetErrorString")),
         driverGetVersion(find<decltype(driverGetVersion)>("cuDriverGetVersion")) {}
@@ -62,13 +68,17 @@ struct Driver {
   // endregion
 };
 
-void check_driver(CUresult result, const char* what) {
-  if (result == CUDA_SUCCESS) return;
+// "CUDA_ERROR_INVALID_CONTEXT (invalid device context)": a driver error in words.
+std::string describe(CUresult result) {
   const char* name = nullptr;
   const char* text = nullptr;
   Driver::get().getErrorName(result, &name);
   Driver::get().getErrorString(result, &text);
-  TORCH_CHECK(false, what, " failed: ", name ? name : "?", " (", text ? text : "no description", ")");
+  return std::string(name ? name : "?") + " (" + (text ? text : "no description") + ")";
+}
+
+void check_driver(CUresult result, const char* what) {
+  if (result != CUDA_SUCCESS) TORCH_CHECK(false, what, " failed: ", describe(result));
 }
 
 // The driver's version, e.g. 13000 for CUDA 13.0 (or the error above where there is none).
@@ -78,14 +88,38 @@ int64_t driver_version() {
   return version;
 }
 
-// One module per device: a CUmodule belongs to the context it was loaded in.
+// The PTX, loaded once per CUDA context. A CUmodule and its kernels belong to the context they
+// were loaded in, and a kernel launches in the calling thread's current context: torch makes
+// each device's primary context current, but a caller may have made another one current (the
+// driver API allows several on one device), so the cache is keyed by the context itself.
+//
+// One mutex guards the PTX and the modules, and every entry point holds it for as long as it
+// uses a module: an op's launches, from finding its kernels to enqueueing them, all come from
+// one module, which set_ptx cannot unload in between.
 class DriverKernels final : public dense::Kernels {
  public:
+  // Use this PTX from now on: each context loads it at its next launch. The modules of the old
+  // one are unloaded; if any cannot be (its context was destroyed, say), the new PTX is in use
+  // all the same, and the error says so.
   void set_ptx(std::string ptx) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [device, module] : modules_) Driver::get().moduleUnload(module.handle);
+    std::string failed;
+    for (auto& [context, module] : modules_) {
+      const CUresult result = unload(context, module.handle);
+      if (result != CUDA_SUCCESS) failed += (failed.empty() ? "" : "; ") + describe(result);
+    }
     modules_.clear();
     ptx_ = std::move(ptx);
+    TORCH_CHECK(failed.empty(), "dense_ptx: the new PTX is in use, but a module of the previous one could not be ",
+                "unloaded in its context: ", failed);
+  }
+
+  // Load the PTX into the calling thread's current context now (otherwise its first launch
+  // there does it, JIT compiler and all); returns how many contexts hold it.
+  int64_t load_here() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    current_module();
+    return static_cast<int64_t>(modules_.size());
   }
 
   void gemm(int version, const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
@@ -94,6 +128,7 @@ class DriverKernels final : public dense::Kernels {
     const int bytes = static_cast<int>(A.element_size());
     const auto geo = dense_kernels::gemm_geometry(version, bytes, M, N, K, sm_count);
     CUdeviceptr a = ptr(A), b = ptr(B), c = ptr(C), bi = bias ? ptr(*bias) : 0;
+    std::lock_guard<std::mutex> lock(mutex_);
     if (geo.grid.z == 1) {
       void* args[] = {&a, &b, &c, &bi, &M, &N, &K, &epilogue};
       launch(dense_kernels::gemm_name(version, layout, bytes), geo, args, stream);
@@ -119,6 +154,7 @@ class DriverKernels final : public dense::Kernels {
     const auto geo = dense_kernels::sigmoid_grad_geometry(1, rows, cols, x4 ? 4 : 1, sm_count);
     CUdeviceptr gp = ptr(g), yp = ptr(y), dzp = ptr(dz), dbp = db ? ptr(*db) : 0;
     void* args[] = {&gp, &yp, &dzp, &dbp, &rows, &cols};
+    std::lock_guard<std::mutex> lock(mutex_);
     launch(dense_kernels::sigmoid_grad_name(1, bytes, x4), geo, args, stream);
   }
 
@@ -131,31 +167,52 @@ class DriverKernels final : public dense::Kernels {
   static CUdeviceptr ptr(const at::Tensor& t) { return reinterpret_cast<CUdeviceptr>(t.const_data_ptr()); }
   static bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
 
-  CUfunction function(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  // cuModuleUnload acts on the current context: the module's own is made current for the call,
+  // and finishes its queued work first, which may include kernels of this module.
+  static CUresult unload(CUcontext context, CUmodule handle) {
+    const Driver& driver = Driver::get();
+    CUresult result = driver.ctxPushCurrent(context);
+    if (result != CUDA_SUCCESS) return result;
+    result = driver.ctxSynchronize();
+    if (result == CUDA_SUCCESS) result = driver.moduleUnload(handle);
+    CUcontext popped = nullptr;
+    const CUresult pop = driver.ctxPopCurrent(&popped);
+    return result != CUDA_SUCCESS ? result : pop;
+  }
+
+  // The module of the calling thread's current context, loaded on first use. Called with mutex_ held.
+  Module& current_module() {
     TORCH_CHECK(!ptx_.empty(), "dense_ptx: no PTX loaded; call torch.ops.dense_ptx.load_ptx first");
-    int device = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&device));
     // The driver API acts on the calling thread's current context, and a thread on which the
     // runtime was never called has none: autograd runs a backward on a thread of its own, and
     // there the first launch failed with CUDA_ERROR_INVALID_CONTEXT. Any runtime call makes the
-    // device's primary context (the one torch uses) current on this thread.
-    CUcontext current = nullptr;
-    check_driver(Driver::get().ctxGetCurrent(&current), "cuCtxGetCurrent");
-    if (current == nullptr) C10_CUDA_CHECK(cudaFree(nullptr));
-    Module& module = modules_[device];
+    // current device's primary context (the one torch uses) current on this thread.
+    CUcontext context = nullptr;
+    check_driver(Driver::get().ctxGetCurrent(&context), "cuCtxGetCurrent");
+    if (context == nullptr) {
+      C10_CUDA_CHECK(cudaFree(nullptr));
+      check_driver(Driver::get().ctxGetCurrent(&context), "cuCtxGetCurrent");
+      TORCH_CHECK(context != nullptr, "dense_ptx: no CUDA context is current on this thread");
+    }
+    Module& module = modules_[context];
     if (module.handle == nullptr) {
       std::vector<char> log(1 << 16, '\0');
       CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
       void* values[] = {log.data(), reinterpret_cast<void*>(log.size())};
       const CUresult result = Driver::get().moduleLoadDataEx(&module.handle, ptx_.c_str(), 2, options, values);
       if (result != CUDA_SUCCESS) {
-        modules_.erase(device);
+        modules_.erase(context);
         const char* name = nullptr;
         Driver::get().getErrorName(result, &name);
         TORCH_CHECK(false, "the PTX did not load (", name ? name : "?", "); the JIT compiler said:\n", log.data());
       }
     }
+    return module;
+  }
+
+  // A kernel of the current context's module, by name. Called with mutex_ held.
+  CUfunction function(const std::string& name) {
+    Module& module = current_module();
     auto found = module.functions.find(name);
     if (found != module.functions.end()) return found->second;
     CUfunction fn = nullptr;
@@ -166,6 +223,7 @@ class DriverKernels final : public dense::Kernels {
     return fn;
   }
 
+  // Called with mutex_ held: the kernel's module stays loaded until the launch is enqueued.
   void launch(const std::string& name, const dense_kernels::Geometry& geo, void** args, cudaStream_t stream) {
     CUfunction fn = function(name);
     // torch's current stream, so the kernel is ordered with torch's own work (and graphs).
@@ -176,7 +234,7 @@ class DriverKernels final : public dense::Kernels {
 
   std::mutex mutex_;
   std::string ptx_;
-  std::unordered_map<int, Module> modules_;
+  std::unordered_map<CUcontext, Module> modules_;
 };
 
 struct PtxStage {
@@ -191,12 +249,14 @@ struct PtxStage {
 using Ops = dense::GpuOps<PtxStage>;
 
 void load_ptx(std::string ptx) { PtxStage::driver().set_ptx(std::move(ptx)); }
+int64_t load_here() { return PtxStage::driver().load_here(); }
 
 }  // namespace
 
 TORCH_LIBRARY(dense_ptx, m) {
   Ops::define(m);
   m.def("load_ptx(str ptx) -> ()", &load_ptx);
+  m.def("load_here() -> int", &load_here);
   m.def("driver_version() -> int", &driver_version);
 }
 TORCH_LIBRARY_IMPL(dense_ptx, CUDA, m) { Ops::implement(m); }

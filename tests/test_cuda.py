@@ -4,9 +4,11 @@ tests/test_gpu_build.py checks, without a GPU, that both build, register and tra
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -196,6 +198,81 @@ def test_ptx_loader_reports_bad_ptx_and_recovers():
     finally:
         stage.load_ptx()
     torch.testing.assert_close(modes.dense("ptx")(x, w, None), torch.sigmoid(x @ w.t()), atol=1e-5, rtol=1e-4)
+
+
+# In a process of its own (it makes and destroys a CUDA context): the loader's modules, one per
+# context, through the driver API (ctypes on libcuda).
+PTX_CONTEXTS = """
+import ctypes, json, torch, modes
+stage, ops = modes.stage("ptx"), torch.ops.dense_ptx
+x, w = torch.randn(64, 32, device="cuda"), torch.randn(16, 32, device="cuda")  # torch's context is current
+want = torch.sigmoid(x @ w.t())
+seen = {"torch's context": ops.load_here(), "again": ops.load_here()}
+driver = ctypes.CDLL("libcuda.so.1")
+device, context, popped = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
+assert driver.cuDeviceGet(ctypes.byref(device), 0) == 0
+assert driver.cuCtxCreate_v2(ctypes.byref(context), 0, device) == 0  # a second context, now current
+seen["a second context"] = ops.load_here()
+assert driver.cuCtxPopCurrent_v2(ctypes.byref(popped)) == 0 and popped.value == context.value
+stage.load_ptx()  # unloads both modules
+seen["after load_ptx"] = ops.load_here()
+assert driver.cuCtxPushCurrent_v2(context) == 0
+ops.load_here()
+assert driver.cuCtxPopCurrent_v2(ctypes.byref(popped)) == 0
+assert driver.cuCtxDestroy_v2(context) == 0  # its module goes with it, unknown to the loader
+try:
+    stage.load_ptx()
+    seen["stale module"] = "no error"
+except RuntimeError as e:
+    seen["stale module"] = str(e).splitlines()[0]
+seen["right answer"] = bool(torch.allclose(modes.dense("ptx")(x, w, None), want, atol=1e-5, rtol=1e-4))
+print(json.dumps(seen))
+"""
+
+
+def test_ptx_loader_keeps_a_module_per_context_and_reports_a_failed_unload():
+    """A module belongs to the context it was loaded in: a second context on the same device
+    loads its own. load_ptx unloads each in its context, and says so where one cannot be."""
+    if REASONS["ptx"] is not None:
+        pytest.skip(REASONS["ptx"])
+    result = run_script("-c", PTX_CONTEXTS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (seen["torch's context"], seen["again"], seen["a second context"], seen["after load_ptx"]) == (1, 1, 2, 1)
+    assert seen["stale module"].startswith("dense_ptx: the new PTX is in use, but a module of the previous one "
+                                           "could not be unloaded in its context: CUDA_ERROR_"), seen["stale module"]
+    assert seen["right answer"]
+
+
+def test_ptx_reloads_while_another_thread_launches():
+    """load_ptx unloads the modules under the lock that every launch holds from finding its
+    kernel to enqueueing it: reloading while another thread runs the op leaves its answers right."""
+    if REASONS["ptx"] is not None:
+        pytest.skip(REASONS["ptx"])
+    stage = modes.stage("ptx")
+    x, w = torch.randn(300, 200, device="cuda"), torch.randn(100, 200, device="cuda")
+    want = torch.sigmoid(x @ w.t())
+    done, errors = threading.Event(), []
+
+    def reload():
+        try:
+            for _ in range(10):
+                stage.load_ptx()
+        except Exception as e:  # reported below, in the test's thread
+            errors.append(e)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=reload)
+    thread.start()
+    runs = 0
+    try:
+        while not done.is_set() or runs == 0:
+            torch.testing.assert_close(modes.dense("ptx")(x, w, None), want, atol=1e-5, rtol=1e-4)
+            runs += 1
+    finally:
+        thread.join()
+    assert not errors, errors
 
 
 def test_ptx_loader_finds_the_driver_at_run_time():
