@@ -18,7 +18,6 @@ Needs a GPU. Examples:
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import shutil
@@ -32,7 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import cli  # noqa: E402
+import cli  # noqa: E402  (first: a Ctrl-C during the imports below is one line too)
+
+# isort: split
+import benchmark  # noqa: E402
 
 # One process: build/load the stage, warm torch up, then time the first call and the next ones.
 PROBE = r"""
@@ -78,13 +80,21 @@ def measure(repeats: int) -> list[dict]:
 
 
 def table(record: dict) -> str:
-    """The record as Markdown (medians over fresh processes)."""
+    """The record as Markdown (medians over fresh processes), under benchmark.py's footer."""
     lines = ["| stage | compute cache | first call (ms) | later calls (ms) |", "|---|---|---:|---:|"]
     for r in record["results"]:
         lines.append(f"| {r['mode']} | {r['case']} | {r['first_ms']:.1f} | {r['next_ms']:.3f} |")
-    lines.append(f"\n{record['device']}, driver {record['driver']}, torch {record['torch']}, median of "
-                 f"{record['results'][0]['runs']} fresh processes each, {record['date']}: `{record['command']}`")
+    # The card's driver (nvidia-smi) holds the JIT compiler that the cold rows time.
+    lines.append("\n" + benchmark.footer(record, f"median of {record['results'][0]['runs']} fresh processes each",
+                                         tools=[f"CUDA driver API {record['driver']}"], card=True))
     return "\n".join(lines)
+
+
+def driver_version() -> int:
+    """The driver's CUDA version, e.g. 13000 (through the PTX stage's loader, which is built)."""
+    import torch
+
+    return int(torch.ops.dense_ptx.driver_version())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,12 +111,10 @@ def main(argv: list[str] | None = None) -> int:
 
     for mode in ("ptx", "cuda"):
         modes.build(mode)  # built (or found) before any process is timed
-    driver = torch.ops.dense_ptx.driver_version()
-    record = {"device": torch.cuda.get_device_name(), "driver": f"{driver // 1000}.{driver % 1000 // 10}",
-              "torch": torch.__version__,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(["python ptx/load_cost.py", *(sys.argv[1:] if argv is None else argv)]),
-              "results": measure(args.repeats)}
+    driver = driver_version()
+    # The probes time float32 tensors on the current device (cuda:0 unless CUDA_VISIBLE_DEVICES says).
+    record = {**benchmark.record_header("cuda", torch.float32), "benchmark": "ptx_load_cost",
+              "driver": f"{driver // 1000}.{driver % 1000 // 10}", "results": measure(args.repeats)}
     return cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))])
 
 
