@@ -1,6 +1,7 @@
 """Napkin maths and static evidence for every GEMM version, for sm_90, without a GPU.
 
-For each GEMM entry point found in the compiled kernels (dense_gemm_v{N}_{nt|nn|tn}_{f32|f64}):
+For each GEMM entry point found in the compiled kernels (dense_gemm_v{N}_{nt|nn|tn}_{f32|f64}, and
+the autotuning candidates dense_gemm_tune{I}_{nt|nn|tn}_f32, in a table of their own):
   * FLOPs and global-memory bytes per output tile (from TILES below) and the arithmetic
     intensity they give;
   * registers, shared memory and spills from ptxas (-v), and the launch bounds (.maxntid);
@@ -42,6 +43,7 @@ import cli  # noqa: E402
 
 DEFAULT_SOURCES = ["cuda/dense_kernels.cu"]
 GEMM = re.compile(r"^dense_gemm_v(\d+)_(nt|nn|tn)_(f32|f64)$")
+TUNE = re.compile(r"^dense_gemm_tune(\d+)_(nt|nn|tn)_(f32|f64)$")  # the autotuning candidates
 
 # ---------------------------------------------------------------------------------------
 # The one table to keep in step with the kernels: per version and dtype, the block's output
@@ -70,7 +72,29 @@ TILES: dict[int, dict] = {
         "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True)},
     9: {"idea": "split-K for small batches, slices from the SM count",
         "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True), "split_k": True},
+    10: {"idea": "padded tiles: the transposing store hits 32 banks",
+         "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True)},
+    # The warp-tiled versions: TM×TN is a lane's outputs, all its pieces together (WM/8 × WN/4).
+    11: {"idea": "warp tiling in pieces (SGEMM_CUDA's kernel 10), one template",
+         "f32": (128, 128, 8, 16, True), "f64": (64, 64, 4, 8, True)},
+    # v12 splits K until every SM holds its MINB blocks (dense_kernels::skinny_slices).
+    12: {"idea": "skinny batches: 32-row tiles, K split over every SM",
+         "f32": (32, 64, 4, 4, True), "f64": (32, 64, 4, 4, True), "split_k": "skinny", "bk": 16,
+         "min_blocks": {"f32": 8, "f64": 3}},
 }
+
+# The autotuning candidates, v11's template at other shapes (dense_kernels::kTuneCandidates, float32
+# only): (BM, BN, BK, WM, WN, TM, TN, MINB). tests/test_static.py compares them with the header.
+TUNE_CANDIDATES: list[tuple[int, ...]] = [
+    (128, 128, 8, 64, 32, 8, 8, 1),
+    (128, 128, 16, 64, 32, 8, 8, 1),
+    (128, 128, 16, 64, 32, 4, 4, 1),
+    (128, 128, 8, 32, 64, 4, 8, 1),
+    (128, 64, 8, 32, 32, 4, 4, 3),
+    (128, 64, 16, 64, 32, 8, 8, 1),
+    (64, 128, 16, 32, 64, 4, 8, 1),
+    (128, 256, 8, 64, 64, 8, 8, 1),
+]
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,6 +219,20 @@ def splitk_slices(m: int, n: int, k: int, bm: int, bn: int, sm_count: int) -> in
     if tiles <= 0 or tiles >= sm_count:
         return 1
     return max(1, min(-(-sm_count // tiles), k // MIN_SLICE_K))
+
+
+def skinny_slices(m: int, n: int, k: int, bm: int, bn: int, bk: int, min_blocks: int, sm_count: int) -> int:
+    """v12's (dense_kernels::skinny_slices): slices of K so that tiles × slices fills every SM with
+    min_blocks blocks, each slice at least 128 deep, then as few as give each the same whole
+    number of k-steps."""
+    tiles, target = -(-m // bm) * -(-n // bn), sm_count * min_blocks
+    if tiles <= 0 or tiles >= target:
+        return 1
+    s = min(-(-target // tiles), k // MIN_SLICE_K)
+    if s <= 1:
+        return 1
+    steps = -(-k // bk)
+    return -(-steps // -(-steps // s))
 
 
 # ---------------------------------------------------------------------------------------
@@ -441,6 +479,7 @@ def inner_loop(code: list[Instr]) -> dict | None:
 @dataclass
 class Report:
     kernels: list[dict] = field(default_factory=list)
+    candidates: list[dict] = field(default_factory=list)
     other_kernels: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -479,23 +518,38 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
     usage, bounds = parse_ptxas(log), launch_bounds(ptx)
     if not any(GEMM.match(n) for n in usage):
         raise SystemExit(f"no dense_gemm_v*_{{nt,nn,tn}}_{{f32,f64}} entry found in {', '.join(map(str, sources))}")
-    for name in sorted(usage, key=lambda n: (GEMM.match(n) is None, *(_sort_key(n)))):
+    for name in sorted(usage, key=lambda n: (GEMM.match(n) is None and TUNE.match(n) is None, *(_sort_key(n)))):
         u = usage[name]
-        m = GEMM.match(name)
+        m = GEMM.match(name) or TUNE.match(name)
         rec: dict = {"name": name}
         threads, source = bounds.get(name), "__launch_bounds__"
         if m:
-            version, layout, dtype = int(m.group(1)), m.group(2), m.group(3)
-            rec.update(version=version, layout=layout, dtype=dtype)
-            tile = TILES.get(version, {}).get(dtype)
-            rec["idea"] = TILES.get(version, {}).get("idea")
+            number, layout, dtype = int(m.group(1)), m.group(2), m.group(3)
+            rec.update(layout=layout, dtype=dtype)
+            if m.re is TUNE:
+                rec["candidate"] = number
+                shape = TUNE_CANDIDATES[number] if number < len(TUNE_CANDIDATES) and dtype == "f32" else None
+                tile = None if shape is None else (shape[0], shape[1], shape[3] // 8, shape[4] // 4, True)
+                if shape is not None:
+                    rec["shape"] = dict(zip(("bm", "bn", "bk", "wm", "wn", "tm", "tn", "min_blocks"), shape))
+                what = f"candidate {number} {dtype} in TUNE_CANDIDATES"
+            else:
+                rec["version"] = number
+                tile = TILES.get(number, {}).get(dtype)
+                rec["idea"] = TILES.get(number, {}).get("idea")
+                what = f"v{number} {dtype} in TILES"
             if tile is None:
-                report.warnings.append(f"{name}: no entry for v{version} {dtype} in TILES (cuda/static_report.py)")
+                report.warnings.append(f"{name}: no entry for {what} (cuda/static_report.py)")
             else:
                 bm, bn, tm, tn, staged = tile
                 rec["tile"] = {"bm": bm, "bn": bn, "tm": tm, "tn": tn, "staged_in_shared": staged}
-                slices = splitk_slices(SPLITK_BATCH, k, k, bm, bn, device.sm_count) \
-                    if TILES[version].get("split_k") else 1
+                split = TILES.get(number, {}).get("split_k") if m.re is GEMM else None
+                slices = 1
+                if split == "skinny":
+                    slices = skinny_slices(SPLITK_BATCH, k, k, bm, bn, TILES[number]["bk"],
+                                           TILES[number]["min_blocks"][dtype], device.sm_count)
+                elif split:
+                    slices = splitk_slices(SPLITK_BATCH, k, k, bm, bn, device.sm_count)
                 rec["napkin"] = napkin(bm, bn, tm, tn, staged, 4 if dtype == "f32" else 8, k, slices)
                 if slices > 1:
                     rec["napkin"]["slices_at"] = {"batch": SPLITK_BATCH, "in": k, "out": k, "sm_count": device.sm_count}
@@ -510,7 +564,8 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
         rec.update(threads=threads, threads_from=source, registers=u["registers"], barriers=u["barriers"],
                    shared_bytes=u["shared_bytes"], spill_bytes=u["spill_stores"] + u["spill_loads"],
                    spill_stores=u["spill_stores"], spill_loads=u["spill_loads"], stack_bytes=u["stack_bytes"])
-        dynamic = TILES.get(int(m.group(1)), {}).get("dynamic_shared", {}).get(m.group(3), 0) if m else 0
+        dynamic = TILES.get(int(m.group(1)), {}).get("dynamic_shared", {}).get(m.group(3), 0) \
+            if m and m.re is GEMM else 0
         rec["dynamic_shared_bytes"] = dynamic
         if threads is not None:
             occ = occupancy(u["registers"], threads, u["shared_bytes"], dynamic, u["barriers"], device,
@@ -528,15 +583,15 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
                 rec["calls"] = calls(code)
             else:  # the backward's kernels and the second passes: the whole kernel's mix
                 rec["mix"] = mix(code)
-        (report.kernels if m else report.other_kernels).append(rec)
+        (report.other_kernels if not m else report.kernels if m.re is GEMM else report.candidates).append(rec)
     return report, tools
 
 
 def _sort_key(name: str) -> tuple:
-    m = GEMM.match(name)
+    m = GEMM.match(name) or TUNE.match(name)
     if not m:
         return (0, name, 0)
-    return (int(m.group(1)), m.group(3), ("nt", "nn", "tn").index(m.group(2)))
+    return (m.re is TUNE, int(m.group(1)), m.group(3), ("nt", "nn", "tn").index(m.group(2)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -562,13 +617,13 @@ def timings(paths: list[str]) -> list[dict]:
 # ---------------------------------------------------------------------------------------
 # The table (docs/render.py marker kind "static")
 # ---------------------------------------------------------------------------------------
-def _mix_cell(loop: dict | None) -> str:
+def _mix_cell(loop: dict | None, sep: str = " : ") -> str:
     if not loop:
         return "–"
     def widths(d: dict) -> str:
         return "+".join(f"{n}×{w}" for w, n in sorted(d.items(), key=lambda kv: int(kv[0]))) or "0"
     cp_async = f" + cp.async {widths(loop['ldgsts'])}" if loop["ldgsts"] else ""
-    return f"{loop['fma']} : {widths(loop['lds'])} : {widths(loop['ldg'])}{cp_async}"
+    return f"{loop['fma']}{sep}{widths(loop['lds'])}{sep}{widths(loop['ldg'])}{cp_async}"
 
 
 def table(record: dict) -> str:
@@ -580,7 +635,7 @@ def table(record: dict) -> str:
     sass = record["tools"]["sass"]["available"]
     timed = " GFLOP/s | % of cuBLAS |" if times else ""
     head = ["| v | dtype | tile BM×BN (TM×TN) | threads | FLOP/B | regs nt/nn/tn | smem B | spills | blocks/SM "
-            f"nt/nn/tn (bound by) | inner loop FMA : LDS : LDG |{timed}",
+            f"nt/nn/tn (bound by) | inner loop FMA:LDS:LDG |{timed}",
             "|---|---|---|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if times else "")]
     rows = []
     for (v, dt), lay in sorted(by.items()):
@@ -594,7 +649,7 @@ def table(record: dict) -> str:
                           for x in ("nt", "nn", "tn"))
         bound = sorted({b for x in lay.values() for b in x.get("occupancy_limited_by") or []})
         occ = f"{blocks} ({'+'.join(bound)})" if bound else blocks
-        loop = _mix_cell(nt.get("inner_loop")) if sass else "no SASS"
+        loop = _mix_cell(nt.get("inner_loop"), ":") if sass else "no SASS"  # compact: tables count as words
         row = (f"| {v} | {dt} | {tile_cell} | {nt['threads']} | {ai} | {regs} | {nt['shared_bytes']} | "
                f"{spills} | {occ} | {loop} |")
         if times:
@@ -605,13 +660,16 @@ def table(record: dict) -> str:
     d = record["device"]
     notes = [f"\n{record['arch']}, ptxas {record['tools']['ptxas']}, {d['name']}, K={record['k']} for FLOP/B, "
              f"{record['date']}: `{record['command']}`"]
-    split = sorted({(k["dtype"], k["napkin"]["slices"], k["version"]) for k in record["kernels"]
-                    if k.get("napkin", {}).get("slices", 1) > 1})
+    split: dict[int, set] = {}
+    for k in record["kernels"]:
+        if k.get("napkin", {}).get("slices", 1) > 1:
+            split.setdefault(k["version"], set()).add((k["dtype"], k["napkin"]["slices"]))
+            at = k["napkin"]["slices_at"]
     if split:
-        at = next(k["napkin"]["slices_at"] for k in record["kernels"] if k.get("napkin", {}).get("slices", 1) > 1)
-        notes.append(f"Split-K: FLOP/B of v{split[0][2]} includes its partial products at "
-                     + ", ".join(f"{s} slices ({dt})" for dt, s, _ in split)
-                     + f", the slices it takes at B={at['batch']}, I=O={at['in']} on {at['sm_count']} SMs.")
+        each = "; ".join(f"v{v} " + ", ".join(f"{s} slices ({dt})" for dt, s in sorted(split[v]))
+                         for v in sorted(split))
+        notes.append(f"Split-K: FLOP/B includes the partial products ({each}), the slices taken at "
+                     f"B={at['batch']}, I=O={at['in']} on {at['sm_count']} SMs.")
     if not sass:
         notes.append(f"SASS columns left out: {record['tools']['sass']['reason']}.")
     if record.get("timings"):
@@ -622,6 +680,39 @@ def table(record: dict) -> str:
     for w in record.get("warnings", []):
         notes.append(f"Warning: {w}")
     return "\n".join(head + rows + notes + _other_table(record))
+
+
+def candidates_table(record: dict) -> str:
+    """The autotuning candidates: one row each (float32), registers and blocks per SM per layout.
+    The script prints it after table(); a page shows it through a marker of its own."""
+    return "\n".join(_candidates_table(record)).strip()
+
+
+def _candidates_table(record: dict) -> list[str]:
+    by: dict[int, dict] = {}
+    for k in record.get("candidates", []):
+        by.setdefault(k["candidate"], {})[k["layout"]] = k
+    if not by:
+        return []
+    sass = record["tools"]["sass"]["available"]
+    rows = ["", "The autotuning candidates: v11's template at other shapes (float32; `dense_kernels::kTuneCandidates`, "
+            "tile BM×BN×BK, warp tile WM×WN in pieces of TM×TN, a lane's outputs in brackets):", "",
+            "| # | tile | warp (piece) [lane] | threads | min blocks | FLOP/B | regs nt/nn/tn | smem B | spills | "
+            "blocks/SM nt/nn/tn | inner loop FMA:LDS:LDG |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for i, lay in sorted(by.items()):
+        nt = lay.get("nt") or next(iter(lay.values()))
+        sh, tile = nt.get("shape"), nt.get("tile")
+        shape = f"{sh['bm']}×{sh['bn']}×{sh['bk']}" if sh else "?"
+        warp = f"{sh['wm']}×{sh['wn']} ({sh['tm']}×{sh['tn']}) [{tile['tm']}×{tile['tn']}]" if sh else "?"
+        ai = f"{nt['napkin']['flop_per_byte']:.2f}" if nt.get("napkin") else "?"
+        regs = "/".join(str(lay[x]["registers"]) if x in lay else "–" for x in ("nt", "nn", "tn"))
+        blocks = "/".join(str(lay[x]["blocks_per_sm"]) if lay.get(x, {}).get("blocks_per_sm") is not None else "–"
+                          for x in ("nt", "nn", "tn"))
+        rows.append(f"| {i} | {shape} | {warp} | {nt['threads']} | {sh['min_blocks'] if sh else '?'} | {ai} | "
+                    f"{regs} | {nt['shared_bytes']} | {max(x['spill_bytes'] for x in lay.values())} | {blocks} | "
+                    f"{_mix_cell(nt.get('inner_loop'), ':') if sass else 'no SASS'} |")
+    return rows
 
 
 OTHER_ORDER = ("dense_sigmoid_grad_v1", "dense_sigmoid_grad_v1_x4", "dense_sigmoid_grad_v2", "dense_sigmoid_grad_v3",
@@ -694,7 +785,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", default="sm_90", help="target architecture (the occupancy rules are sm_90's)")
     parser.add_argument("-k", type=int, default=4096, help="reduction length for the per-tile napkin maths")
     parser.add_argument("--sms", type=int, default=H100.sm_count,
-                        help="SM count for v9's slices in the napkin maths (H100 SXM/H200: 132, H100 PCIe: 114)")
+                        help="SM count for v9's and v12's slices in the napkin maths "
+                             "(H100 SXM/H200: 132, H100 PCIe: 114)")
     parser.add_argument("--no-sass", action="store_true", help="skip the SASS (cuobjdump) columns")
     parser.add_argument("--sass", action="append", metavar="KERNEL",
                         help="print this kernel's SASS (e.g. dense_gemm_v6_nt_f32; repeatable) instead of the table")
@@ -727,9 +819,11 @@ def main(argv: list[str] | None = None) -> int:
               "sources": [os.path.relpath(s, ROOT) for s in sources],
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(["python cuda/static_report.py", *(sys.argv[1:] if argv is None else argv)]),
-              "kernels": report.kernels, "other_kernels": report.other_kernels, "timings": joined,
+              "kernels": report.kernels, "candidates": report.candidates, "other_kernels": report.other_kernels,
+              "timings": joined,
               "warnings": report.warnings}
-    status = cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))])
+    status = cli.publish(table(record) + "\n\n" + candidates_table(record),
+                         [(json_path, cli.json_writer(record, indent=1))])
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return status

@@ -159,17 +159,28 @@ int main(int argc, char** argv) {
       const dense_kernels::Tile t = dense_kernels::tile(v, b);
       std::printf("tile %d %d %d %d %d %d %d\n", v, b, t.BM, t.BN, t.TM, t.TN, dense_kernels::threads(v, b));
     }
+  for (int i = 0; i < dense_kernels::kTuneCount; ++i) {
+    const dense_kernels::WarpTile w = dense_kernels::kTuneCandidates[i];
+    std::printf("tune %d %d %d %d %d %d %d %d %d\n", i, w.BM, w.BN, w.BK, w.WM, w.WN, w.TM, w.TN, w.MINB);
+  }
+  for (int b : {4, 8}) {
+    const dense_kernels::WarpTile w = dense_kernels::warp_tile(12, b);
+    std::printf("skinny %d %d %d\n", b, w.BK, w.MINB);
+  }
   for (int i = 1; i + 4 < argc; i += 5)
-    std::printf("slices %d\n", dense_kernels::splitk_slices(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]),
-                                                            atoi(argv[i + 3]), atoi(argv[i + 4])));
+    std::printf("slices %d %d\n", dense_kernels::splitk_slices(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]),
+                                                               atoi(argv[i + 3]), atoi(argv[i + 4])),
+                dense_kernels::skinny_slices(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), atoi(argv[i + 3]),
+                                             atoi(argv[i + 4])));
   return 0;
 }
 """
 
 
 def test_tiles_and_slices_agree_with_the_kernels_header(tmp_path):
-    """TILES (the napkin maths) and the Python mirror of v9's slices against cuda/dense_kernels.h,
-    compiled with the host compiler: the numbers the kernels are instantiated from."""
+    """TILES and TUNE_CANDIDATES (the napkin maths) and the Python mirrors of v9's and v12's slices
+    against cuda/dense_kernels.h, compiled with the host compiler: the numbers the kernels are
+    instantiated from."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("needs a C++ compiler")
@@ -187,11 +198,20 @@ def test_tiles_and_slices_agree_with_the_kernels_header(tmp_path):
         want = sr.TILES[v]["f32" if b == 4 else "f64"]
         assert (bm, bn, tm, tn) == want[:4], f"v{v} {b}-byte: header {bm}×{bn} ({tm}×{tn}), TILES {want}"
         assert threads == bm * bn // (tm * tn)
-    slices = [int(line.split()[1]) for line in out if line.startswith("slices")]
-    assert len(slices) == len(cases) and max(slices) > 1
-    for (m, n, k, b, sms), got in zip(cases, slices):
-        bm, bn = sr.TILES[9]["f32" if b == 4 else "f64"][:2]
-        assert sr.splitk_slices(m, n, k, bm, bn, sms) == got, (m, n, k, b, sms)
+    tune = [tuple(map(int, line.split()[2:])) for line in out if line.startswith("tune")]
+    assert tune == sr.TUNE_CANDIDATES
+    skinny = {int(b): (int(bk), int(minb)) for _, b, bk, minb in (line.split() for line in out
+                                                                   if line.startswith("skinny"))}
+    assert skinny == {b: (sr.TILES[12]["bk"], sr.TILES[12]["min_blocks"][dt]) for b, dt in ((4, "f32"), (8, "f64"))}
+    slices = [tuple(map(int, line.split()[1:])) for line in out if line.startswith("slices")]
+    assert len(slices) == len(cases) and max(s[0] for s in slices) > 1 and max(s[1] for s in slices) > 1
+    for (m, n, k, b, sms), (v9, v12) in zip(cases, slices):
+        dt = "f32" if b == 4 else "f64"
+        bm, bn = sr.TILES[9][dt][:2]
+        assert sr.splitk_slices(m, n, k, bm, bn, sms) == v9, (m, n, k, b, sms)
+        bm, bn = sr.TILES[12][dt][:2]
+        assert sr.skinny_slices(m, n, k, bm, bn, sr.TILES[12]["bk"], sr.TILES[12]["min_blocks"][dt], sms) == v12, \
+            (m, n, k, b, sms)
 
 
 # ---------------------------------------------------------------------------------------
@@ -309,6 +329,13 @@ def test_static_report_covers_every_gemm_version_with_sane_figures(static_record
     # TILES agrees with every kernel's launch bounds (else the table of napkin maths is stale)
     assert static_record["warnings"] == []
     assert versions == set(sr.TILES)
+    # every autotuning candidate, float32, the three layouts, no spills, at least one block per SM
+    candidates = static_record["candidates"]
+    assert {(k["candidate"], k["layout"], k["dtype"]) for k in candidates} == \
+        {(i, layout, "f32") for i in range(len(sr.TUNE_CANDIDATES)) for layout in ("nt", "nn", "tn")}
+    for k in candidates:
+        assert k["spill_bytes"] == 0 and k["blocks_per_sm"] >= 1 and k["threads_from"] == "__launch_bounds__", k
+        assert k["threads"] == k["tile"]["bm"] * k["tile"]["bn"] // (k["tile"]["tm"] * k["tile"]["tn"]), k["name"]
     # the backward's kernels and the second passes are there too, and fit on an SM
     others = {k["name"]: k for k in static_record["other_kernels"]}
     for name in ("dense_sigmoid_grad_v1_f32", "dense_sigmoid_grad_v1_x4_f32", "dense_sigmoid_grad_v2_f64",
@@ -325,7 +352,7 @@ def test_static_report_inner_loop_matches_the_register_tiles(static_record):
     (from shared memory, or from global memory where nothing is staged) are TM·TN/(TM+TN):
     what TILES says each thread reuses. A stale TILES entry fails here."""
     assert static_record["tools"]["sass"]["available"]
-    for k in static_record["kernels"]:
+    for k in static_record["kernels"] + static_record["candidates"]:
         loop = k["inner_loop"]
         assert loop is not None and loop["fma"] > 0, k["name"]
         element_bits = 32 if k["dtype"] == "f32" else 64
@@ -349,13 +376,14 @@ COMMITTED = ROOT / "docs" / "results" / "cuda_static_sm90.json"
 @needs_sass
 def test_the_cuda_stage_inlines_the_sigmoid(static_record):
     """Every float32 GEMM's MUFU.EX2 (the sigmoid's exponential) is in its own code, none in a
-    subroutine; the one subroutine left is the division's slow path (v9: and a 64-bit integer
-    division). (float64's exp is a polynomial without MUFU.EX2: there only the count of calls.)"""
-    for k in static_record["kernels"]:
+    subroutine; the one subroutine left is the division's slow path (the split-K versions v9 and
+    v12: and a 64-bit integer division). (float64's exp is a polynomial without MUFU.EX2: there only
+    the count of calls.)"""
+    for k in static_record["kernels"] + static_record["candidates"]:
         c = k["calls"]
         if k["dtype"] == "f32":
             assert c["mufu_ex2_inline"] >= 1 and c["mufu_ex2_in_callees"] == 0, k["name"]
-        assert c["targets"] == (2 if k["version"] == 9 else 1), k["name"]
+        assert c["targets"] == (2 if k.get("version") in (9, 12) else 1), k["name"]
 
 
 @needs_sass
@@ -370,7 +398,7 @@ def test_committed_static_figures_are_todays(static_record):
 
     def view(record: dict) -> dict:
         out = {}
-        for k in record["kernels"] + record["other_kernels"]:
+        for k in record["kernels"] + record.get("candidates", []) + record["other_kernels"]:
             loop = k.get("inner_loop") or {}
             out[k["name"]] = ({x: k.get(x) for x in keys}, {x: loop.get(x) for x in loop_keys})
         return out
@@ -402,19 +430,38 @@ def test_chapter_claims_hold_in_the_committed_static_figures():
             assert k[a, lay, dt]["napkin"]["flop_per_byte"] == k[b, lay, dt]["napkin"]["flop_per_byte"]
             assert {x: loop[a, lay, dt][x] for x in ("fma", "lds", "ldg")} == \
                 {x: loop[b, lay, dt][x] for x in ("fma", "lds", "ldg")}, (a, b, lay, dt)
-    # two barriers per k-step up to v7, one with double buffering
+    # two barriers per k-step up to v7, one with double buffering (v8 on)
     assert all(loop[v, lay, dt]["bar"] == 2 for v in range(3, 8) for lay, dt in every)
-    assert all(loop[v, lay, dt]["bar"] == 1 for v in (8, 9) for lay, dt in every)
+    assert all(loop[v, lay, dt]["bar"] == 1 for v in range(8, 13) for lay, dt in every)
     # cp.async (LDGSTS) where an operand needs no transposition: nn and tn, never nt
-    for v in (8, 9):
+    for v in range(8, 13):
         for dt in dtypes:
             assert not loop[v, "nt", dt]["ldgsts"] and loop[v, "nn", dt]["ldgsts"] and loop[v, "tn", dt]["ldgsts"]
-    # v5's f32 kernels: the most registers, one block (8 warps) per SM; v6 brings two back
+    # v5's f32 kernels: the most registers up to v10, one block (8 warps) per SM; v6 brings two back
     assert all(k[5, lay, "f32"]["blocks_per_sm"] == 1 for lay in layouts)
     assert all(k[6, lay, "f32"]["blocks_per_sm"] == 2 for lay in layouts)
-    assert max(r["registers"] for r in record["kernels"]) == max(k[5, lay, "f32"]["registers"] for lay in layouts)
+    assert max(r["registers"] for r in record["kernels"] if r["version"] <= 10) == \
+        max(k[5, lay, "f32"]["registers"] for lay in layouts)
+    # v10 is v8 with 16 bytes more per row of each tile (2 buffers × BK rows × 2 operands), and the
+    # same inner loop; v11's lanes hold 8×16 outputs: more registers than v5's, yet two of its
+    # 128-thread blocks fit, and 24 values read per k feed 128 FMAs (v10: 16 for 64)
+    for lay, dt in every:
+        assert k[10, lay, dt]["shared_bytes"] == k[8, lay, dt]["shared_bytes"] + 2 * 8 * 2 * 16
+        assert {x: loop[10, lay, dt][x] for x in ("fma", "lds", "ldg", "ldgsts")} == \
+            {x: loop[8, lay, dt][x] for x in ("fma", "lds", "ldg", "ldgsts")}, (lay, dt)
+    assert all(k[11, lay, "f32"]["registers"] > k[5, lay, "f32"]["registers"] for lay in layouts)
+    assert all(k[11, lay, "f32"]["blocks_per_sm"] == 2 and k[11, lay, "f32"]["threads"] == 128 for lay in layouts)
+    assert loop[11, "nt", "f32"]["fma"] / loop[11, "nt", "f32"]["lds"]["128"] == 1024 / 48
+    # v12 (float32): 64 registers, 8 blocks per SM (32 warps, half the SM); 16 slices at B = 32
+    assert all(k[12, lay, "f32"]["registers"] <= 64 and k[12, lay, "f32"]["blocks_per_sm"] == 8 for lay in layouts)
+    assert k[12, "nt", "f32"]["napkin"]["slices"] == 16
+    # the candidate that trades outputs per lane for blocks: 3 blocks of 256 threads per SM
+    cand = {(r["candidate"], r["layout"]): r for r in record["candidates"]}
+    assert max(r["blocks_per_sm"] * r["threads"] for r in record["candidates"]) == 3 * 256
+    assert all(cand[4, lay]["blocks_per_sm"] == 3 and cand[4, lay]["registers"] <= 80 for lay in layouts)
     # from v4 on, registers bind the occupancy; float64 does not use float32's register counts
-    assert all(r["occupancy_limited_by"] == ["registers"] for r in record["kernels"] if r["version"] >= 4)
+    assert all(r["occupancy_limited_by"] == ["registers"] for r in record["kernels"] + record["candidates"]
+               if r.get("version", 4) >= 4)
     assert all(k[v, "nt", "f32"]["registers"] != k[v, "nt", "f64"]["registers"] for v in range(4, 10))
     # v9's nn kernel needs more registers than v8's and fits one block per SM where v8's fits two
     assert k[9, "nn", "f32"]["registers"] > k[8, "nn", "f32"]["registers"]
