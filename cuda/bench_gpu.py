@@ -15,6 +15,10 @@ Parts (any of them, in this order; each adds one key to the record):
            backward's elementwise kernel (EDIT-B's 128-bit accesses) is a large share of the time
   profile  each version's forward once at 2048³, then v1's and v2's forward + backward, and
            nothing else: what --ncu runs under Nsight Compute
+  candidates  the autotuning candidates (cuda/dense_kernels.h kTuneCandidates), each checked
+           against float64 first (one that fails is not timed), then every candidate's forward
+           against the reference and against version 0 (what cuda/gemm_choice.h picks today), at
+           4096³ and at B = 32, I = O = 4096, with v8 to v12 beside them: the timings that fill the table
 Times come from benchmark.measure (CUDA events, L2 flushed before each call, variants
 interleaved round by round); a ratio is the median of per-round ratios with its 95% interval.
 
@@ -22,6 +26,7 @@ Examples:
   python cuda/bench_gpu.py check                          # GPU: every version against float64
   python cuda/bench_gpu.py gemm goals --json /tmp/gpu.json
   python cuda/bench_gpu.py ptx --rounds 10
+  python cuda/bench_gpu.py candidates --rounds 10 --json /tmp/tune.json
   compute-sanitizer --tool racecheck python cuda/bench_gpu.py check --odd-only
   python cuda/bench_gpu.py --ncu --json /tmp/ncu.json    # GPU and Nsight Compute: the counters per version
 """
@@ -45,7 +50,7 @@ import torch  # noqa: E402
 import benchmark  # noqa: E402
 import modes  # noqa: E402
 
-PARTS = ("check", "gemm", "goals", "ptx", "profile")
+PARTS = ("check", "gemm", "goals", "ptx", "profile", "candidates")
 BIG = (4096, 4096, 4096)
 SMALL_BATCH = (32, 4096, 4096)
 WIDE = (65536, 64, 4096)
@@ -218,6 +223,114 @@ def profile() -> dict:
     return {"shape": [2048, 2048, 2048], "versions": _versions()}
 
 
+# ---- the autotuning candidates: v11's template at the shapes of dense_kernels::kTuneCandidates ----
+# They have no version number of their own in the stage's op; dense_kernels.cu exports their
+# launcher (dense_tune_launch) from the stage's library, which this process has loaded.
+CANDIDATE_VERSIONS = {BIG: (8, 10, 11), SMALL_BATCH: (8, 9, 12)}  # timed beside them, per shape
+
+
+def _tune_library():
+    """The cuda stage's loaded library, with dense_tune_count and dense_tune_launch typed."""
+    import ctypes
+
+    modes.stage("cuda")  # builds or finds the extension and loads it into this process
+    maps = Path("/proc/self/maps")
+    found = sorted({line.split()[-1] for line in maps.read_text().splitlines()
+                    if "dense_cuda_ext" in line and line.rstrip().endswith(".so")}) if maps.exists() else []
+    if not found:
+        raise cli.UserError("candidates: the cuda stage's library is not among this process's mapped files "
+                            "(/proc/self/maps, Linux only)")
+    lib = ctypes.CDLL(found[0])  # the library already loaded: the same copy, context and streams
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.dense_tune_count.argtypes, lib.dense_tune_count.restype = [], ctypes.c_int
+    lib.dense_tune_launch.argtypes = [ctypes.c_int, ctypes.c_char_p, p, p, p, p, i64, i64, i64, ctypes.c_int, p]
+    lib.dense_tune_launch.restype = ctypes.c_int
+    return lib
+
+
+def _tune_forward(lib, i: int, tensors: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """Candidate i's forward, sigmoid(x·Wᵀ + b), on torch's current stream."""
+    x, w, b = tensors
+
+    def call() -> torch.Tensor:
+        m, k, n = x.shape[0], x.shape[1], w.shape[0]
+        y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        rc = lib.dense_tune_launch(i, b"nt", x.data_ptr(), w.data_ptr(), y.data_ptr(), b.data_ptr(), m, n, k, 1,
+                                   torch.cuda.current_stream().cuda_stream)
+        if rc != 0:
+            raise RuntimeError(f"candidate {i}: the launch failed with cudaError {rc}")
+        return y
+    return call
+
+
+def candidates(rounds: int, seed: int = 100) -> dict:
+    """Check every candidate against float64, then time those that pass (see the module's doc)."""
+    import importlib.util
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    spec = importlib.util.spec_from_file_location("static_report", ROOT / "cuda" / "static_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    shapes = report.TUNE_CANDIDATES  # (BM, BN, BK, WM, WN, TM, TN, MINB), tested against the header
+    lib = _tune_library()
+    if lib.dense_tune_count() != len(shapes):
+        raise cli.UserError(f"the built library has {lib.dense_tune_count()} candidates, cuda/static_report.py "
+                            f"lists {len(shapes)}: rebuild the cuda stage")
+    checked, passing = [], []
+    for i in range(len(shapes)):
+        errors = {}
+        for shape in (*CHECK_SHAPES, SMALL_BATCH):
+            seed += 1
+            tensors, _ = benchmark._inputs(*shape, "cuda", torch.float32, seed)
+            with torch.no_grad():
+                errors["×".join(map(str, shape))] = _rel(_tune_forward(lib, i, tensors)(),
+                                                        benchmark.reference(*(t.double() for t in tensors)))
+        ok = all(e < TOLERANCE for e in errors.values())
+        checked.append({"candidate": i, "shape": list(shapes[i]), "rel_errors": errors, "ok": ok})
+        print(f"{'PASS' if ok else 'FAIL'}  candidate {i} {shapes[i]}: "
+              + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()), flush=True)
+        if ok:
+            passing.append(i)
+    dense, cuda = modes.dense("cuda"), modes.stage("cuda")
+    out = {}
+    for shape in (BIG, SMALL_BATCH):
+        tensors, _ = benchmark._inputs(*shape, "cuda", torch.float32, 0)
+        fns = {"reference": _forward(benchmark.reference, tensors), "version 0": _version(0, dense, tensors)}
+        for v in CANDIDATE_VERSIONS[shape]:
+            fns[f"v{v}"] = _version(v, dense, tensors)
+        for i in passing:
+            fns[f"candidate {i}"] = _tune_forward(lib, i, tensors)
+        stats = benchmark.measure(fns, device="cuda", rounds=rounds)
+        cuda.select_kernel(0)
+        flops = 2 * shape[0] * shape[1] * shape[2]
+        out["×".join(map(str, shape))] = {"shape": list(shape), "rows": [
+            {"line": name, "forward_us": st.median, "spread_us": st.spread, "gflops": flops / st.median / 1e3,
+             "of_reference": _ratio(stats, name, "reference"), "of_version_0": _ratio(stats, name, "version 0")}
+            for name, st in stats.items()]}
+    return {"rounds": rounds, "tf32": False, "candidates": [list(s) for s in shapes], "checked": checked,
+            "timed": passing, "shapes": out}
+
+
+def candidates_table(record: dict) -> str:
+    c = record["candidates"]
+    rows = ["| shape B, I, O | line | tile BM×BN×BK, warp WM×WN (piece), min blocks | µs (IQR) | GFLOP/s | "
+            "speed / reference (95% CI) | speed / version 0 (95% CI) |", "|---|---|---|---:|---:|---:|---:|"]
+    for entry in c["shapes"].values():
+        for r in entry["rows"]:
+            shape = ""
+            if r["line"].startswith("candidate "):
+                bm, bn, bk, wm, wn, tm, tn, minb = c["candidates"][int(r["line"].split()[1])]
+                shape = f"{bm}×{bn}×{bk}, {wm}×{wn} ({tm}×{tn}), {minb}"
+            rows.append(f"| {', '.join(map(str, entry['shape']))} | {r['line']} | {shape} | {r['forward_us']:.0f} "
+                        f"({r['spread_us']:.0f}) | {r['gflops']:.0f} | {r['of_reference']['speed']:.3f} "
+                        f"({_ci(r['of_reference']['ci'])}) | {r['of_version_0']['speed']:.3f} "
+                        f"({_ci(r['of_version_0']['ci'])}) |")
+    failed = [x["candidate"] for x in c["checked"] if not x["ok"]]
+    note = f"Not timed (failed the float64 check): {', '.join(map(str, failed))}. " if failed else ""
+    return ("\n".join(rows) + f"\n\nForward, float32, {c['rounds']} rounds; every candidate checked against "
+            f"float64 first. {note}" + _footer(record).strip())
+
+
 def _ci(ci: list[float] | None) -> str:
     return f"{ci[0]:.3f}–{ci[1]:.3f}" if ci else "–"
 
@@ -363,6 +476,8 @@ def table(record: dict) -> str:
         parts.append(goals_table(record))
     if "ptx" in record:
         parts.append(ptx_table(record))
+    if "candidates" in record:
+        parts.append(candidates_table(record))
     if "check" in record:
         c = record["check"]
         parts.append(f"check: {len(c['rows']) - c['failed']} of {len(c['rows'])} passed "
@@ -398,9 +513,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{part}...", file=sys.stderr, flush=True)
             record[part] = {"check": lambda: check(args.odd_only), "gemm": lambda: gemm(args.rounds),
                             "goals": lambda: goals(args.rounds), "ptx": lambda: ptx(args.rounds),
-                            "profile": profile}[part]()
+                            "profile": profile, "candidates": lambda: candidates(args.rounds)}[part]()
     code = cli.publish(table(record), [(json_path, cli.json_writer(record))])
-    return code or (1 if record.get("check", {}).get("failed") else 0)
+    failed_candidates = any(not c["ok"] for c in record.get("candidates", {}).get("checked", []))
+    return code or (1 if record.get("check", {}).get("failed") or failed_candidates else 0)
 
 
 if __name__ == "__main__":
