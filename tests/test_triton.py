@@ -141,6 +141,48 @@ def test_opcheck(stage, device, shape_x, bias):
         torch.library.opcheck(ops.backward.default, (torch.randn_like(y), x.detach(), w.detach(), y, mask))
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_op_called_directly_gets_the_references_tangents(stage, device, bias):
+    """torch.ops.dense_triton.forward itself, not only modes.dense, under forward-mode AD: the
+    reference's tangents from torch.func.jvp and torch.autograd.forward_ad, also with a tangent
+    on one input alone; never zeros or none."""
+    from torch.autograd import forward_ad
+
+    primals = _tensors((2, 3, 8), 5, device, bias, dtype=torch.float64)
+    tangents = _tensors((2, 3, 8), 5, device, bias, dtype=torch.float64, seed=1)
+    op = torch.ops.dense_triton.forward
+    given = [i for i, t in enumerate(primals) if t is not None]
+
+    def call(fn, *tensors):  # jvp takes tensors only: no bias is no argument
+        args = [None, None, None]
+        for i, t in zip(given, tensors):
+            args[i] = t
+        return fn(*args)
+
+    pick = tuple(primals[i] for i in given), tuple(tangents[i] for i in given)
+    want_y, want_t = torch.func.jvp(lambda *a: call(_reference, *a), *pick)
+    got_y, got_t = torch.func.jvp(lambda *a: call(op, *a), *pick)
+    torch.testing.assert_close(got_y, want_y)
+    torch.testing.assert_close(got_t, want_t)
+    assert got_t.abs().max() > 0.1  # the check can fail: zero tangents are far from these
+    for only in given:  # one input's tangent at a time, through torch.autograd.forward_ad
+        with forward_ad.dual_level():
+            duals = [forward_ad.make_dual(p, t) if i == only else p
+                     for i, (p, t) in enumerate(zip(primals, tangents))]
+            got = forward_ad.unpack_dual(op(*duals)).tangent
+            duals = [forward_ad.make_dual(p, t) if i == only else p
+                     for i, (p, t) in enumerate(zip(primals, tangents))]
+            want = forward_ad.unpack_dual(_reference(*duals)).tangent
+        assert got is not None, f"no tangent with one on input {only}"
+        torch.testing.assert_close(got, want)
+
+
+def test_the_op_called_directly_passes_gradcheck_forward_and_reverse(stage, device):
+    x, w, b = (t.requires_grad_() for t in _tensors((4, 3), 2, device, dtype=torch.float64))
+    assert torch.autograd.gradcheck(torch.ops.dense_triton.forward, (x, w, b), check_forward_ad=True,
+                                    check_backward_ad=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_torch_compile_fullgraph_matches_eager(stage, device, dtype):
@@ -385,6 +427,25 @@ def test_torch_compile_of_jvp_runs_it_eagerly_or_says_why(stage, device):
     with pytest.raises(torch._dynamo.exc.Unsupported, match=re.escape(stage.NO_FORWARD_MODE_GRAPH)):
         torch.compile(jvp, fullgraph=True)(*primals)
 
+
+
+@pytest.mark.slow
+def test_torch_compile_of_jvp_of_the_op_called_directly_says_why(stage, device):
+    """Dynamo cannot leave a direct call of the op out of its graph, and a graph cannot hold the
+    forward-mode formula: the compiled jvp fails with the way out (NO_FORWARD_MODE_GRAPH_OP)
+    instead of returning zero tangents; eager jvp afterwards is unaffected."""
+    primals = _tensors((6, 8), 5, device, dtype=torch.float64)
+    tangents = _tensors((6, 8), 5, device, dtype=torch.float64, seed=1)
+    op = torch.ops.dense_triton.forward
+
+    def jvp(x, w, b):
+        return torch.func.jvp(op, (x, w, b), tangents)
+
+    for fullgraph in (False, True):
+        torch._dynamo.reset()
+        with pytest.raises(RuntimeError, match=re.escape(stage.NO_FORWARD_MODE_GRAPH_OP)):
+            torch.compile(jvp, fullgraph=fullgraph)(*primals)
+    torch.testing.assert_close(jvp(*primals)[1], torch.func.jvp(_reference, primals, tangents)[1])
 
 # ---------------------------------------------------------------------------
 # Triton missing: a folder named triton/ must not pass for it

@@ -246,25 +246,43 @@ class _Dense(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, dx: Tensor | None, dw: Tensor | None, db: Tensor | None) -> Tensor:
-        # With tangents dx, dW, db: dz = dx Wᵀ + x dWᵀ + db, and dy = y (1 − y) · dz.
         x, weight, y = ctx.saved_tensors
-        dz = torch.zeros_like(y)
-        if dx is not None:
-            dz = dz + torch.nn.functional.linear(dx, weight)
-        if dw is not None:
-            dz = dz + torch.nn.functional.linear(x, dw)
-        if db is not None:
-            dz = dz + db
-        return dz * y * (1 - y)
+        return _tangent(x, weight, y, dx, dw, db)
+
+
+def _tangent(x: Tensor, weight: Tensor, y: Tensor, dx: Tensor | None, dw: Tensor | None,
+             db: Tensor | None) -> Tensor:
+    """The forward-mode formula: with tangents dx, dW, db, dz = dx Wᵀ + x dWᵀ + db and
+    dy = y (1 − y) · dz (torch's differentiable ops, so that it can be differentiated again)."""
+    dz = torch.zeros_like(y)
+    if dx is not None:
+        dz = dz + torch.nn.functional.linear(dx, weight)
+    if dw is not None:
+        dz = dz + torch.nn.functional.linear(x, dw)
+    if db is not None:
+        dz = dz + db
+    return dz * y * (1 - y)
+
+
+def _has_tangent(*inputs: Tensor | None) -> bool:
+    """Whether forward-mode AD (torch.autograd.forward_ad, or torch.func.jvp, which opens the
+    same level) gives an input a tangent. Inside the Function's forward none has one: autograd
+    runs it with forward grad off, so the op called there takes the reverse-mode kernel."""
+    return forward_ad._current_level >= 0 and any(
+        t is not None and forward_ad.unpack_dual(t).tangent is not None for t in inputs)
 
 
 # Forward-mode AD (torch.func.jvp, jacfwd, hessian) cannot be compiled into a graph: the op's
-# registered formula is reverse-mode only (traced, the op gets zero tangents), and Dynamo traces
-# the Function's forward without its jvp (zero tangents again; torch 2.13). So torch.compile
-# leaves the call out of its graph and runs it eagerly.
+# registered formula is reverse-mode only, and Dynamo traces the Function's forward without its
+# jvp (zero tangents; torch 2.13). So torch.compile leaves the call out of its graph and runs it
+# eagerly; the op called directly, which Dynamo cannot leave out, refuses.
 NO_FORWARD_MODE_GRAPH = ("dense_triton under forward-mode AD (torch.func.jvp, jacfwd, hessian) runs eagerly: a "
                          "graph cannot hold its forward-mode formula; compile without fullgraph=True, or call it "
                          "outside torch.compile")
+NO_FORWARD_MODE_GRAPH_OP = ("torch.ops.dense_triton.forward under forward-mode AD (torch.func.jvp, jacfwd, "
+                            "hessian) cannot be compiled: a graph cannot hold its forward-mode formula; call "
+                            "tiles/dense.py's dense (modes.dense('triton')), which torch.compile runs eagerly, or "
+                            "call the op outside torch.compile")
 
 
 @torch.compiler.disable(reason=NO_FORWARD_MODE_GRAPH)
@@ -282,3 +300,33 @@ def dense(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if not (forward_mode or torch._C._are_functorch_transforms_active()):
         return _op(x, weight, bias)
     return _Dense.apply(x, weight, bias)
+
+
+# ---------------------------------------------------------------------------
+# The op called directly under forward-mode AD
+# ---------------------------------------------------------------------------
+
+# The Autograd kernel torch.library makes from the registered formula (register_autograd) records
+# a graph only for inputs that require grad, which a tensor with a tangent need not: it would
+# drop the tangents (torch.func.jvp: zeros; torch.autograd.forward_ad: none). So the op gets a
+# kernel of its own: with a tangent, the primal by the kernels and the formula's tangent attached
+# to it (the C++ stages' Autograd kernel does the same); otherwise torch.library's kernel, made
+# by the function custom_op uses (torch.library has no public way to wrap it).
+_reverse_mode = torch._library.autograd.make_autograd_impl(_op, forward)
+
+
+def _autograd_kernel(keyset, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    if not _has_tangent(x, weight, bias):
+        return _reverse_mode(keyset, x, weight, bias)
+    if torch.compiler.is_compiling():
+        raise RuntimeError(NO_FORWARD_MODE_GRAPH_OP)
+    (x, dx), (weight, dw), (bias, db) = (forward_ad.unpack_dual(t) if t is not None else (None, None)
+                                         for t in (x, weight, bias))
+    y = _op(x, weight, bias)
+    return forward_ad.make_dual(y, _tangent(x, weight, y, dx, dw, db))
+
+
+_library = torch.library.Library("dense_triton", "FRAGMENT")  # the registration lives as long as this object
+with warnings.catch_warnings():  # replacing custom_op's kernel is the point: the dispatcher's warning says so
+    warnings.filterwarnings("ignore", "Warning only once for all operators", UserWarning)
+    _library.impl("forward", _autograd_kernel, "Autograd", with_keyset=True)
