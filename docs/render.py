@@ -227,14 +227,14 @@ def render(text: str, page: Path | None = None, root: Path = ROOT) -> str:
         if not kinds:
             kinds.update(renderers())  # imports torch: only for pages with a table
         if kind not in kinds:
-            raise SystemExit(f"unknown table kind {kind!r} in marker {head.strip()}")
+            raise cli.UserError(f"unknown table kind {kind!r} in marker {head.strip()}")
         source = root / path
         if not source.exists():
-            raise SystemExit(f"{path} is named by a marker but does not exist; run the command that writes it")
+            raise cli.UserError(f"{path} is named by a marker but does not exist; run the command that writes it")
         try:
             table = kinds[kind](json.loads(source.read_text()))
         except (KeyError, ValueError, TypeError) as e:  # a record of another kind, or without that part
-            raise SystemExit(f"{path} cannot be shown as {kind!r} (marker {head.strip()}): {e!r}") from None
+            raise cli.UserError(f"{path} cannot be shown as {kind!r} (marker {head.strip()}): {e!r}") from None
         return head + table + "\n" + m.group(5)
 
     try:

@@ -159,13 +159,20 @@ def test_list_and_dry_run_run_nothing():
 # docs/render.py: a marker it cannot fill is one line
 # ---------------------------------------------------------------------------
 
-def test_a_marker_on_a_record_it_cannot_show_is_one_line(tmp_path):
-    """A marker whose record lacks what its table needs stops with the marker named, not a traceback."""
+def test_a_marker_on_a_record_it_cannot_show_is_one_line(tmp_path, capsys):
+    """A marker whose record lacks what its table needs stops with the page and the marker named:
+    a user error (cli.UserError, as for every other marker), one line and exit status 2 from the
+    script, not a traceback, and not --check's 1 for a stale page."""
     sweep = tmp_path / "sweep.json"
     sweep.write_text(json.dumps({"benchmark": "sweep", "points": []}))
-    with pytest.raises(SystemExit, match=f"{sweep} cannot be shown as 'table'.*KeyError"):
+    with pytest.raises(cli.UserError, match=f"^README.md: {sweep} cannot be shown as 'table'.*KeyError"):
         render.render(f"<!-- table: {sweep} -->\n<!-- end table -->\n")
-    with pytest.raises(SystemExit, match="unknown table kind 'nosuchkind'"):
+    with pytest.raises(cli.UserError, match="unknown table kind 'nosuchkind'"):
         render.render(f"<!-- nosuchkind: {sweep} -->\n<!-- end nosuchkind -->\n")
-    with pytest.raises(SystemExit, match="absent.json is named by a marker but does not exist"):
-        render.render(f"<!-- table: {tmp_path / 'absent.json'} -->\n<!-- end table -->\n")
+    absent = f"<!-- table: {tmp_path / 'absent.json'} -->\n<!-- end table -->\n"
+    with pytest.raises(cli.UserError, match="absent.json is named by a marker but does not exist"):
+        render.render(absent)
+    with pytest.raises(SystemExit) as exited:
+        cli.run(lambda: render.render(absent))
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.strip().splitlines()) == 1 and "absent.json" in err, err
