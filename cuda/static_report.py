@@ -86,10 +86,10 @@ TILES: dict[int, dict] = {
 # The autotuning candidates, v11's template at other shapes (dense_kernels::kTuneCandidates, float32
 # only): (BM, BN, BK, WM, WN, TM, TN, MINB). tests/test_static.py compares them with the header.
 TUNE_CANDIDATES: list[tuple[int, ...]] = [
-    (128, 128, 8, 64, 32, 8, 8, 1),
+    (128, 128, 8, 64, 32, 8, 8, 2),
     (128, 128, 16, 64, 32, 8, 8, 1),
     (128, 128, 16, 64, 32, 4, 4, 1),
-    (128, 128, 8, 32, 64, 4, 8, 1),
+    (128, 128, 8, 32, 64, 4, 8, 2),
     (128, 64, 8, 32, 32, 4, 4, 3),
     (128, 64, 16, 64, 32, 8, 8, 1),
     (64, 128, 16, 32, 64, 4, 8, 1),
