@@ -69,10 +69,11 @@ constexpr WarpTile warp_tile(int version, int element_bytes) {
   // float64 halves the block and warp tiles, as from v5 on.
   if (version == 11) return element_bytes == 4 ? WarpTile{128, 128, 8, 64, 64, 8, 4, 1}
                                                : WarpTile{64, 64, 8, 32, 32, 4, 4, 1};
-  // v12: a batch of 32 in one tile's rows, 4 warps side by side along n, 4×4 outputs a lane; as
-  // many blocks per SM as registers allow without spilling: float32 8 (at most 64 registers),
-  // float64 3 (at most 170; with 4, ptxas 13.0 spills 16 bytes in the nn layout).
-  if (version == 12) return WarpTile{32, 64, 16, 32, 16, 4, 4, element_bytes == 4 ? 8 : 3};
+  // v12: a batch of 32 in one tile's rows, 4 warps side by side along n, 4×8 outputs a lane; as
+  // many blocks per SM as registers allow without spilling: float32 4 (at most 128 registers;
+  // asked for 5, ptxas 13.0 spills 60 bytes in the nt layout), float64 2 (asked for 3, it spills
+  // 192 bytes in the nn layout).
+  if (version == 12) return WarpTile{32, 128, 16, 32, 32, 4, 8, element_bytes == 4 ? 4 : 2};
   return WarpTile{0, 0, 0, 0, 0, 0, 0, 1};
 }
 constexpr int warp_threads(WarpTile w) { return (w.BM / w.WM) * (w.BN / w.WN) * 32; }
@@ -161,7 +162,8 @@ inline int splitk_slices(int64_t M, int64_t N, int64_t K, int element_bytes, int
 
 // v12: slices of K so that tiles × slices fills every SM with the MINB blocks it holds, each slice
 // at least kMinSliceK deep, then as few slices as give each one the same whole number of k-steps
-// (none left empty). At B = 32, I = O = 4096 on 132 SMs (float32): 64 tiles × 16 slices of 256.
+// (none left empty). At B = 32, I = O = 4096 on 132 SMs (float32): 32 tiles × 16 slices of 16
+// k-steps of 16: 512 blocks, where 528 fit.
 inline int skinny_slices(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
   const WarpTile w = warp_tile(12, element_bytes);
   const int64_t tiles = int64_t(ceil_div(M, w.BM)) * ceil_div(N, w.BN), target = int64_t(sm_count) * w.MINB;

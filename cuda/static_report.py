@@ -79,8 +79,8 @@ TILES: dict[int, dict] = {
          "f32": (128, 128, 8, 16, True), "f64": (64, 64, 4, 8, True)},
     # v12 splits K until every SM holds its MINB blocks (dense_kernels::skinny_slices).
     12: {"idea": "skinny batches: 32-row tiles, K split over every SM",
-         "f32": (32, 64, 4, 4, True), "f64": (32, 64, 4, 4, True), "split_k": "skinny", "bk": 16,
-         "min_blocks": {"f32": 8, "f64": 3}},
+         "f32": (32, 128, 4, 8, True), "f64": (32, 128, 4, 8, True), "split_k": "skinny", "bk": 16,
+         "min_blocks": {"f32": 4, "f64": 2}},
 }
 
 # The autotuning candidates, v11's template at other shapes (dense_kernels::kTuneCandidates, float32

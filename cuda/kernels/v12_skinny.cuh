@@ -3,13 +3,13 @@
 // At B = 32, I = O = 4096 the forward reads W (64 MiB) once for 2·32·4096·4096 FLOPs: about 20 µs
 // of an H100's memory bandwidth, 16 µs of its float32 peak. v9 gives it 128-row tiles, 96 rows of
 // each zeros, and 5 slices of K: 160 blocks of 256 threads, on 132 SMs that hold two each. Here
-// the tile is 32×64 (the batch's 32 rows; 4 warps of 32×16, 4×4 outputs a lane: v11's template at
-// that shape), and dense_kernels::skinny_slices splits K until tiles × slices fills every SM with
-// the blocks it holds (float32: 8, registers capped at 64 by __launch_bounds__): 64 tiles × 16
-// slices, each block streaming its own 64×256 panel of W once, every SM loading at the same time.
-// As in v9, block z writes its slice's partial product, and dense_splitk_reduce adds the slices
-// in order (deterministic) and applies the epilogue. Correct for every shape and layout; with a
-// large batch there is nothing to split and it is v11's template at a small tile.
+// the tile is 32×128 (the batch's 32 rows; 4 warps of 32×32, 4×8 outputs a lane: v11's template
+// at that shape), and dense_kernels::skinny_slices splits K until tiles × slices fills every SM
+// with the blocks it holds (float32: 4, registers capped at 128 by __launch_bounds__): 32 tiles ×
+// 16 slices, 512 blocks at once, each streaming its own 128×256 panel of W once. As in v9, block z
+// writes its slice's partial product, and dense_splitk_reduce adds the slices in order
+// (deterministic) and applies the epilogue. Correct for every shape and layout; with a large
+// batch there is nothing to split and it is v11's template at a short tile.
 #pragma once
 
 #include "common.cuh"
