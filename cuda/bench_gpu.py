@@ -445,7 +445,7 @@ def ncu_record(args, json_path: Path | None) -> int:
 
 def ncu_table(record: dict) -> str:
     rows = ["| kernel | µs | registers | achieved occupancy | sectors / request (global loads) | shared-memory bank "
-            "conflicts (loads, stores) | DRAM throughput | SM throughput | FFMA / 2·B·I·O |",
+            "conflicts (loads, stores) | DRAM throughput | SM throughput | FFMA / (B·I·O) |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     b, i, o = record.get("shape", [2048, 2048, 2048])
     seen = set()

@@ -191,6 +191,7 @@ size_t distinct(uintptr_t* v, size_t n) {
 void account(const Access* const* lanes, const unsigned* lane_ids, size_t count, Launch& l, double weight) {
   const Access& a0 = *lanes[0];
   uintptr_t buf[32 * 5];
+  // region global-request
   if (!a0.shared) {
     size_t n = 0;
     for (size_t i = 0; i < count; ++i)
@@ -199,6 +200,8 @@ void account(const Access* const* lanes, const unsigned* lane_ids, size_t count,
     l.m[a0.store ? kGstSectors : kGldSectors] += weight * double(distinct(buf, n));
     return;
   }
+  // endregion
+  // region shared-request
   // Phases: 32 lanes for <= 4 bytes, 16 for 8, 8 for 16.
   const unsigned per_phase = a0.size <= 4 ? 32 : a0.size == 8 ? 16 : 8;
   double wavefronts = 0, phases = 0;
@@ -216,6 +219,7 @@ void account(const Access* const* lanes, const unsigned* lane_ids, size_t count,
     wavefronts += double(most);
     phases += 1;
   }
+  // endregion
   l.m[a0.store ? kSstRequests : kSldRequests] += weight;
   l.m[a0.store ? kSstWavefronts : kSldWavefronts] += weight * wavefronts;
   l.m[a0.store ? kSstConflicts : kSldConflicts] += weight * (wavefronts - phases);
