@@ -27,7 +27,7 @@ enum Epilogue : int { kPlain = 0, kBiasSigmoid = 1 };
 // The GEMM progression, one idea per version (cuda/kernels/v{N}_*.cuh; cuda/README.md):
 constexpr int kVersions = 12;
 constexpr const char* kVersionIdeas[kVersions + 1] = {
-    "automatic: v8, or v9 when v8's tiles leave SMs idle",
+    "automatic: cuda/gemm_choice.h's entry for the shape (v8, or v9 when v8's tiles leave SMs idle)",
     "naive, uncoalesced: one thread per output, a warp's threads walk down a column",
     "naive, coalesced: a warp's threads take neighbouring columns",
     "shared-memory tiles: a 32x32 tile of A and of B staged once, read 32 times",
