@@ -3,11 +3,14 @@
 cuda_gemm.png: C = A·B cut into blocks. One block owns a BM×BN tile of C; it walks K in
 steps of BK, staging a BM×BK tile of A and a BK×BN tile of B in shared memory at each step.
 
-cuda_tiles.png: one panel per GEMM version (float32), the block's tile of C at one scale:
-every warp's outputs in a colour of their own, thread 0's outputs in black. The tile sizes
-come from cuda/static_report.py's TILES (tests/test_static.py checks them against
-cuda/dense_kernels.h); which thread owns which output (`owner` below) is the kernels' own
-index arithmetic. Needs matplotlib (an optional extra: pip install matplotlib).
+cuda_tiles.png: the block's tile of C at one scale, one panel per version that changes who
+computes what (float32): every warp's outputs in a colour of their own, thread 0's in black.
+Drawn: v1, v2, v3, v4, v5, v7, v11 and v12; v6 computes v5's outputs and v8, v9, v10 v7's (the
+ninth panel says so). The tile sizes come from cuda/static_report.py's TILES
+(tests/test_static.py checks them against cuda/dense_kernels.h); which thread owns which output
+(`owner` below) is the kernels' own index arithmetic, and tests/test_cuda_figures.py checks it
+against the kernels themselves, run by the CPU emulation. Needs matplotlib (an optional extra:
+pip install matplotlib).
 
 Examples:
   python cuda/figures.py --out /tmp            # writes /tmp/cuda_gemm.png and /tmp/cuda_tiles.png
@@ -29,6 +32,11 @@ import cli  # noqa: E402
 
 NAMES = ("cuda_gemm.png", "cuda_tiles.png")
 WARP_LANES_M, WARP_LANES_N = 8, 4  # dense_kernels::kWarpLanesM/N: a warp's lanes as an 8×4 grid (v7+)
+# v11 and v12 (v11's template): the TM×TN of one piece, dense_kernels::warp_tile(v, 4). TILES holds a
+# lane's outputs, all its pieces together: (WM/8)×(WN/4), which gives the warp tile WM×WN.
+PIECE = {11: (8, 4), 12: (4, 8)}
+SHOWN = (1, 2, 3, 4, 5, 7, 11, 12)  # the versions drawn; the others compute the outputs of:
+SAME_AS = {6: 5, 8: 7, 9: 7, 10: 7}
 # What each version changes, in a panel's few words (cuda/README.md says it at length).
 CHANGE = {
     1: "one output per thread;\na warp walks down a column of C",
@@ -36,10 +44,12 @@ CHANGE = {
     3: "32×32 tiles of A and B\nstaged in shared memory",
     4: "a column of 8 outputs\nper thread",
     5: "an 8×8 block of outputs\nper thread",
-    6: "the same outputs; 128-bit loads,\nA's tile stored transposed",
+    6: "128-bit loads, A's tile stored transposed",
     7: "each warp owns a compact\n64×32 sub-tile",
-    8: "the same outputs; two buffers:\nnext k-step loads during this one",
-    9: "the same outputs; K split over\nblocks when the batch is small",
+    8: "two buffers: the next k-step\nloads during this one",
+    9: "K split over blocks\nwhen the batch is small",
+    10: "shared rows padded by 16 bytes",
+    12: "v11's template at a 32-row tile\n(the batch); K split over the SMs",
 }
 
 
@@ -52,23 +62,36 @@ def tiles() -> dict[int, dict]:
     return sys.modules["static_report"].TILES
 
 
-def owner(version: int, t: int) -> tuple[range, range]:
-    """Rows and columns of the block's float32 tile of C that thread t computes, as the kernels
-    index it (cuda/kernels/v{N}_*.cuh)."""
+def warp_shape(version: int) -> tuple[int, int, int, int]:
+    """(WM, WN, TM, TN) of a warp-tiled version (v7+), float32: the warp's tile and one lane's
+    piece of it. v7 to v10 are the one-piece case: a lane's TM×TN outputs in one block."""
+    _, _, tm, tn, _ = tiles()[version]["f32"]  # a lane's outputs, all pieces together
+    pm, pn = PIECE.get(version, (tm, tn))
+    return WARP_LANES_M * tm, WARP_LANES_N * tn, pm, pn
+
+
+def owner(version: int, t: int) -> list[tuple[range, range]]:
+    """The pieces (rows, columns) of the block's float32 tile of C that thread t computes, as the
+    kernels index it (cuda/kernels/v{N}_*.cuh); one piece up to v10."""
     bm, bn, tm, tn, _ = tiles()[version]["f32"]
     if version == 1:  # x (t % 32) along m, y along n
-        return range(t % 32, t % 32 + 1), range(t // 32, t // 32 + 1)
+        return [(range(t % 32, t % 32 + 1), range(t // 32, t // 32 + 1))]
     if version in (2, 3):  # x along n
-        return range(t // 32, t // 32 + 1), range(t % 32, t % 32 + 1)
+        return [(range(t // 32, t // 32 + 1), range(t % 32, t % 32 + 1))]
     if version <= 6:  # v4-v6: threads in row-major order over the grid of thread tiles
         across = bn // tn
         row0, col0 = (t // across) * tm, (t % across) * tn
-    else:  # v7+: warps over the tile, a warp's lanes as an 8×4 grid inside its sub-tile
-        wm, wn = WARP_LANES_M * tm, WARP_LANES_N * tn
-        warp, lane = divmod(t, 32)
-        row0 = (warp // (bn // wn)) * wm + (lane // WARP_LANES_N) * tm
-        col0 = (warp % (bn // wn)) * wn + (lane % WARP_LANES_N) * tn
-    return range(row0, row0 + tm), range(col0, col0 + tn)
+        return [(range(row0, row0 + tm), range(col0, col0 + tn))]
+    # v7+: warps over the tile in row-major order, a warp's lanes as an 8×4 grid of TM×TN pieces,
+    # repeated over the warp's tile in steps of (8·TM)×(4·TN): wm0/wn0 and lm/ln of v11's template.
+    wm, wn, pm, pn = warp_shape(version)
+    warp, lane = divmod(t, 32)
+    wm0, wn0 = (warp // (bn // wn)) * wm, (warp % (bn // wn)) * wn
+    lm, ln = (lane // WARP_LANES_N) * pm, (lane % WARP_LANES_N) * pn
+    step_m, step_n = WARP_LANES_M * pm, WARP_LANES_N * pn
+    return [(range(wm0 + i * step_m + lm, wm0 + i * step_m + lm + pm),
+             range(wn0 + j * step_n + ln, wn0 + j * step_n + ln + pn))
+            for i in range(wm // step_m) for j in range(wn // step_n)]
 
 
 def ownership(version: int) -> list[list[int]]:
@@ -76,11 +99,21 @@ def ownership(version: int) -> list[list[int]]:
     bm, bn, tm, tn, _ = tiles()[version]["f32"]
     grid = [[-1] * bn for _ in range(bm)]
     for t in range(bm * bn // (tm * tn)):
-        rows, cols = owner(version, t)
-        for r in rows:
-            for c in cols:
-                grid[r][c] = t
+        for rows, cols in owner(version, t):
+            for r in rows:
+                for c in cols:
+                    grid[r][c] = t
     return grid
+
+
+def change(version: int) -> str:
+    """A panel's few words on what the version changes (v11's from its shape)."""
+    if version != 11:
+        return CHANGE[version]
+    wm, wn, pm, pn = warp_shape(version)
+    sm, sn = WARP_LANES_M * pm, WARP_LANES_N * pn
+    return (f"a warp's {wm}×{wn} in {wm // sm}×{wn // sn} steps of {sm}×{sn}:\n"
+            f"a lane's pieces lie {sn} columns apart")
 
 
 def draw_tiles(path: Path) -> None:
@@ -90,17 +123,19 @@ def draw_tiles(path: Path) -> None:
     palette = ListedColormap(["#a6cee3", "#fdbf6f", "#b2df8a", "#fb9a99", "#cab2d6", "#ffff99", "#8dd3c7",
                               "#fccde5"])
     fig, axes = plt.subplots(3, 3, figsize=(10.5, 12.2))
-    for version, ax in zip(sorted(tiles()), axes.flat):
+    for version, ax in zip(SHOWN, axes.flat):
         bm, bn, tm, tn, _ = tiles()[version]["f32"]
         grid = ownership(version)
         warp = [[(t // 32) % palette.N for t in row] for row in grid]
         ax.imshow(warp, cmap=palette, vmin=0, vmax=palette.N - 1, extent=(0, bn, bm, 0), interpolation="nearest")
-        rows, cols = owner(version, 0)
-        ax.add_patch(plt.Rectangle((cols.start, rows.start), len(cols), len(rows), color="black"))
-        if tm * tn > 1:  # the thread tiles' edges
-            for x in range(0, bn + 1, tn):
+        pieces = owner(version, 0)
+        for rows, cols in pieces:
+            ax.add_patch(plt.Rectangle((cols.start, rows.start), len(cols), len(rows), color="black"))
+        pm, pn = len(pieces[0][0]), len(pieces[0][1])
+        if pm * pn > 1:  # the edges of the thread tiles (of their pieces in v11)
+            for x in range(0, bn + 1, pn):
                 ax.axvline(x, color="white", lw=0.3)
-            for y in range(0, bm + 1, tm):
+            for y in range(0, bm + 1, pm):
                 ax.axhline(y, color="white", lw=0.3)
         ax.add_patch(plt.Rectangle((0, 0), bn, bm, fill=False, lw=1.2))
         ax.set_xlim(-2, 130)
@@ -110,10 +145,20 @@ def draw_tiles(path: Path) -> None:
         ax.set_yticks([0, bm])
         ax.tick_params(labelsize=7, length=2)
         threads = bm * bn // (tm * tn)
-        per = "1 output" if tm * tn == 1 else f"{tm}×{tn} outputs"
-        ax.set_title(f"v{version}: {bm}×{bn} tile, {threads} threads, {per} each\n{CHANGE[version]}", fontsize=8.5)
-    fig.suptitle("The block's tile of C (float32, rows m down, columns n across, all at one scale):\n"
-                 "each colour a warp's outputs (colours repeat after 8 warps), black: thread 0's", fontsize=10)
+        per = "1 output each" if tm * tn == 1 else f"{tm}×{tn} outputs each"
+        if len(pieces) > 1:
+            per += f",\nin {len(pieces)} pieces of {pm}×{pn}"
+        ax.set_title(f"v{version}: {bm}×{bn} tile, {threads} threads, {per}\n{change(version)}", fontsize=8.5)
+    note = axes.flat[len(SHOWN)]
+    note.axis("off")
+    lines = ["Not drawn: the same outputs", "as the version named", ""]
+    for version, same in SAME_AS.items():
+        lines += [f"v{version}, as v{same}:", "  " + change(version).replace("\n", " "), ""]
+    note.text(0.02, 0.95, "\n".join(lines), fontsize=9, va="top", transform=note.transAxes)
+    shown = ", ".join(f"v{v}" for v in SHOWN[:-1]) + f" and v{SHOWN[-1]}"
+    fig.suptitle(f"The block's tile of C in {shown} (float32, all at one scale; rows m down, columns n\n"
+                 "across): each colour a warp's outputs (colours repeat after 8 warps), black: thread 0's",
+                 fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -167,7 +212,9 @@ def draw_gemm(path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(__doc__ or "")
-    parser.add_argument("--out", required=True, metavar="DIR", help=f"folder to write {' and '.join(NAMES)} into")
+    drawn = ", ".join(f"v{v}" for v in SHOWN)
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help=f"folder to write {' and '.join(NAMES)} into (cuda_tiles.png draws {drawn})")
     args = parser.parse_args(argv)
     out = Path(args.out).expanduser()
     if not out.is_dir():

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -212,37 +211,6 @@ def test_tiles_and_slices_agree_with_the_kernels_header(tmp_path):
         bm, bn = sr.TILES[12][dt][:2]
         assert sr.skinny_slices(m, n, k, bm, bn, sr.TILES[12]["bk"], sr.TILES[12]["min_blocks"][dt], sms) == v12, \
             (m, n, k, b, sms)
-
-
-# ---------------------------------------------------------------------------------------
-# The chapter's figures (cuda/figures.py)
-# ---------------------------------------------------------------------------------------
-def test_the_figures_give_every_output_of_a_block_tile_to_exactly_one_thread():
-    """figures.owner is the kernels' index arithmetic: each version's threads partition its tile."""
-    figures = load_script("cuda/figures.py")
-    for version, tiles in sr.TILES.items():
-        bm, bn, tm, tn, _ = tiles["f32"]
-        cells = Counter(t for row in figures.ownership(version) for t in row)
-        assert -1 not in cells, f"v{version}: an output nobody computes"
-        assert len(cells) == bm * bn // (tm * tn) and set(cells.values()) == {tm * tn}, f"v{version}"
-
-
-@pytest.mark.plot
-def test_figures_script_draws_both_figures(tmp_path):
-    pytest.importorskip("matplotlib")
-    result = run_script("cuda/figures.py", "--out", str(tmp_path), timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("cuda_gemm.png", "cuda_tiles.png"):
-        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-
-
-def test_figures_script_says_what_to_install_without_matplotlib(tmp_path):
-    code = ("import runpy, sys; sys.modules['matplotlib'] = None; "
-            f"sys.argv = ['cuda/figures.py', '--out', {str(tmp_path)!r}]; "
-            "runpy.run_path('cuda/figures.py', run_name='__main__')")
-    result = run_script("-c", code)
-    assert result.returncode == 2 and "pip install matplotlib" in result.stderr, result.stderr
-    assert not list(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------------------------------
