@@ -1034,7 +1034,8 @@ def check_trace(record: dict, overlap: bool) -> None:
     """What every recorded step must show, measured on any machine."""
     assert [s["step"] for s in record["steps"]] == list(range(2, 10))
     buckets = len(record["bucket_bytes"])
-    assert buckets > 2 and max(record["bucket_bytes"]) <= max(record["bucket_kb"] * 1024, 64 * 64 * 4)
+    width = max(record["hidden"])  # a parameter larger than the cap gets a bucket of its own
+    assert buckets > 2 and max(record["bucket_bytes"]) <= max(record["bucket_kb"] * 1024, width * width * 4)
     overlapped = []
     for step in record["steps"]:
         assert len(step["ranks"]) == 2
@@ -1054,7 +1055,10 @@ def check_trace(record: dict, overlap: bool) -> None:
 @pytest.mark.parametrize("overlap", [True, False])
 def test_trace_records_the_buckets_against_the_backward(tmp_path, overlap):
     out = tmp_path / "trace.json"
-    result = run_script("distributed.py", "--hidden", "64,64,64", "--bucket-kb", "8", "--epochs", "1",
+    # Layers as wide as the chapter's traced run: backward, after the first bucket is ready, then
+    # outlasts the communication thread's wake-up. At 64 wide, under load on 2 cores, some runs
+    # had no recorded step in which the first bucket started before backward ended.
+    result = run_script("distributed.py", "--hidden", "512,512,512", "--bucket-kb", "256", "--epochs", "1",
                         "--trace", str(out), *([] if overlap else ["--no-overlap"]), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
