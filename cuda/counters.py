@@ -14,7 +14,7 @@ counts are scaled to the whole grid (the table says how many blocks ran). --full
 Examples:
   python cuda/counters.py                                  # chapter 4's ncu table, 2048³, float32
   python cuda/counters.py --shape 256 256 256 --kernels 5:nt 7:nt 10:nt
-  python cuda/counters.py --shape 32 4096 4096 --kernels 8:nt 9:nt --sm-count 132
+  python cuda/counters.py --shape 32 4096 4096 --kernels 9:nt 12:nt tune4:nt --sm-count 132
   python cuda/counters.py --shape 65 129 33 --kernels 3:tn --dtype float64 --full
   python cuda/counters.py --shape 4096 64 1 --kernels grad:1 grad:2 grad:3   # the backward's kernel
   python cuda/counters.py --planted                        # the four patterns with known counts
@@ -84,7 +84,7 @@ def unavailable_reason() -> str | None:
 
 
 def _sources() -> list[Path]:
-    return sorted([HERE / "dense_kernels.h", *(HERE / "kernels").glob("*.cuh"), *(HERE / "emulate").glob("*.h"),
+    return sorted([*HERE.glob("*.h"), *(HERE / "kernels").glob("*.cuh"), *(HERE / "emulate").glob("*.h"),
                    *(HERE / "emulate").glob("*.cpp")])
 
 
@@ -184,8 +184,19 @@ def _read(lib: ctypes.CDLL, names: list[str]) -> list[Counts]:
     return out
 
 
+TUNE_BASE = 100  # launch_gemm's "version" 100 + I runs autotuning candidate I (cuda/dense_kernels.h)
+
+
 def kernel_name(version: int, layout: str, element_bytes: int) -> str:
-    return f"dense_gemm_v{version}_{layout}_{'f32' if element_bytes == 4 else 'f64'}"
+    kind = f"tune{version - TUNE_BASE}" if version >= TUNE_BASE else f"v{version}"
+    return f"dense_gemm_{kind}_{layout}_{'f32' if element_bytes == 4 else 'f64'}"
+
+
+def candidates() -> range:
+    """The autotuning candidates' indices (kTuneCount in cuda/dense_kernels.h)."""
+    text = (HERE / "dense_kernels.h").read_text()
+    table = text.split("kTuneCandidates[] = {", 1)[1].split("};", 1)[0] if "kTuneCandidates[] = {" in text else ""
+    return range(len(re.findall(r"^\s*\{", table, re.M)))
 
 
 def count_gemm(version: int, layout: str, m: int, n: int, k: int, element_bytes: int = 4, sm_count: int = 132,
@@ -352,20 +363,44 @@ def agreement(row: dict) -> dict[str, bool | None]:
 
 
 def render(record: dict) -> str:
-    """The chapter's table (docs/render.py's "counters" marker)."""
+    """The script's output: every count, beside ncu's where the record has the kernel."""
     return table(record) + "\n\n" + conditions(record)
+
+
+def chapter_table(record: dict) -> str:
+    """The chapter's shorter table (docs/render.py's "counters" marker): what ncu's table shows,
+    counted, beside ncu's number, and whether the two agree (see agreement)."""
+    lines = ["| kernel | sectors / request (loads): counted, ncu | bank conflicts (loads, stores): counted | ncu | "
+             "agree |", "|---|---:|---:|---:|---|"]
+    for r in record["rows"]:
+        ncu = r["ncu_ld_sectors_per_request"]
+        verdict = agreement(r)
+        agree = "–" if ncu is None else ", ".join(
+            f"{name} {'yes' if verdict[key] else 'no'}" for key, name in (("sectors", "sectors"), ("ld", "loads"),
+                                                                          ("st", "stores")))
+        theirs = "–" if r["ncu_shared_ld_conflicts"] is None else \
+            f"{_num(r['ncu_shared_ld_conflicts'])}, {_num(r['ncu_shared_st_conflicts'])}"
+        lines.append(f"| {r['kernel']} | {_num(r['ld_sectors_per_request'])}, {_num(ncu)} | "
+                     f"{_num(r['shared_ld_conflicts'])}, {_num(r['shared_st_conflicts'])} | {theirs} | {agree} |")
+    return "\n".join(lines) + "\n\n" + conditions(record)
 
 
 GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions
 
 
 def parse_kernel(text: str, versions: range) -> tuple[int, str]:
-    """"8:nt" -> (8, "nt"): a GEMM version and layout; "grad:3" -> (3, "grad"): the backward's
-    elementwise kernel (M×N is then its rows × columns; K is unused)."""
-    match = re.fullmatch(r"v?(\d+):(nt|nn|tn)|grad:(\d+)", text)
+    """"8:nt" -> (8, "nt"): a GEMM version and layout; "tune4:nt" -> (104, "nt"): autotuning
+    candidate 4 (float32 only); "grad:3" -> (3, "grad"): the backward's elementwise kernel (M×N is
+    then its rows × columns; K is unused)."""
+    match = re.fullmatch(r"v?(\d+):(nt|nn|tn)|grad:(\d+)|tune(\d+):(nt|nn|tn)", text)
     if not match:
-        raise ValueError(f"--kernels takes VERSION:LAYOUT (layouts {', '.join(LAYOUTS)}), e.g. 8:nt, or grad:VERSION "
-                         f"for the backward's elementwise kernel; got {text!r}")
+        raise ValueError(f"--kernels takes VERSION:LAYOUT (layouts {', '.join(LAYOUTS)}), e.g. 8:nt, tuneI:LAYOUT for "
+                         f"autotuning candidate I, or grad:VERSION for the backward's elementwise kernel; got {text!r}")
+    if match.group(4):
+        i = int(match.group(4))
+        if i not in candidates():
+            raise ValueError(f"no autotuning candidate {i}: they are 0 to {len(candidates()) - 1}")
+        return TUNE_BASE + i, match.group(5)
     if match.group(3):
         v = int(match.group(3))
         if v not in GRAD_VERSIONS:
@@ -407,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         kernels = [parse_kernel(t, versions) for t in args.kernels] if args.kernels else default_kernels(versions)
     except ValueError as e:
         raise cli.UserError(str(e)) from None
+    if args.dtype != "float32" and any(v >= TUNE_BASE for v, _ in kernels):
+        raise cli.UserError("the autotuning candidates are float32 only (--dtype float32)")
     out = cli.check_output(args.json, "--json")
     ncu_record = None
     if args.compare != "none":

@@ -682,6 +682,14 @@ def table(record: dict) -> str:
     return "\n".join(head + rows + notes + _other_table(record))
 
 
+def chapter_table(record: dict) -> str:
+    """The chapter's version of table(): float32 rows, without the backward's kernels (the script
+    prints all of them; a chapter's tables count against its word budget)."""
+    kept = {**record, "kernels": [k for k in record["kernels"] if k["dtype"] == "f32"], "other_kernels": []}
+    text = table(kept)
+    return text + "\n\nfloat64 rows and the backward's kernels: `python cuda/static_report.py`."
+
+
 def candidates_table(record: dict) -> str:
     """The autotuning candidates: one row each (float32), registers and blocks per SM per layout.
     The script prints it after table(); a page shows it through a marker of its own."""

@@ -72,12 +72,13 @@ def renderers() -> dict[str, Callable[[dict], str]]:
 
     return {"table": benchmark.table, "roofline": benchmark.roofline_table, "sweep": benchmark.sweep_table,
             **parallel.renderers(),
-            "static": _script("cuda/static_report.py").table, "sass": _script("ptx/sass_report.py").table,
+            "static": _script("cuda/static_report.py").chapter_table, "sass": _script("ptx/sass_report.py").table,
             "cpp_overhead": _script("cpp/overhead.py").render,
             "sweep_summary": benchmark.sweep_summary,
             "triton_static": _script("tiles/compiler_report.py").table,
             "gpu_gemm": _script("cuda/bench_gpu.py").gemm_table, "gpu_goals": _script("cuda/bench_gpu.py").goals_table,
             "gpu_ptx": _script("cuda/bench_gpu.py").ptx_table, "ncu": _script("cuda/bench_gpu.py").ncu_table,
+            "counters": _script("cuda/counters.py").chapter_table,
             "triton_gpu": _script("tiles/bench_gpu.py").table}
 
 

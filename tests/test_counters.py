@@ -52,6 +52,15 @@ def test_scalar_shared_loads_are_merged_as_nvcc_merges_them():
     assert v3.get("inst_executed_op_shared_ld") == 32 * 40 * (64 // 32)
 
 
+def test_padding_the_transposed_tiles_removes_the_store_conflicts():
+    # v10 is v8 with rows of BM + 4 words: lanes 2i and 2i+1 move 16 banks apart.
+    v8, v10 = (counters.count_gemm(v, "nt", 256, 256, 64)[0] for v in (8, 10))
+    assert v8.get("bank_conflicts_pipe_lsu_mem_shared_op_st") == v8.get("inst_executed_op_shared_st") > 0
+    assert v10.get("bank_conflicts_pipe_lsu_mem_shared_op_st") == 0
+    tune, = counters.count_gemm(counters.parse_kernel("tune0:nt", range(1, 13))[0], "nt", 256, 256, 64)[:1]
+    assert tune.kernel == "dense_gemm_tune0_nt_f32" and tune.get("inst_executed_op_shared_ld") > 0
+
+
 def test_the_backward_kernels_padded_column_reads_have_no_conflicts():
     # v2 reads a column of its 32×33 array of lane sums: 33 words a row put 32 lanes in 32 banks.
     grad, = counters.count_sigmoid_grad(2, 256, 64, sample=False)[:1]
@@ -108,6 +117,8 @@ def test_the_committed_record_agrees_with_its_ncu_record():
     (["--kernels", "99:nt"], "no version 99"),
     (["--kernels", "8:xy"], "VERSION:LAYOUT"),
     (["--kernels", "grad:9"], "no sigmoid-grad version 9"),
+    (["--kernels", "tune99:nt"], "no autotuning candidate 99"),
+    (["--kernels", "tune0:nt", "--dtype", "float64"], "float32 only"),
     (["--shape", "200000", "200000", "200000"], "GiB of memory"),
     (["--json", "/nonexistent/folder/x.json"], "--json"),
     (["--compare", "/nonexistent.json"], "no such file"),

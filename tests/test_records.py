@@ -13,7 +13,9 @@ import pytest
 import cli
 from conftest import ROOT, load_script, run_script
 
-MAX_RECORDS = 25
+# A cap that makes each new record displace an old one or argue for its place (each is cited by a
+# chapter, below). The GPU plan's records (candidates, the PTX load cost) and the counters' need room.
+MAX_RECORDS = 30
 
 
 records = load_script("docs/records.py", "records_under_test")

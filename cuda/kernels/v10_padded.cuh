@@ -24,9 +24,11 @@ __device__ void gemm_v10(const T* A, const T* B, T* C, const T* bias, int64_t M,
   using VT = typename Vec16<T>::type;
   // Rows of the tiles padded by 16 bytes: the transposing store's lanes then hit different banks,
   // and a row still starts on a 16-byte boundary, as the 128-bit loads below need.
+  // region v10
   constexpr int LDA = BM + V, LDB = BN + V;
   alignas(16) __shared__ T As[2][BK][LDA];
   alignas(16) __shared__ T Bs[2][BK][LDB];
+  // endregion
   constexpr int WM = dense_kernels::kWarpLanesM * TM, WN = dense_kernels::kWarpLanesN * TN;  // a warp's tile
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = (warp / (BN / WN)) * WM + (lane / dense_kernels::kWarpLanesN) * TM;

@@ -32,8 +32,10 @@ __device__ void gemm_v11(const T* A, const T* B, T* C, const T* bias, int64_t M,
   alignas(16) __shared__ T As[2][BK][LDA];
   alignas(16) __shared__ T Bs[2][BK][LDB];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // region v11-mapping
   const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;  // this warp's tile
   const int lm = (lane / LN) * TM, ln = (lane % LN) * TN;                  // this lane's piece in each step
+  // endregion
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
   // A is contiguous along k unless stored K×M; B along k when stored N×K.
   const bool a_vec = aligned16(A) && (TA ? M : K) % V == 0;
@@ -59,6 +61,7 @@ __device__ void gemm_v11(const T* A, const T* B, T* C, const T* bias, int64_t M,
       la.fetch(As[nxt], A, !TA, m0, k0 + BK, M, K, K, a_vec);
       lb.fetch(Bs[nxt], B, TB, n0, k0 + BK, N, K, K, b_vec);
     }
+    // region v11-inner
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
       T a[WMITER * TM], b[WNITER * TN];
@@ -81,6 +84,7 @@ __device__ void gemm_v11(const T* A, const T* B, T* C, const T* bias, int64_t M,
 #pragma unroll
         for (int j = 0; j < WNITER * TN; ++j) acc[i][j] += a[i] * b[j];
     }
+    // endregion
     if (more) {
       la.stash(As[nxt], !TA);
       lb.stash(Bs[nxt], TB);

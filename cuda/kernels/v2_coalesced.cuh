@@ -12,12 +12,14 @@ namespace {
 
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v2(const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K, int kind) {
+  // region v2
   const int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t m = int64_t(blockIdx.y) * blockDim.y + threadIdx.y;
   if (m >= M || n >= N) return;
   T acc = 0;
   for (int64_t k = 0; k < K; ++k) acc += A[a_index<TA>(m, k, M, K)] * B[b_index<TB>(k, n, N, K)];
   C[m * N + n] = epilogue(acc, bias, n, kind);
+  // endregion
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ __device__ void gemm_v3(const T* A, const T* B, T* C, const T* bias, int64_t M, 
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t m = int64_t(blockIdx.y) * S + ty, n = int64_t(blockIdx.x) * S + tx;
   T acc = 0;
+  // region v3
   for (int64_t k0 = 0; k0 < K; k0 += S) {
     const int64_t ka = k0 + tx, kb = k0 + ty;
     As[ty][tx] = (m < M && ka < K) ? A[a_index<TA>(m, ka, M, K)] : T(0);
@@ -27,6 +28,7 @@ __device__ void gemm_v3(const T* A, const T* B, T* C, const T* bias, int64_t M, 
     for (int kk = 0; kk < S; ++kk) acc += As[ty][kk] * Bs[kk][tx];
     __syncthreads();  // everyone is done reading before the next step overwrites them
   }
+  // endregion
   if (m < M && n < N) C[m * N + n] = epilogue(acc, bias, n, kind);
 }
 

@@ -35,6 +35,7 @@ __device__ void gemm_v5(const T* A, const T* B, T* C, const T* bias, int64_t M, 
       Bs[u / BN][u % BN] = (k < K && n < N) ? B[b_index<TB>(k, n, N, K)] : T(0);
     }
     __syncthreads();
+    // region v5
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
       T a[TM], b[TN];
@@ -47,6 +48,7 @@ __device__ void gemm_v5(const T* A, const T* B, T* C, const T* bias, int64_t M, 
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
     }
+    // endregion
     __syncthreads();
   }
 

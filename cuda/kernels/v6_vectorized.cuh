@@ -24,6 +24,7 @@ __device__ __forceinline__ void load_tile_v6(T (&S)[BK][BX], const T* P, bool co
     const int x = contig_k ? u / (BK / V) : (u % (BX / V)) * V, k = contig_k ? (u % (BK / V)) * V : u / (BX / V);
     const int64_t gx = x0 + x, gk = k0 + k;
     T v[V];
+    // region v6
     if (contig_k) {
       if (vec && gx < X && gk + V <= K) {
         const VT w = *reinterpret_cast<const VT*>(P + gx * K + gk);
@@ -34,6 +35,7 @@ __device__ __forceinline__ void load_tile_v6(T (&S)[BK][BX], const T* P, bool co
       }
 #pragma unroll
       for (int j = 0; j < V; ++j) S[k + j][x] = v[j];  // the transposing store
+    // endregion
     } else {
       if (vec && gk < K && gx + V <= X) {
         const VT w = *reinterpret_cast<const VT*>(P + gk * X + gx);

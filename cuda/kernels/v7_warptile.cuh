@@ -58,9 +58,11 @@ __device__ void gemm_v7(const T* A, const T* B, T* C, const T* bias, int64_t M, 
   alignas(16) __shared__ T As[BK][BM];
   alignas(16) __shared__ T Bs[BK][BN];
   constexpr int WM = dense_kernels::kWarpLanesM * TM, WN = dense_kernels::kWarpLanesN * TN;  // a warp's tile
+  // region v7
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = (warp / (BN / WN)) * WM + (lane / dense_kernels::kWarpLanesN) * TM;
   const int col0 = (warp % (BN / WN)) * WN + (lane % dense_kernels::kWarpLanesN) * TN;
+  // endregion
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
   // A is contiguous along k unless stored K×M; B along k when stored N×K.
   const bool a_vec = aligned16(A) && (TA ? M : K) % V == 0;

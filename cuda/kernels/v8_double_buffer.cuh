@@ -124,6 +124,7 @@ __device__ void gemm_v8(const T* A, const T* B, T* C, const T* bias, int64_t M, 
   lb.stash(Bs[0], TB);
   cp_async_wait_all();
   __syncthreads();
+  // region v8
   for (int64_t k0 = 0, step = 0; k0 < K; k0 += BK, ++step) {
     const int cur = step & 1, nxt = cur ^ 1;
     const bool more = k0 + BK < K;
@@ -156,6 +157,7 @@ __device__ void gemm_v8(const T* A, const T* B, T* C, const T* bias, int64_t M, 
     cp_async_wait_all();
     __syncthreads();  // nxt is complete, and nobody reads cur any more (the next step writes it)
   }
+  // endregion
 
 #pragma unroll
   for (int i = 0; i < TM; ++i)

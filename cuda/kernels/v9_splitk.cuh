@@ -26,10 +26,12 @@ __device__ void gemm_v9(const T* A, const T* B, T* C, const T* bias, int64_t M, 
   const int col0 = (warp % (BN / WN)) * WN + (lane % dense_kernels::kWarpLanesN) * TN;
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
   // This block's slice of K: whole k-steps, as even as they come; C is its slice's partial.
+  // region v9
   const int64_t steps = (K + BK - 1) / BK, per_slice = (steps + gridDim.z - 1) / gridDim.z;
   const int64_t k_begin = blockIdx.z * per_slice * BK;
   const int64_t k_end = k_begin + per_slice * BK < K ? k_begin + per_slice * BK : K;
   C += int64_t(blockIdx.z) * M * N;
+  // endregion
   // A is contiguous along k unless stored K×M; B along k when stored N×K.
   const bool a_vec = aligned16(A) && (TA ? M : K) % V == 0;
   const bool b_vec = aligned16(B) && (TB ? K : N) % V == 0;
