@@ -25,7 +25,8 @@ import grad_check
 from conftest import REASONS, ROOT, run_script
 from parallel.common import data as data_mod
 from parallel.common.checkpoint import CheckpointError, save_checkpoint
-from parallel.dp.trainer import Config, check_resume, train
+from parallel.common.training import Config, check_resume
+from parallel.dp.trainer import train
 from test_parallel import make_mnist, write_idx
 
 pytestmark = pytest.mark.slow  # every script against every user mistake: a subprocess each
@@ -157,7 +158,7 @@ def test_numeric_nonsense_is_a_usage_error(capsys, flag, value):
 @pytest.mark.parametrize("backend, platform", [("nccl", "linux"), ("gloo", "darwin")])
 def test_the_cpu_benchmark_refuses_what_it_cannot_read(monkeypatch, backend, platform):
     """--bench cpu reads gloo's threads from /proc: on NCCL, or off Linux, a clear error before any rank starts."""
-    from parallel.dp.trainer import Config
+    from parallel.common.training import Config
 
     monkeypatch.setattr(distributed.sys, "platform", platform)
     args = distributed.build_parser().parse_args(["--bench", "cpu", "--world-size", "2"])
@@ -167,7 +168,7 @@ def test_the_cpu_benchmark_refuses_what_it_cannot_read(monkeypatch, backend, pla
 
 def test_the_burst_benchmark_refuses_nccl():
     """--bench burst times CPU tensors: on NCCL, a clear error before any rank starts."""
-    from parallel.dp.trainer import Config
+    from parallel.common.training import Config
 
     args = distributed.build_parser().parse_args(["--bench", "burst", "--world-size", "2"])
     with pytest.raises(cli.UserError, match="gloo backend only"):
@@ -180,7 +181,7 @@ def test_the_benchmarks_build_the_cpp_loop_first_or_say_why_not(monkeypatch, cap
     fails is one clear error, before any rank starts."""
     import modes
     from parallel.collectives import cpp_loop
-    from parallel.dp.trainer import Config
+    from parallel.common.training import Config
 
     args = distributed.build_parser().parse_args(["--bench", bench, "--world-size", "2"])
     monkeypatch.setattr(cpp_loop, "unavailable", lambda: "needs a C++ compiler (test)")

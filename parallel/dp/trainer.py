@@ -19,13 +19,13 @@ from torch import Tensor, nn
 from parallel.common import data as data_mod
 from parallel.common import training
 from parallel.common.launch import world
-from parallel.common.training import Config, check_resume
+from parallel.common.training import Config
 from parallel.dp.reducer import AllReduce, GradReducer
 from parallel.dp.ring import ring_all_reduce, ring_all_reduce_host, ring_broadcast_from_rank0
 
-# The chapter's strategy and the loop run with it; Config and check_resume, which live in
-# parallel/common/training.py, are importable from here too.
-__all__ = ["Config", "DataParallel", "check_resume", "train"]
+# The chapter's strategy and the loop run with it (Config, which lives in
+# parallel/common/training.py, is importable from here too).
+__all__ = ["Config", "DataParallel", "train"]
 
 
 class DataParallel:
