@@ -90,6 +90,7 @@ class Strategy(Protocol):
     that split the batch (in tensor parallelism, the data-parallel ones). Every rank calls every
     hook, in the same order."""
 
+    # region hooks
     rank: int
     size: int
 
@@ -126,6 +127,7 @@ class Strategy(Protocol):
 
     def close(self) -> None:
         """Always, last: stop threads, remove hooks."""
+    # endregion
 
 
 # ---------------------------------------------------------------------------
@@ -144,6 +146,7 @@ def train(config: Config, how: Strategy) -> dict:
     how.start(model)
     x, y, device = ds.train.x, ds.train.y, config.device
     try:
+        # region loop
         for epoch in range(start_epoch, config.epochs):
             started, comm_before = time.perf_counter(), how.comm_s()
             batches = data_mod.epoch_batches(len(ds.train), config.batch_size, config.seed, epoch)
@@ -161,6 +164,7 @@ def train(config: Config, how: Strategy) -> dict:
                 loss_sum += loss.detach()
                 samples += len(idx)
                 show_progress(config, epoch, step, len(batches))
+        # endregion
             record = end_of_epoch(config, how, model, ds, epoch, loss_sum, samples,
                                   time.perf_counter() - started, how.comm_s() - comm_before)
             history.append(record)

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from parallel.dp.ring import ring_all_reduce
 
 
+# region hook
 def ring_hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future[Tensor]:
     """A DDP communication hook: average one bucket of gradients over ``group`` with our ring."""
     # check=False: DDP already made every rank agree on the buckets (it compares the parameters'
@@ -43,3 +44,4 @@ def ddp_with_our_ring(model: nn.Module, group: dist.ProcessGroup | None = None, 
     ddp = DistributedDataParallel(model, process_group=group, **ddp_kwargs)
     ddp.register_comm_hook(group, ring_hook)
     return ddp
+# endregion

@@ -46,6 +46,7 @@ class GradReducer:
         self.group = group  # the ranks that average these gradients (a data-parallel group)
         self.all_reduce = all_reduce
         self.overlap = overlap
+        # region buckets
         self.buckets: list[list[nn.Parameter]] = []
         size = bucket_bytes  # start a new bucket at the first parameter
         for p in reversed(params):
@@ -56,6 +57,7 @@ class GradReducer:
             self.buckets[-1].append(p)
             size += nbytes
         self.where = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        # endregion
         self.buffers = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype,
                                     device=staging_device or b[0].device) for b in self.buckets]
         # One reduction with size checks, before training: ranks with different models stop
@@ -78,6 +80,7 @@ class GradReducer:
         self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in params]
         self._reset()
 
+    # region ready
     def _reset(self) -> None:
         self._pending = [len(b) for b in self.buckets]
         self._next = 0  # the next bucket to start, in index order
@@ -94,6 +97,7 @@ class GradReducer:
         while self._next < len(self.buckets) and (everything or self._pending[self._next] == 0):
             self._jobs.put(self._next)
             self._next += 1
+    # endregion
 
     def _serve(self) -> None:
         # OpenMP's thread count is per thread: a new thread would use every core, fighting

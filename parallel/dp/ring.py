@@ -281,6 +281,7 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
     if size == 1 or tensor.numel() == 0:
         return tensor
 
+    # region all-reduce
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     pieces, n_pieces = _pieces(list(torch.tensor_split(flat, size)), segment_bytes)
     n_buffers = min(n_pieces, size - 1)
@@ -301,6 +302,7 @@ def ring_all_reduce(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | 
     _wavefront(n_pieces, 2 * rs_steps, post)
     if late is not None:
         late.settle()
+    # endregion
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
     return tensor

@@ -60,6 +60,7 @@ def train(steps: int = 20, batch_size: int = 64, lr: float = 0.1, seed: int = 0,
 
     rank, n = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     data = synthetic(seed).train
+    # region loop
     torch.manual_seed(seed)  # the same initial weights on every rank
     model = nn.Sequential(nn.Linear(32, 64), nn.Sigmoid(), nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -73,4 +74,5 @@ def train(steps: int = 20, batch_size: int = 64, lr: float = 0.1, seed: int = 0,
             all_reduce(p.grad)  # summed over the ranks: the whole batch's gradient, on every rank
         opt.step()
         opt.zero_grad()
+    # endregion
     return model

@@ -33,6 +33,7 @@ def _tp_models(d: int, h: int, mode: str, seed: int) -> dict:
     from modes import Dense
     from parallel.tp.layers import ColumnParallelDense, RowParallelDense
 
+    # region twins
     models = {}
     for name in ("unoverlapped", "overlapped"):
         torch.manual_seed(seed)
@@ -54,6 +55,7 @@ def _tp_models(d: int, h: int, mode: str, seed: int) -> dict:
     models["dtensor"] = parallelize_module(torch_pair, mesh, {"0": ColwiseParallel(input_layouts=Shard(0)),
                                                               "2": RowwiseParallel(output_layouts=Shard(0))})
     return models
+    # endregion
 
 
 def _events_table(events: list[tuple[str, float, float]]) -> list[list[float]]:

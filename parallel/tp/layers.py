@@ -277,6 +277,7 @@ def _split_sizes(n: int, parts: int) -> list[int]:
     return [n // parts + (1 if r < n % parts else 0) for r in range(parts)]
 
 
+# region collective-matmul
 def _gather_matmul(x: Tensor, parts: list[int], group, compute: Callable[[int, Tensor], None]) -> Tensor:
     """All-gather ``x`` (this rank's rows) round the ring; ``compute(c, rows)`` runs on chunk c
     as soon as it is here, while the next chunk travels. Returns the gathered tensor."""
@@ -309,6 +310,7 @@ def _matmul_reduce_scatter(parts: list[int], group, partial: Callable[[int], Ten
         _wait_timed(requests)
         send = _timed("compute", lambda own=own, recv=recv: own.add_(recv))
     return send
+# endregion
 
 
 def size_of(group) -> int:
