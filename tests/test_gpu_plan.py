@@ -245,6 +245,7 @@ def test_a_part_stops_at_its_limit_and_the_next_one_runs(repo, capsys, monkeypat
     assert "FAILED: slow," in text.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_the_deadline_leaves_later_parts_not_run(repo, capsys):
     root, out = repo
     parts = [Part("first", 30, ("python", "-c", "import time; time.sleep(60)"), ""),

@@ -520,6 +520,7 @@ def test_grad_check_refuses_a_shape_the_interpreter_would_take_minutes_over():
 
 
 @needs_triton
+@pytest.mark.slow
 @pytest.mark.skipif(GPU, reason="checks what the benchmark says without a GPU")
 def test_benchmark_says_the_interpreter_is_no_speed_measurement():
     result = run_script("benchmark.py", "-m", "triton", "-b", "4", "-i", "4", "-o", "4", "--rounds", "2")
