@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -136,8 +137,10 @@ def library() -> ctypes.CDLL:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.emu_gemm.argtypes = [i32, ctypes.c_char_p, i32, p, p, p, p, i64, i64, i64, i32, i32, p]
         lib.emu_gemm_workspace.argtypes = [i32, i32, i64, i64, i64, i32]
-        lib.emu_gemm.restype = i32
-        lib.emu_gemm_workspace.restype = i64
+        lib.emu_sigmoid_grad.argtypes = [i32, i32, i32, p, p, p, p, i64, i64, i32, p]
+        lib.emu_sigmoid_grad_workspace.argtypes = [i32, i64, i64, i32]
+        lib.emu_gemm.restype = lib.emu_sigmoid_grad.restype = i32
+        lib.emu_gemm_workspace.restype = lib.emu_sigmoid_grad_workspace.restype = i64
         lib.cnt_reset.argtypes = [i32]
         lib.cnt_add_global.argtypes = [p, i64]
         lib.cnt_read.argtypes = [i32, ctypes.POINTER(ctypes.c_double)]
@@ -235,10 +238,6 @@ def count_sigmoid_grad(version: int, rows: int, cols: int, element_bytes: int = 
     g = torch.Generator().manual_seed(seed)
     grad, y = torch.randn(rows, cols, generator=g, dtype=dtype), torch.rand(rows, cols, generator=g, dtype=dtype)
     dz, db = torch.empty(rows, cols, dtype=dtype), torch.empty(cols, dtype=dtype)
-    lib.emu_sigmoid_grad_workspace.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
-    lib.emu_sigmoid_grad_workspace.restype = ctypes.c_int64
-    lib.emu_sigmoid_grad.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4 + [
-        ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     size = lib.emu_sigmoid_grad_workspace(version, rows, cols, sm_count)
     work = torch.empty(max(size, 0), dtype=dtype)
     _begin(lib, sample, grad, y, dz, db, work)
@@ -281,9 +280,15 @@ def _num(x: float | None) -> str:
     return f"{x:.2g}" if abs(x) >= 1e4 else f"{x:.4g}" if x != int(x) else f"{int(x)}"
 
 
-def rows(results: list[Counts], ncu: dict[str, dict]) -> list[dict]:
+def rows(record: dict) -> list[dict]:
+    """The table's rows: each kernel's counts, beside ncu's from the record `compare` names (read
+    now, not copied into the counts' record) where it holds the same kernel at the same shape."""
+    ncu = {}
+    if record.get("compare") and record["dtype"] == "float32":
+        ncu = ncu_metrics(json.loads((ROOT / record["compare"]).read_text()), tuple(record["shape"]))
     out = []
-    for r in results:
+    for k in record["kernels"]:
+        r = Counts(k["kernel"], k["metrics"], int(k["metrics"]["blocks_stood_for"]))
         theirs = ncu.get(r.kernel, {})
         t_req = theirs.get("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum")
         t_sect = theirs.get("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum")
@@ -305,13 +310,14 @@ def rows(results: list[Counts], ncu: dict[str, dict]) -> list[dict]:
 
 
 def table(record: dict) -> str:
-    with_ncu = any(r["ncu_ld_sectors_per_request"] is not None for r in record["rows"])
+    table_rows = rows(record)
+    with_ncu = any(r["ncu_ld_sectors_per_request"] is not None for r in table_rows)
     head = ["kernel", "blocks run", "global load requests", "sectors / request (loads)", "(stores)",
             "shared loads", "bank conflicts (loads)", "shared stores", "bank conflicts (stores)"]
     if with_ncu:
         head += ["ncu: sectors / request", "ncu: conflicts (loads, stores)"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    for r in record["rows"]:
+    for r in table_rows:
         cells = [r["kernel"], r["blocks"], _num(r["ld_requests"]), _num(r["ld_sectors_per_request"]),
                  _num(r["st_sectors_per_request"]), _num(r["shared_ld_requests"]), _num(r["shared_ld_conflicts"]),
                  _num(r["shared_st_requests"]), _num(r["shared_st_conflicts"])]
@@ -372,7 +378,7 @@ def chapter_table(record: dict) -> str:
     counted, beside ncu's number, and whether the two agree (see agreement)."""
     lines = ["| kernel | sectors / request (loads): counted, ncu | bank conflicts (loads, stores): counted | ncu | "
              "agree |", "|---|---:|---:|---:|---|"]
-    for r in record["rows"]:
+    for r in rows(record):
         ncu = r["ncu_ld_sectors_per_request"]
         verdict = agreement(r)
         agree = "–" if ncu is None else ", ".join(
@@ -445,9 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dtype != "float32" and any(v >= TUNE_BASE for v, _ in kernels):
         raise cli.UserError("the autotuning candidates are float32 only (--dtype float32)")
     out = cli.check_output(args.json, "--json")
-    ncu_record = None
+    compare = None
     if args.compare != "none":
-        ncu_record = cli.read_record(args.compare, "--compare", keys=("kernels", "shape"))
+        cli.read_record(args.compare, "--compare", keys=("kernels", "shape"))  # one line if it is unusable
+        compare = os.path.relpath(Path(args.compare).resolve(), ROOT)
     m, n, k = args.shape
     eb = DTYPES[args.dtype]
     # A, B, C, bias and the largest split-K workspace (at most C once per SM).
@@ -478,15 +485,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results.extend(count_gemm(v, layout, m, n, k, eb, args.sm_count, sample=not args.full))
     seconds = time.perf_counter() - start
-    import benchmark  # the record's header fields, written once
+    import benchmark  # the record's date and command, written once
 
     version = subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     record = {
         "source": "python cuda/counters.py (the CPU emulation, instrumented)",
         "compiler": version,
         "torch": __import__("torch").__version__,
-        "date": benchmark.record_header("cpu", __import__("torch").float32)["date"],
-        "command": benchmark.command_line(),
+        **benchmark.provenance(),
         "shape": [m, n, k],
         "dtype": args.dtype,
         "sm_count": args.sm_count,
@@ -494,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(seconds, 1),
         "metrics": list(METRICS),
         "kernels": [{"kernel": r.kernel, "metrics": r.metrics} for r in results],
+        "compare": compare,  # the ncu record the tables set beside these counts
     }
-    record["rows"] = rows(results, ncu_metrics(ncu_record, (m, n, k)) if args.dtype == "float32" else {})
     return cli.publish(render(record), [(out, cli.json_writer(record))])
 
 
