@@ -130,6 +130,13 @@ def test_bad_input_is_one_line_before_any_work(args, message):
     assert "building" not in result.stderr
 
 
+def test_an_empty_shape_is_a_usage_error():
+    # M, N or K of 0: an empty product has no requests to count; argparse's usage and one error line
+    result = run_script("cuda/counters.py", "--shape", "0", "4", "4", timeout=60)
+    assert result.returncode == 2 and "--shape: must be at least 1, got '0'" in result.stderr.splitlines()[-1]
+    assert "Traceback" not in result.stderr and "building" not in result.stderr
+
+
 def test_a_compiler_without_kernel_address_callbacks_is_refused_with_the_way_out(tmp_path, monkeypatch):
     fake = tmp_path / "c++"
     fake.write_text("#!/bin/sh\necho 'clang version 18.0.0'\n")
