@@ -56,9 +56,10 @@ LANGUAGES = {".py": "python", ".cpp": "cpp", ".cc": "cpp", ".h": "cpp", ".hpp": 
 REGION = re.compile(r"^\s*(?:#|//)\s*(region|endregion)\b[ \t]*(\S*)[ \t]*$")
 
 # Prose budgets in words (outside fenced code): every Markdown file together, and each chapter.
-BUDGET_ALL = 28_000
+BUDGET_ALL = 34_000
 BUDGET_CHAPTER = 5_000
-BUDGET_EXCEPTIONS = {"parallel/collectives/README.md": 6_000}
+BUDGET_EXCEPTIONS = {"parallel/collectives/README.md": 6_000, "cuda/README.md": 6_000,
+                     "cuda/tensor_cores/README.md": 5_000}
 CHAPTERS = ["py/README.md", "cpp/README.md", "tiles/README.md", "cuda/README.md", "ptx/README.md",
             "parallel/dp/README.md", "parallel/collectives/README.md", "parallel/tp/README.md"]
 # A chapter states its reading time once, in this form (line breaks allowed between the words).
