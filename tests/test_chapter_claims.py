@@ -1,0 +1,110 @@
+"""Claims in the chapters' prose, each checked against what backs it: a committed record, a
+computation, or the constants the code uses.
+
+- Chapter 5's answers to exercises 1 and 3: the instruction counts, computed by assembling the
+  edits the exercises describe (needs nvcc, ptxas, cuobjdump and nvdisasm; slow).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, load_script, run_script
+
+
+def _chapter(path: str) -> str:
+    """A chapter's text with each line break (and the indentation around it) folded into one space,
+    so that a sentence matches across lines; tabs inside a line, as in PTX, stay."""
+    return re.sub(r"[ \t]*\n\s*", " ", (ROOT / path).read_text())
+
+
+# ---------------------------------------------------------------------------------------
+# Chapter 5: the answers to exercises 1 and 3, computed
+# ---------------------------------------------------------------------------------------
+sr = load_script("cuda/static_report.py")
+SASS_TOOLS = (sr.find_tool("nvcc") is not None and sr.find_tool("ptxas") is not None
+              and sr.sass_tools()[0] is not None)
+NO_SASS = ("needs nvcc and ptxas (the CUDA toolkit), not found" if sr.find_tool("nvcc") is None
+           or sr.find_tool("ptxas") is None else sr.sass_tools()[1])
+
+PTX = ROOT / "ptx" / "dense_kernels.ptx"
+V4_STORE = re.compile(r"^(\s*)st\.global\.v4\.f32\s+\[(%\w+)(?:\+(-?\d+))?\],\s*\{([^}]*)\};.*$", re.M)
+
+
+def exercise(text: str, number: int) -> str:
+    """Exercise `number` of ptx/README.md (folded to one line)."""
+    part = text.split("## Exercises", 1)[1].split("## Answers", 1)[0]
+    return re.search(rf"(?:^| ){number}\. (.*?)(?= {number + 1}\. |$)", part)[1]
+
+
+def answer(text: str, number: int) -> str:
+    part = text.split("## Answers", 1)[1]
+    return re.search(rf"(?:^| ){number}\. (.*?)(?= {number + 1}\. |$)", part)[1]
+
+
+def stores_as_scalars(ptx: str) -> tuple[str, int]:
+    """Exercise 3's edit: each st.global.v4.f32 becomes four st.global.f32, 4 bytes apart."""
+    def four(m: re.Match) -> str:
+        indent, base, offset, values = m[1], m[2], int(m[3] or 0), [v.strip() for v in m[4].split(",")]
+        return "\n".join(f"{indent}st.global.f32 \t[{base}+{offset + 4 * i}], {v};" for i, v in enumerate(values))
+    return V4_STORE.subn(four, ptx)
+
+
+def sass_of(ptx: str, tmp: Path) -> dict:
+    """ptx/sass_report.py on a copy of the PTX, run as the exercises tell the reader to: the record."""
+    (tmp / "mine.ptx").write_text(ptx)
+    result = run_script("ptx/sass_report.py", "--ptx", str(tmp / "mine.ptx"), "--json", str(tmp / "sass.json"),
+                        timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {e["function"]: e for e in json.loads((tmp / "sass.json").read_text())["edits"]}
+
+
+@pytest.fixture(scope="module")
+def exercises(tmp_path_factory):
+    """The SASS report after exercise 1's edit and after exercise 3's, each on its own copy."""
+    if not SASS_TOOLS:
+        pytest.skip(NO_SASS)
+    text, ptx = _chapter("ptx/README.md"), PTX.read_text()
+    old, new = re.search(r"replace `([^`]+)` by `([^`]+)`", exercise(text, 1)).groups()
+    assert ptx.count(old) == 1, f"exercise 1's line {old!r} is not once in {PTX.name}"
+    one = sass_of(ptx.replace(old, new), tmp_path_factory.mktemp("exercise1"))
+    assert "five `st.global.v4.f32` of `dz`" in exercise(text, 3)
+    scalar, n = stores_as_scalars(ptx)
+    assert n == 5, f"exercise 3 names five 128-bit stores; {PTX.name} has {n}"
+    three = sass_of(scalar, tmp_path_factory.mktemp("exercise3"))
+    return text, one, three
+
+
+@pytest.mark.slow
+def test_answer_1_counts_the_sigmoid_with_div_full(exercises):
+    """div.full.f32 in place of rcp.approx: the sigmoid's SASS grows from the edited 6
+    instructions (exercise 3's copy leaves the sigmoid as committed) to 11, still one MUFU.RCP
+    and no call, with a test of the divisor (FSETP, FSEL) and two FMULs around the reciprocal."""
+    text, one, three = exercises
+    with_div, committed = one["dense_sigmoid_f32"]["edited"], three["dense_sigmoid_f32"]["edited"]
+    m = re.search(r"(\d+) instructions instead of (\d+)", answer(text, 1))
+    assert m and (int(m[1]), int(m[2])) == (with_div["instructions"], committed["instructions"])
+    assert with_div["mufu"].get("MUFU.RCP") == 1 and with_div["calls"] == 0
+    ops = with_div["opcodes"]
+    assert any(op.startswith("FSETP") for op in ops) and any(op.startswith("FSEL") for op in ops)
+    assert ops.get("FMUL") == 2
+
+
+@pytest.mark.slow
+def test_answer_3_counts_the_grad_kernel_with_scalar_stores(exercises):
+    """Four 32-bit stores for each 128-bit one: STG back to the compiler's 21×32-bit, the loads
+    untouched, and the kernel from the edited 505 instructions (exercise 1's copy leaves it as
+    committed) to 528."""
+    text, one, three = exercises
+    grad = "dense_sigmoid_grad_v1_x4_f32"
+    committed, scalar = one[grad]["edited"], three[grad]["edited"]
+    a = answer(text, 3)
+    m = re.search(r"from (\d+) to (\d+) instructions", a)
+    assert m and (int(m[1]), int(m[2])) == (committed["instructions"], scalar["instructions"])
+    assert scalar["stg"] == three[grad]["compiler"]["stg"] == {"32": 21} and "21×32-bit" in a
+    m = re.search(r"`LDG` stays (\d+)×128-bit", a)
+    assert m and scalar["ldg"] == committed["ldg"] == {"128": int(m[1])}
