@@ -3,6 +3,8 @@ computation, or the constants the code uses.
 
 - Chapter 5's answers to exercises 1 and 3: the instruction counts, computed by assembling the
   edits the exercises describe (needs nvcc, ptxas, cuobjdump and nvdisasm; slow).
+- Chapter 6 continued's α per ring step, against the cost model's constants and the protocol
+  they are NCCL's figures for.
 """
 
 from __future__ import annotations
@@ -108,3 +110,21 @@ def test_answer_3_counts_the_grad_kernel_with_scalar_stores(exercises):
     assert scalar["stg"] == three[grad]["compiler"]["stg"] == {"32": 21} and "21×32-bit" in a
     m = re.search(r"`LDG` stays (\d+)×128-bit", a)
     assert m and scalar["ldg"] == committed["ldg"] == {"128": int(m[1])}
+
+
+# ---------------------------------------------------------------------------------------
+# Chapter 6, continued: NCCL's α per ring step
+# ---------------------------------------------------------------------------------------
+def test_chapter_6_continued_names_nccls_alpha_as_the_cost_model_uses_it():
+    """The α the projection uses is the one the chapter quotes, with the protocol the cost model
+    says it is NCCL's figure for."""
+    from parallel.collectives import costmodel
+
+    text = _chapter("parallel/collectives/README.md")
+    m = re.search(r"NCCL's per-step α of a ring with its (\w+) protocol \(([\d.]+) µs on NVLink and ([\d.]+) µs "
+                  r"over the network", text)
+    assert m, "chapter 6 continued's sentence on NCCL's α is missing or reworded"
+    source = (ROOT / "parallel" / "collectives" / "costmodel.py").read_text()
+    assert m[1] == re.search(r"\(protocol (\w+)\)", source)[1]
+    assert (float(m[2]), float(m[3])) == pytest.approx((costmodel.NVLINK.alpha * 1e6,
+                                                        costmodel.INFINIBAND.alpha * 1e6))
