@@ -5,6 +5,7 @@ computation, or the constants the code uses.
   edits the exercises describe (needs nvcc, ptxas, cuobjdump and nvdisasm; slow).
 - Chapter 6 continued's α per ring step, against the cost model's constants and the protocol
   they are NCCL's figures for.
+- Chapter 7's account of overlap on GPUs: NCCL's collectives run on the SMs.
 """
 
 from __future__ import annotations
@@ -128,3 +129,19 @@ def test_chapter_6_continued_names_nccls_alpha_as_the_cost_model_uses_it():
     assert m[1] == re.search(r"\(protocol (\w+)\)", source)[1]
     assert (float(m[2]), float(m[3])) == pytest.approx((costmodel.NVLINK.alpha * 1e6,
                                                         costmodel.INFINIBAND.alpha * 1e6))
+
+
+# ---------------------------------------------------------------------------------------
+# Chapter 7: what overlap shares on a GPU
+# ---------------------------------------------------------------------------------------
+def test_chapter_7_says_nccl_collectives_run_on_the_sms():
+    """NCCL's collectives are CUDA kernels (one thread block per channel): overlapped with a
+    GEMM, they share its SMs. The chapter must not say the SMs are left to the GEMM."""
+    text = _chapter("parallel/tp/README.md")
+    assert "while the SMs run the GEMMs" not in text
+    paragraph = next(p for p in (ROOT / "parallel" / "tp" / "README.md").read_text().split("\n\n")
+                     if "Overlap pays where" in p)
+    paragraph = re.sub(r"\s+", " ", paragraph)
+    assert re.search(r"NCCL's collectives are CUDA kernels", paragraph)
+    assert "thread block" in paragraph and "SMs" in paragraph and "copy engines" in paragraph
+    assert "docs.nvidia.com/deeplearning/nccl" in paragraph
