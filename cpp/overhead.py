@@ -5,6 +5,10 @@ Python checks, the autograd machinery, the dispatcher. Each row times one layer 
 alone (benchmark.measure, the repository's one timing harness, all rows interleaved), so the
 differences between rows say what each layer costs.
 
+For the py stage it times `Function.apply` itself beside the C++ apply underneath it, which
+py/dense.py's dense() calls instead outside torch.func and torch.compile, and the inspect binding
+that apply runs first, alone: what chapter 1's choice saves, beside the reference's forward.
+
 It also times the cpp stage's own kernels with their autograd formula registered from Python
 (torch.library.register_autograd, on an op of a scratch namespace made here) beside the same
 kernels with the formula in C++ (dense::DenseFunction, what the stage uses): chapter 2's lesson.
@@ -18,6 +22,7 @@ Examples:
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +38,9 @@ import benchmark  # noqa: E402
 import cli  # noqa: E402
 import modes  # noqa: E402
 
+APPLY = "py: Function.apply"
+UNDER = "py: the C++ apply under it"
+BINDING = "py: inspect binding alone"
 SCRATCH = "dense_cpp_pyautograd"  # the namespace of the op with a Python autograd formula
 PY_AUTOGRAD = "cpp, Python autograd"
 _scratch_lib: torch.library.Library | None = None  # kept alive: dropping it removes the op
@@ -68,6 +76,26 @@ def python_autograd_op() -> Callable[..., Tensor]:
         torch.library.register_autograd(f"{SCRATCH}::forward", backward, setup_context=setup_context, lib=lib)
         _scratch_lib = lib
     return getattr(torch.ops, SCRATCH).forward.default
+
+
+def apply_rows(x: Tensor, w: Tensor, b: Tensor) -> dict[str, tuple]:
+    """The py stage's Function.apply, the C++ apply under it that dense() calls instead (outside
+    torch.func and torch.compile), and the inspect binding apply runs first, alone."""
+    py = modes.stage("py")
+    forward = py.DenseFunction.forward
+
+    def binding():
+        # What torch.autograd.Function.apply runs first (torch 2.13's bind_default_args).
+        bound = inspect.signature(forward).bind(x, w, b)
+        bound.apply_defaults()
+        return bound.args, bound.kwargs
+
+    return {
+        APPLY: (lambda: py.DenseFunction.apply(x, w, b), "recording the graph; binds with inspect first"),
+        UNDER: (lambda: py._apply_direct(*py.unwrap_dead_wrappers((x, w, b))),
+                "recording the graph: what dense() calls outside torch.func"),
+        BINDING: (binding, "inspect.signature(forward).bind(x, w, b)"),
+    }
 
 
 def rows(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[str]) -> dict[str, tuple]:
@@ -107,6 +135,7 @@ def rows(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[str
         if mode == "py":
             out["py: input checks"] = (lambda: modes.check_inputs(x, w, b), "modes.check_inputs")
             out["py: forward, no autograd"] = (nograd(fn), "under no_grad: checks, apply, torch ops")
+            out.update(apply_rows(x, w, b))
         else:
             ops = getattr(torch.ops, f"dense_{mode}")
             y = ops.forward(xd, wd, bd)
@@ -150,6 +179,10 @@ def render(record: dict) -> str:
         fwd, step = (by_name[f"{PY_AUTOGRAD}: {k}"] - by_name[f"cpp: {k}"] for k in ("forward", "forward + backward"))
         out.append(f"\nThe same kernels with the autograd formula in Python: {fwd:+.1f} µs a forward, "
                    f"{step:+.1f} µs a forward + backward (medians' differences).")
+    if {APPLY, UNDER, BINDING, "reference: forward"} <= by_name.keys():
+        out.append(f"\n`Function.apply` over the C++ apply under it: {by_name[APPLY] - by_name[UNDER]:+.1f} µs a call "
+                   f"(the inspect binding alone: {by_name[BINDING]:.1f} µs); the reference's whole forward: "
+                   f"{by_name['reference: forward']:.1f} µs (medians).")
     s = record["shape"]
     out.append("\n" + benchmark.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}",
                                        f"{record['rounds']} rounds"))

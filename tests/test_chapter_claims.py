@@ -1,6 +1,7 @@
 """Claims in the chapters' prose, each checked against what backs it: a committed record, a
 computation, or the constants the code uses.
 
+- Chapter 1's cost of Function.apply's argument binding, against chapter 2's overhead record.
 - Chapter 5's answers to exercises 1 and 3: the instruction counts, computed by assembling the
   edits the exercises describe (needs nvcc, ptxas, cuobjdump and nvdisasm; slow).
 - Chapter 6 continued's α per ring step, against the cost model's constants and the protocol
@@ -15,14 +16,60 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import ROOT, load_script, run_script
+
+OVERHEAD_RECORD = ROOT / "docs" / "results" / "cpp_overhead.json"
 
 
 def _chapter(path: str) -> str:
     """A chapter's text with each line break (and the indentation around it) folded into one space,
     so that a sentence matches across lines; tabs inside a line, as in PTX, stay."""
     return re.sub(r"[ \t]*\n\s*", " ", (ROOT / path).read_text())
+
+
+# ---------------------------------------------------------------------------------------
+# Chapter 1: what Function.apply's binding costs (cpp/overhead.py's rows)
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def overhead():
+    return load_script("cpp/overhead.py")
+
+
+def test_the_apply_rows_time_the_same_work_with_and_without_the_binding(overhead):
+    """Function.apply and the C++ apply under it compute the same output and record the same
+    backward, so the difference between their rows is what apply adds; the binding row binds
+    the call's own arguments."""
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(s, generator=gen).requires_grad_() for s in ((3, 5), (4, 5), (4,)))
+    rows = overhead.apply_rows(x, w, b)
+    assert set(rows) == {overhead.APPLY, overhead.UNDER, overhead.BINDING}
+    via_apply, under = rows[overhead.APPLY][0](), rows[overhead.UNDER][0]()
+    torch.testing.assert_close(via_apply, under, rtol=0, atol=0)
+    assert type(via_apply.grad_fn) is type(under.grad_fn) and "DenseFunction" in type(under.grad_fn).__name__
+    args, kwargs = rows[overhead.BINDING][0]()
+    assert kwargs == {} and len(args) == 3 and all(a is t for a, t in zip(args, (x, w, b)))
+
+
+def test_chapter_1_quotes_what_the_overhead_record_measured(overhead):
+    """Chapter 1's sentence on Function.apply gives the record's figures, at the record's shape,
+    and its "more than"/"less than" is what the record shows."""
+    record = json.loads(OVERHEAD_RECORD.read_text())
+    us = {r["name"]: r["median_us"] for r in record["rows"]}
+    missing = {overhead.APPLY, overhead.UNDER, overhead.BINDING, "reference: forward"} - us.keys()
+    assert not missing, f"{OVERHEAD_RECORD.name} lacks {missing}: run the command it records"
+    text = _chapter("py/README.md")
+    shape = record["shape"]
+    m = re.search(r"At B=(\d+), I=O=(\d+), `Function\.apply` costs ([\d.]+) µs more than the C\+\+ `apply` under "
+                  r"it; its `inspect` binding alone takes ([\d.]+) µs, (more|less) than the reference's whole "
+                  r"forward \(([\d.]+) µs\)", text)
+    assert m, "chapter 1's sentence on Function.apply's cost is missing or reworded"
+    assert (int(m[1]), int(m[2]), int(m[2])) == (shape["batch"], shape["in"], shape["out"])
+    assert float(m[3]) == round(us[overhead.APPLY] - us[overhead.UNDER], 1)
+    assert float(m[4]) == round(us[overhead.BINDING], 1)
+    assert float(m[6]) == round(us["reference: forward"], 1)
+    assert m[5] == ("more" if us[overhead.BINDING] > us["reference: forward"] else "less")
 
 
 # ---------------------------------------------------------------------------------------
