@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dense_ops.h"
+#include "module_cache.h"
 
 namespace {
 
@@ -25,8 +26,7 @@ struct Driver {
   decltype(&cuModuleGetFunction) moduleGetFunction;
   decltype(&cuLaunchKernel) launchKernel;
   decltype(&cuCtxGetCurrent) ctxGetCurrent;
-  decltype(&cuCtxPushCurrent) ctxPushCurrent;
-  decltype(&cuCtxPopCurrent) ctxPopCurrent;
+  decltype(&cuCtxGetId) ctxGetId;
   decltype(&cuCtxSynchronize) ctxSynchronize;
   decltype(&cuGetErrorName) getErrorName;
   decltype(&cuGetErrorString) getErrorString;
@@ -44,8 +44,7 @@ struct Driver {
         moduleGetFunction(find<decltype(moduleGetFunction)>("cuModuleGetFunction")),
         launchKernel(find<decltype(launchKernel)>("cuLaunchKernel")),
         ctxGetCurrent(find<decltype(ctxGetCurrent)>("cuCtxGetCurrent")),
-        ctxPushCurrent(find<decltype(ctxPushCurrent)>("cuCtxPushCurrent")),
-        ctxPopCurrent(find<decltype(ctxPopCurrent)>("cuCtxPopCurrent")),
+        ctxGetId(find<decltype(ctxGetId)>("cuCtxGetId")),
         ctxSynchronize(find<decltype(ctxSynchronize)>("cuCtxSynchronize")),
         getErrorName(find<decltype(getErrorName)>("cuGetErrorName")),
         getErrorString(find<decltype(getErrorString)>("cuGetErrorString")),
@@ -91,27 +90,33 @@ int64_t driver_version() {
 // The PTX, loaded once per CUDA context. A CUmodule and its kernels belong to the context they
 // were loaded in, and a kernel launches in the calling thread's current context: torch makes
 // each device's primary context current, but a caller may have made another one current (the
-// driver API allows several on one device), so the cache is keyed by the context itself.
+// driver API allows several on one device), so each context has its module. Which module that
+// is, and when one is unloaded, module_cache.h decides: by the context's id, since a new
+// context may get a destroyed one's handle, and only ever in the calling thread's current
+// context, since another may have been destroyed.
 //
 // One mutex guards the PTX and the modules, and every entry point holds it for as long as it
 // uses a module: an op's launches, from finding its kernels to enqueueing them, all come from
 // one module, which set_ptx cannot unload in between.
 class DriverKernels final : public dense::Kernels {
  public:
-  // Use this PTX from now on: each context loads it at its next launch. The modules of the old
-  // one are unloaded; if any cannot be (its context was destroyed, say), the new PTX is in use
-  // all the same, and the error says so.
+  // Use this PTX from now on: each context loads it at its next launch, and unloads its module
+  // of the old one then. The calling thread's current context unloads its own now; if it cannot,
+  // the new PTX is in use all the same, and the error says so.
   void set_ptx(std::string ptx) {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::string failed;
-    for (auto& [context, module] : modules_) {
-      const CUresult result = unload(context, module.handle);
-      if (result != CUDA_SUCCESS) failed += (failed.empty() ? "" : "; ") + describe(result);
-    }
-    modules_.clear();
     ptx_ = std::move(ptx);
-    TORCH_CHECK(failed.empty(), "dense_ptx: the new PTX is in use, but a module of the previous one could not be ",
-                "unloaded in its context: ", failed);
+    modules_.retire();
+    // Without a module there is nothing to unload, and no driver is needed: PTX text can be
+    // handed over on a machine that has none.
+    if (modules_.empty()) return;
+    const Current here = current_context();
+    if (here.context == nullptr) return;
+    modules_.unload_stale(here.context, here.id, [](Module& module) {
+      const CUresult result = unload(module);
+      TORCH_CHECK(result == CUDA_SUCCESS, "dense_ptx: the new PTX is in use, but this context's module of the ",
+                  "previous one could not be unloaded: ", describe(result));
+    });
   }
 
   // Load the PTX into the calling thread's current context now (otherwise its first launch
@@ -119,7 +124,7 @@ class DriverKernels final : public dense::Kernels {
   int64_t load_here() {
     std::lock_guard<std::mutex> lock(mutex_);
     current_module();
-    return static_cast<int64_t>(modules_.size());
+    return static_cast<int64_t>(modules_.loaded());
   }
 
   void gemm(int version, const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
@@ -167,17 +172,47 @@ class DriverKernels final : public dense::Kernels {
   static CUdeviceptr ptr(const at::Tensor& t) { return reinterpret_cast<CUdeviceptr>(t.const_data_ptr()); }
   static bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
 
-  // cuModuleUnload acts on the current context: the module's own is made current for the call,
-  // and finishes its queued work first, which may include kernels of this module.
-  static CUresult unload(CUcontext context, CUmodule handle) {
+  // The calling thread's current context: its handle, to be compared and never passed back, and
+  // its id, which the driver is asked for as the current context's (a null handle), so that no
+  // handle of a context that may be gone is handed to it. A null handle where there is none.
+  struct Current {
+    CUcontext context = nullptr;
+    unsigned long long id = 0;
+  };
+
+  static Current current_context() {
     const Driver& driver = Driver::get();
-    CUresult result = driver.ctxPushCurrent(context);
-    if (result != CUDA_SUCCESS) return result;
-    result = driver.ctxSynchronize();
-    if (result == CUDA_SUCCESS) result = driver.moduleUnload(handle);
-    CUcontext popped = nullptr;
-    const CUresult pop = driver.ctxPopCurrent(&popped);
-    return result != CUDA_SUCCESS ? result : pop;
+    Current here;
+    check_driver(driver.ctxGetCurrent(&here.context), "cuCtxGetCurrent");
+    if (here.context == nullptr) return here;
+    // A context destroyed on another thread stays current to this one, and the driver answers
+    // CUDA_ERROR_CONTEXT_IS_DESTROYED there (cuCtxDestroy's documentation): no context to use.
+    const CUresult result = driver.ctxGetId(nullptr, &here.id);
+    if (result == CUDA_ERROR_CONTEXT_IS_DESTROYED || result == CUDA_ERROR_INVALID_CONTEXT) return {};
+    check_driver(result, "cuCtxGetId");
+    return here;
+  }
+
+  // cuModuleUnload acts on the current context, here the module's own; that context's queued
+  // work, which may include kernels of this module, is finished first.
+  static CUresult unload(Module& module) {
+    const CUresult result = Driver::get().ctxSynchronize();
+    return result == CUDA_SUCCESS ? Driver::get().moduleUnload(module.handle) : result;
+  }
+
+  // The PTX, JIT-compiled into the current context.
+  Module load() const {
+    Module module;
+    std::vector<char> log(1 << 16, '\0');
+    CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void* values[] = {log.data(), reinterpret_cast<void*>(log.size())};
+    const CUresult result = Driver::get().moduleLoadDataEx(&module.handle, ptx_.c_str(), 2, options, values);
+    if (result != CUDA_SUCCESS) {
+      const char* name = nullptr;
+      Driver::get().getErrorName(result, &name);
+      TORCH_CHECK(false, "the PTX did not load (", name ? name : "?", "); the JIT compiler said:\n", log.data());
+    }
+    return module;
   }
 
   // The module of the calling thread's current context, loaded on first use. Called with mutex_ held.
@@ -187,27 +222,17 @@ class DriverKernels final : public dense::Kernels {
     // runtime was never called has none: autograd runs a backward on a thread of its own, and
     // there the first launch failed with CUDA_ERROR_INVALID_CONTEXT. Any runtime call makes the
     // current device's primary context (the one torch uses) current on this thread.
-    CUcontext context = nullptr;
-    check_driver(Driver::get().ctxGetCurrent(&context), "cuCtxGetCurrent");
-    if (context == nullptr) {
+    Current here = current_context();
+    if (here.context == nullptr) {
       C10_CUDA_CHECK(cudaFree(nullptr));
-      check_driver(Driver::get().ctxGetCurrent(&context), "cuCtxGetCurrent");
-      TORCH_CHECK(context != nullptr, "dense_ptx: no CUDA context is current on this thread");
+      here = current_context();
+      TORCH_CHECK(here.context != nullptr, "dense_ptx: no live CUDA context is current on this thread");
     }
-    Module& module = modules_[context];
-    if (module.handle == nullptr) {
-      std::vector<char> log(1 << 16, '\0');
-      CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-      void* values[] = {log.data(), reinterpret_cast<void*>(log.size())};
-      const CUresult result = Driver::get().moduleLoadDataEx(&module.handle, ptx_.c_str(), 2, options, values);
-      if (result != CUDA_SUCCESS) {
-        modules_.erase(context);
-        const char* name = nullptr;
-        Driver::get().getErrorName(result, &name);
-        TORCH_CHECK(false, "the PTX did not load (", name ? name : "?", "); the JIT compiler said:\n", log.data());
-      }
-    }
-    return module;
+    return modules_.current(here.context, here.id, [this] { return load(); }, [](Module& module) {
+      const CUresult result = unload(module);
+      TORCH_CHECK(result == CUDA_SUCCESS, "dense_ptx: this context's module of the previous PTX could not be ",
+                  "unloaded: ", describe(result));
+    });
   }
 
   // A kernel of the current context's module, by name. Called with mutex_ held.
@@ -234,7 +259,7 @@ class DriverKernels final : public dense::Kernels {
 
   std::mutex mutex_;
   std::string ptx_;
-  std::unordered_map<CUcontext, Module> modules_;
+  dense_ptx::ModuleCache<CUcontext, Module> modules_;
 };
 
 struct PtxStage {
