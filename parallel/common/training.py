@@ -170,12 +170,12 @@ def train(config: Config, how: Strategy) -> dict:
             history.append(record)
             if config.checkpoint:
                 save(config, how, model, opt, ds, epoch, history)
+        how.finish()
+        result = {"epochs": history, "final_accuracy": evaluate(model, ds.test, device, how)}
+        if config.return_state:
+            result["state"] = how.full_state(model, None)[0]
     finally:
-        how.close()
-    how.finish()
-    result = {"epochs": history, "final_accuracy": evaluate(model, ds.test, device, how)}
-    if config.return_state:
-        result["state"] = how.full_state(model, None)[0]
+        how.close()  # last, whatever happened: a hook after it could need what it stopped
     return result
 
 
