@@ -24,6 +24,7 @@ messages name the script as it was typed (``python -m parallel.collectives.costm
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -31,10 +32,29 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent
 
 # torch is imported only where it is needed: the scripts import this module before torch, so
 # that a Ctrl-C during their imports (importing torch takes seconds) is one line too.
 _excepthook = sys.excepthook
+
+
+def load_file(path: str, name: str) -> ModuleType:
+    """The module in file `path` (relative to the repository's root), loaded once under `name`.
+    The stage folders are not packages (``py/`` cannot be one: pytest ships a module ``py``), so
+    their scripts load each other by file; `name` is the one every loader uses for that file."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before running it: dataclasses look their module up there
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def _interrupted_hook(kind, value, tb) -> None:

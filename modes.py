@@ -55,6 +55,14 @@ NVCC_FLAGS = ["-O3", "-lineinfo"]
 
 DenseFn = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 
+
+def cuda_stage_sources() -> list[Path]:
+    """The cuda stage's sources, relative to the repository: its binding, the kernels' host side,
+    and one translation unit per GEMM version (cuda/units/), which ninja compiles side by side.
+    The JIT build (cuda/dense.py) and setup.py both build this list."""
+    units = sorted((ROOT / "cuda" / "units").glob("*.cu"))
+    return [Path("cuda/binding.cpp"), Path("cuda/dense_kernels.cu"), *(u.relative_to(ROOT) for u in units)]
+
 _stages: dict[str, ModuleType] = {}
 _build_kind: dict[str, str] = {}  # extension name -> "installed" | "jit"
 _verbose_builds = False  # modes.build(mode, verbose=True): show the JIT build's commands and warnings

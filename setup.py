@@ -17,7 +17,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 # The JIT build's flags and toolkit search, kept in one place.
-from modes import CXX_FLAGS, LD_FLAGS, NVCC_FLAGS, CudaBuildError, cuda_build  # noqa: E402
+from modes import CXX_FLAGS, LD_FLAGS, NVCC_FLAGS, CudaBuildError, cuda_build, cuda_stage_sources  # noqa: E402
 
 # setuptools passes torch's headers with -I, where -Wall warns about their pragmas (the JIT
 # build passes them with -isystem, which silences warnings from headers that are not ours).
@@ -39,7 +39,7 @@ if torch.version.cuda is not None:
         include_dirs = [str(ROOT / "cpp"), str(ROOT / "cuda")]
         cxx = [*SYSTEM, *CXX_FLAGS, *cuda.cxx_flags]
         ext_modules.append(CUDAExtension(
-            "dense_cuda_ext", ["cuda/binding.cpp", "cuda/dense_kernels.cu"], include_dirs=include_dirs,
+            "dense_cuda_ext", [str(s) for s in cuda_stage_sources()], include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx, "nvcc": [*NVCC_FLAGS, *cuda.nvcc_flags]}, extra_link_args=LD_FLAGS))
         # The PTX stage's loader reaches the CUDA driver at run time: nothing links libcuda.
         ext_modules.append(CUDAExtension(

@@ -190,7 +190,7 @@ void few_rows_backward(const scalar_t* g, const scalar_t* y, const scalar_t* x, 
 
 at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
                    const std::optional<at::Tensor>& bias) {
-  dense::check_inputs(x, weight, bias);
+  dense::check_inputs(x, weight, bias, "cpp", dense::kFloat32And64);
   // A 2-d x is used as it is: at B=1 even a view (a new tensor header) is a measurable cost.
   const bool flat = x.dim() == 2;
   const at::Tensor x2 = flat ? x : x.reshape({dense::rows(x), weight.size(1)});
@@ -330,7 +330,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
                                                         const at::Tensor& weight,
                                                         const at::Tensor& out,
                                                         std::array<bool, 3> output_mask) {
-  dense::check_inputs(x, weight, std::nullopt);
+  dense::check_inputs(x, weight, std::nullopt, "cpp", dense::kFloat32And64);
   const int64_t in_f = weight.size(1), out_f = weight.size(0);
   TORCH_CHECK_VALUE(grad_out.sizes() == out.sizes(), "grad_out has shape ", dense::shape(grad_out),
                     " but the output had shape ", dense::shape(out));

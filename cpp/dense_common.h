@@ -54,14 +54,32 @@ inline std::string device_name(const at::Tensor& t) {
   return device.has_index() ? s + ":" + std::to_string(device.index()) : s;
 }
 
+// The element types a stage takes. Every stage takes float32 and float64; bfloat16 and float16
+// are storage types that the stages which take them accumulate in float32, as nn.Linear does.
+struct DtypeSet {
+  bool f32, f64, bf16, f16;
+  const char* names;  // for the error message
+  bool has(const at::Tensor& t) const {
+    switch (t.scalar_type()) {
+      case at::kFloat: return f32;
+      case at::kDouble: return f64;
+      case at::kBFloat16: return bf16;
+      case at::kHalf: return f16;
+      default: return false;
+    }
+  }
+};
+constexpr DtypeSet kEveryFloat{true, true, true, true, "float32, float64, bfloat16 and float16"};
+constexpr DtypeSet kFloat32And64{true, true, false, false, "float32 and float64"};
+
 // The same contract as modes.check_inputs(), for callers who reach the op through
-// torch.ops directly. TORCH_CHECK_TYPE/VALUE raise Python's TypeError/ValueError.
-inline void check_inputs(const at::Tensor& x, const at::Tensor& weight,
-                         const std::optional<at::Tensor>& bias) {
-  auto floating = [](const at::Tensor& t) {
-    return t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble;
-  };
-  TORCH_CHECK_TYPE(floating(x), "x has dtype ", dtype_name(x), "; Dense supports float32 and float64");
+// torch.ops directly. TORCH_CHECK_TYPE/VALUE raise Python's TypeError/ValueError. `stage` names
+// the stage in the message for a floating type it does not take (modes.check_inputs, which runs
+// when the op refuses its inputs, adds which modes do take it).
+inline void check_inputs(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                         const char* stage = "cpp", const DtypeSet& types = kEveryFloat) {
+  TORCH_CHECK_TYPE(kEveryFloat.has(x), "x has dtype ", dtype_name(x), "; Dense supports ", kEveryFloat.names);
+  TORCH_CHECK_TYPE(types.has(x), "x has dtype ", dtype_name(x), "; the ", stage, " stage takes ", types.names);
   TORCH_CHECK_VALUE(x.dim() >= 1, "x is 0-d; Dense needs x of shape (*, in_features)");
   TORCH_CHECK_VALUE(weight.dim() == 2, "weight must be 2-d (out_features, in_features), got shape ",
                     shape(weight));

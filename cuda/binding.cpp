@@ -13,20 +13,21 @@ class RuntimeKernels final : public dense::Kernels {
             const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace,
             cudaStream_t stream) override {
     C10_CUDA_CHECK(static_cast<cudaError_t>(dense_kernels::launch_gemm(
-        version, layout, static_cast<int>(A.element_size()), A.const_data_ptr(), B.const_data_ptr(),
+        version, layout, dense::kernel_dtype(A), A.const_data_ptr(), B.const_data_ptr(),
         C.mutable_data_ptr(), bias ? bias->const_data_ptr() : nullptr, M, N, K, epilogue, sm_count, workspace,
         stream)));
   }
   void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
                     int64_t cols, int sm_count, void* workspace, cudaStream_t stream) override {
     C10_CUDA_CHECK(static_cast<cudaError_t>(dense_kernels::launch_sigmoid_grad(
-        grad_version(), static_cast<int>(g.element_size()), /*x4=*/false, g.const_data_ptr(), y.const_data_ptr(),
+        grad_version(), dense::kernel_dtype(g), /*x4=*/false, g.const_data_ptr(), y.const_data_ptr(),
         dz.mutable_data_ptr(), db ? db->mutable_data_ptr() : nullptr, rows, cols, sm_count, workspace, stream)));
   }
 };
 
 struct CudaStage {
   static constexpr const char* name = "cuda";
+  static constexpr dense::DtypeSet dtypes = dense::kEveryFloat;
   static inline int version = dense_kernels::kDefaultVersion;
   static dense::Kernels& kernels() {
     static RuntimeKernels k;

@@ -36,6 +36,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+if str(ROOT) not in sys.path:  # cli.py, benchmark.py, from any working directory
+    sys.path.insert(0, str(ROOT))
+
+import cli  # noqa: E402
+
 # The ncu metric each count stands for (cuda/emulate/counters.cpp's Metric, in that order).
 METRICS = (
     "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
@@ -85,8 +90,8 @@ def unavailable_reason() -> str | None:
 
 
 def _sources() -> list[Path]:
-    return sorted([*HERE.glob("*.h"), *(HERE / "kernels").glob("*.cuh"), *(HERE / "emulate").glob("*.h"),
-                   *(HERE / "emulate").glob("*.cpp")])
+    return sorted([*HERE.glob("*.h"), *(HERE / "kernels").glob("*.cuh"), *(HERE / "units").glob("*.cu"),
+                   *(HERE / "emulate").glob("*.h"), *(HERE / "emulate").glob("*.cpp")])
 
 
 def library_path() -> Path:
@@ -196,10 +201,11 @@ def kernel_name(version: int, layout: str, element_bytes: int) -> str:
 
 
 def candidates() -> range:
-    """The autotuning candidates' indices (kTuneCount in cuda/dense_kernels.h)."""
-    text = (HERE / "dense_kernels.h").read_text()
-    table = text.split("kTuneCandidates[] = {", 1)[1].split("};", 1)[0] if "kTuneCandidates[] = {" in text else ""
-    return range(len(re.findall(r"^\s*\{", table, re.M)))
+    """The autotuning candidates' indices (DENSE_TUNE_CANDIDATES in cuda/dense_kernels.h)."""
+    return range(len(cli.load_file("cuda/catalog.py", "dense_cuda_catalog").candidates()))
+
+
+DTYPE_CODES = {4: 0, 8: 1}  # element bytes -> dense_kernels::DType (float32, float64): what is counted here
 
 
 def count_gemm(version: int, layout: str, m: int, n: int, k: int, element_bytes: int = 4, sm_count: int = 132,
@@ -216,10 +222,11 @@ def count_gemm(version: int, layout: str, m: int, n: int, k: int, element_bytes:
     c = torch.empty(m, n, dtype=dtype)
     forward = layout == "nt"
     bias = torch.randn(n, generator=g, dtype=dtype) if forward else None
-    size = lib.emu_gemm_workspace(version, element_bytes, m, n, k, sm_count)
+    code = DTYPE_CODES[element_bytes]
+    size = lib.emu_gemm_workspace(version, code, m, n, k, sm_count)
     work = torch.empty(max(size, 0), dtype=dtype)
     _begin(lib, sample, a, b, c, bias, work)
-    rc = lib.emu_gemm(version, layout.encode(), element_bytes, a.data_ptr(), b.data_ptr(), c.data_ptr(),
+    rc = lib.emu_gemm(version, layout.encode(), code, a.data_ptr(), b.data_ptr(), c.data_ptr(),
                       None if bias is None else bias.data_ptr(), m, n, k, KBIAS_SIGMOID if forward else KPLAIN,
                       sm_count, work.data_ptr() if size > 0 else None)
     if rc != 0:
@@ -241,8 +248,8 @@ def count_sigmoid_grad(version: int, rows: int, cols: int, element_bytes: int = 
     size = lib.emu_sigmoid_grad_workspace(version, rows, cols, sm_count)
     work = torch.empty(max(size, 0), dtype=dtype)
     _begin(lib, sample, grad, y, dz, db, work)
-    rc = lib.emu_sigmoid_grad(version, element_bytes, 0, grad.data_ptr(), y.data_ptr(), dz.data_ptr(), db.data_ptr(),
-                              rows, cols, sm_count, work.data_ptr() if size > 0 else None)
+    rc = lib.emu_sigmoid_grad(version, DTYPE_CODES[element_bytes], 0, grad.data_ptr(), y.data_ptr(), dz.data_ptr(),
+                              db.data_ptr(), rows, cols, sm_count, work.data_ptr() if size > 0 else None)
     if rc != 0:
         raise RuntimeError(f"the emulated sigmoid-grad v{version} returned {rc}")
     suffix = "f32" if element_bytes == 4 else "f64"
@@ -423,10 +430,7 @@ def default_kernels(versions: range) -> list[tuple[int, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import cli
-
-    sys.path.insert(0, str(HERE))
-    import emulated
+    emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
 
     parser = cli.parser(__doc__ or "")
     size = cli.positive(int)
@@ -506,7 +510,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))  # cli.py, benchmark.py
-    import cli
-
     cli.run(main)

@@ -5,28 +5,21 @@ Check it (GPU):  python grad_check.py cuda --device cuda
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 
+import cli
 import modes
 
 HERE = Path(__file__).resolve().parent
-
-
-def _version_ideas() -> dict[int, str]:
-    """dense_kernels.h's kVersionIdeas, the one list of the versions and their ideas."""
-    text = (HERE / "dense_kernels.h").read_text()
-    block = text.split("kVersionIdeas[kVersions + 1] = {", 1)[1].split("};", 1)[0]
-    return dict(enumerate(re.findall(r'"((?:[^"\\]|\\.)*)"', block)))
-
-
-KERNELS = _version_ideas()  # {0: "automatic: ...", 1: "naive, uncoalesced: ...", ...}
+catalog = cli.load_file("cuda/catalog.py", "dense_cuda_catalog")  # what dense_kernels.h declares
+KERNELS = {v.id: v.idea for v in catalog.versions()}  # {0: "automatic: ...", 1: "naive, uncoalesced: ...", ...}
+DTYPES = {v.id: v.dtypes for v in catalog.versions()}  # {1: ("f32", "f64"), ..., 11: ("f32", "f64", "bf16", "f16")}
 
 # nvcc's flags and the GPU architectures come from modes (modes.cuda_build), as in setup.py.
 BUILD = modes.load_extension(
-    "dense_cuda_ext", [HERE / "binding.cpp", HERE / "dense_kernels.cu"],
+    "dense_cuda_ext", [modes.ROOT / s for s in modes.cuda_stage_sources()],
     extra_include_paths=[str(HERE.parent / "cpp"), str(HERE)])
 dense = modes.register_dense_op("dense_cuda")
 

@@ -1,8 +1,10 @@
-// Chapter 4: the Dense layer's kernels in plain CUDA (CUDA headers only, no torch): the kernels are
-// in cuda/kernels/ (one file per GEMM version), the host side in cuda/kernels/launch.cuh.
+// Chapter 4: the host side of the Dense layer's kernels in plain CUDA (CUDA headers only, no torch):
+// the kernels are in cuda/kernels/ (one file per GEMM version), each compiled in a unit of its own
+// (cuda/units/), and found through the registry those units fill (cuda/kernels/entries.cuh); the
+// launch sequence is cuda/kernels/launch.cuh.
 //
-// Compile check (no GPU needed), registers and spills per kernel:
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+// Compile check (no GPU needed), registers and spills per kernel of one unit:
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v8.cu -o /tmp/v8.cubin
 // On the CPU (no nvcc either):  python grad_check.py cuda --emulate
 // PTX for chapter 5:  bash ptx/regen.sh
 //
@@ -19,6 +21,8 @@
        stream>>>(__VA_ARGS__)
 #define DENSE_LAUNCH_STATUS() static_cast<int>(cudaGetLastError())
 #define DENSE_INVALID static_cast<int>(cudaErrorInvalidValue)
+// An entry this build left out (a unit not compiled in): the runtime's "no kernel image" error.
+#define DENSE_NOT_BUILT static_cast<int>(cudaErrorNoKernelImageForDevice)
 
 #include "kernels/launch.cuh"
 
@@ -30,6 +34,7 @@ DENSE_EXPORT int dense_tune_count() { return dense_kernels::kTuneCount; }
 DENSE_EXPORT int dense_tune_launch(int candidate, const char* layout, const float* A, const float* B, float* C,
                                    const float* bias, int64_t M, int64_t N, int64_t K, int epilogue, void* stream) {
   if (candidate < 0 || candidate >= dense_kernels::kTuneCount) return DENSE_INVALID;
-  return dense_kernels::launch_gemm(dense_kernels::tune_id(candidate), layout, 4, A, B, C, bias, M, N, K, epilogue,
+  return dense_kernels::launch_gemm(dense_kernels::tune_id(candidate), layout, dense_kernels::kF32, A, B, C, bias, M,
+                                    N, K, epilogue,
                                     /*sm_count=*/1, /*workspace=*/nullptr, static_cast<dense_kernels::Stream>(stream));
 }

@@ -19,30 +19,74 @@ namespace dense_kernels {
 //   "nt": A is M×K, B is given as N×K  (forward:  y  = x · Wᵀ)
 //   "nn": A is M×K, B is K×N           (backward: dx = dz · W)
 //   "tn": A is given as K×M, B is K×N  (backward: dW = dzᵀ · x)
-// Entry names: dense_gemm_v{N}_{nt|nn|tn}_{f32|f64} (extern "C", the same in the PTX), and for
-// the autotuning candidates (below) dense_gemm_tune{I}_{nt|nn|tn}_f32.
+// Entry names: dense_gemm_v{N}_{nt|nn|tn}_{f32|f64|bf16|f16} (extern "C", the same in the PTX),
+// and for the autotuning candidates (below) dense_gemm_tune{I}_{nt|nn|tn}_f32.
 // Parameters: (const T* A, const T* B, T* C, const T* bias, int64 M, int64 N, int64 K, int epilogue)
 enum Epilogue : int { kPlain = 0, kBiasSigmoid = 1 };
 
-// The GEMM progression, one idea per version (cuda/kernels/v{N}_*.cuh; cuda/README.md):
-constexpr int kVersions = 12;
-constexpr const char* kVersionIdeas[kVersions + 1] = {
-    "automatic: cuda/gemm_choice.h's entry for the shape (v8, or v9 when v8's tiles leave SMs idle)",
-    "naive, uncoalesced: one thread per output, a warp's threads walk down a column",
-    "naive, coalesced: a warp's threads take neighbouring columns",
-    "shared-memory tiles: a 32x32 tile of A and of B staged once, read 32 times",
-    "1-D register blocking: each thread computes a column of 8 outputs",
-    "2-D register blocking: each thread computes an 8x8 (f64: 4x4) block of outputs",
-    "vectorised: 128-bit global loads, A's tile stored transposed, 128-bit shared loads",
-    "warp tiling: a warp's threads own one compact sub-tile (fewer shared-memory bytes per step)",
-    "double buffering: the next k-step's tiles load while this one computes (cp.async on sm_80+)",
-    "split-K for small batches: the k loop split over blocks until every SM has work",
-    "padded tiles: rows 16 bytes longer, so the transposing store hits 32 different banks",
-    "warp tiling in pieces (SGEMM_CUDA's kernel 10): one template for every tile shape",
-    "skinny batches: a 32-row tile and K split over every SM, W streamed once",
+// The element types. bfloat16 and float16 are storage types only: every kernel converts them to
+// float32 as it loads them and accumulates in float32 (acc_bytes), as cuBLAS and nn.Linear do; the
+// result is rounded to the storage type once, when it is stored.
+enum DType : int { kF32 = 0, kF64 = 1, kBF16 = 2, kF16 = 3 };
+constexpr int kDTypes = 4;
+constexpr const char* kDTypeNames[kDTypes] = {"f32", "f64", "bf16", "f16"};
+constexpr bool valid_dtype(int t) { return t >= 0 && t < kDTypes; }
+constexpr int dtype_bytes(DType t) { return t == kF64 ? 8 : t == kF32 ? 4 : 2; }
+constexpr int acc_bytes(DType t) { return t == kF64 ? 8 : 4; }  // the accumulator's: float64 or float32
+
+// The GEMM progression, one idea per version (cuda/kernels/v{N}_*.cuh; cuda/README.md), and the
+// element types each is built for ("dtypes", names as in kDTypeNames). v1 to v10 are the float32
+// and float64 lesson; v11's template (and v12, an instance of it) also loads bfloat16 and float16,
+// converting on the way into shared memory: the CUDA-core baseline of the tensor-core versions.
+// cuda/catalog.py reads this table (and the candidates below) for every Python script.
+struct VersionInfo {
+  int id;
+  const char* dtypes;
+  const char* idea;
 };
+constexpr VersionInfo kVersionInfo[] = {
+    {0, "f32 f64 bf16 f16", "automatic: cuda/gemm_choice.h's entry for the shape (v8, or v9 when v8's tiles leave SMs idle)"},
+    {1, "f32 f64", "naive, uncoalesced: one thread per output, a warp's threads walk down a column"},
+    {2, "f32 f64", "naive, coalesced: a warp's threads take neighbouring columns"},
+    {3, "f32 f64", "shared-memory tiles: a 32x32 tile of A and of B staged once, read 32 times"},
+    {4, "f32 f64", "1-D register blocking: each thread computes a column of 8 outputs"},
+    {5, "f32 f64", "2-D register blocking: each thread computes an 8x8 (f64: 4x4) block of outputs"},
+    {6, "f32 f64", "vectorised: 128-bit global loads, A's tile stored transposed, 128-bit shared loads"},
+    {7, "f32 f64", "warp tiling: a warp's threads own one compact sub-tile (fewer shared-memory bytes per step)"},
+    {8, "f32 f64", "double buffering: the next k-step's tiles load while this one computes (cp.async on sm_80+)"},
+    {9, "f32 f64", "split-K for small batches: the k loop split over blocks until every SM has work"},
+    {10, "f32 f64", "padded tiles: rows 16 bytes longer, so the transposing store hits 32 different banks"},
+    {11, "f32 f64 bf16 f16", "warp tiling in pieces (SGEMM_CUDA's kernel 10): one template for every tile shape"},
+    {12, "f32 f64 bf16 f16", "skinny batches: a 32-row tile and K split over every SM, W streamed once"},
+};
+constexpr int kVersionCount = sizeof(kVersionInfo) / sizeof(kVersionInfo[0]);
+constexpr int kVersions = 12;  // the CUDA-core progression, versions 1 to kVersions
+constexpr int kMaxVersionId = 128;  // version ids (and candidates' tune_id) stay below it
+
+// Whether `version` is built for element type t: its dtypes name t's suffix as a word.
+constexpr bool names_word(const char* list, const char* word) {
+  for (int i = 0; list[i]; ++i) {
+    if (i > 0 && list[i - 1] != ' ') continue;
+    int j = 0;
+    while (word[j] && list[i + j] == word[j]) ++j;
+    if (!word[j] && (list[i + j] == ' ' || list[i + j] == 0)) return true;
+  }
+  return false;
+}
+constexpr bool is_version(int version) {
+  for (const VersionInfo& v : kVersionInfo)
+    if (v.id == version) return true;
+  return false;
+}
+constexpr bool version_builds(int version, DType t) {
+  for (const VersionInfo& v : kVersionInfo)
+    if (v.id == version) return names_word(v.dtypes, kDTypeNames[t]);
+  return false;
+}
 constexpr int kDefaultVersion = 0;  // 0: choose by shape and SM count (see choose_version)
 
+// The shapes below take `element_bytes`, the accumulator's size (acc_bytes(dtype)): the registers
+// and shared memory a tile needs are the accumulator's, so bfloat16 and float16 take float32's tiles.
 struct Dim3 {
   unsigned x = 1, y = 1, z = 1;
 };
@@ -114,7 +158,7 @@ constexpr int threads(int version, int element_bytes) {
 }
 
 // Autotuning (SGEMM_CUDA's kernel 9): tile shapes of v11's template, each compiled as an entry of
-// its own, dense_gemm_tune{I}_{nt|nn|tn}_f32 (cuda/kernels/all.cuh), and launched as the
+// its own, dense_gemm_tune{I}_{nt|nn|tn}_f32 (cuda/units/tune.cu), and launched as the
 // "version" tune_id(I) by launch_gemm (on the GPU, in the emulation, by cuda/bench_gpu.py
 // candidates). float32 only: the goals they are timed for are float32's, and float64 would need
 // shapes of its own (halved, as v5 on halve theirs). Each candidate passes the emulated checks
@@ -126,16 +170,20 @@ constexpr int threads(int version, int element_bytes) {
 //   {128, 128, 8, 64, 32, 8, 8, 3}   v10's shape capped for 3 blocks (80 registers): 952/930/1186
 //   {128, 128, 16, 64, 32, 8, 8, 2}  the same with k-steps of 16, capped for 2 blocks: 260/272/0
 //   {128, 128, 8, 64, 64, 8, 4, 3}   v11's shape capped for 3 blocks (168 registers): 648/810/936
-constexpr WarpTile kTuneCandidates[] = {
-    {128, 128, 8, 64, 32, 8, 8, 2},    // 0: v10's shape: 256 threads, 8×8 a lane in one piece
-    {128, 128, 16, 64, 32, 8, 8, 1},   // 1: the same with k-steps of 16: half the barriers per FMA
-    {128, 128, 16, 64, 32, 4, 4, 1},   // 2: 8×8 a lane in 2×2 pieces of 4×4, k-steps of 16
-    {128, 128, 8, 32, 64, 4, 8, 2},    // 3: warp tiles 32×64 (4×16 a lane in 1×2 pieces)
-    {128, 64, 8, 32, 32, 4, 4, 3},     // 4: fewer registers, more blocks: 4×8 a lane, 3 blocks of 256
-    {128, 64, 16, 64, 32, 8, 8, 1},    // 5: half the tile: 128 threads of 8×8
-    {64, 128, 16, 32, 64, 4, 8, 1},    // 6: the same, turned: 64 rows, 4×16 a lane
-    {128, 256, 8, 64, 64, 8, 8, 1},    // 7: a wide tile: 256 threads of 8×16
-};
+// The one list of candidates: index, then the WarpTile fields (BM, BN, BK, WM, WN, TM, TN, MINB).
+// The kernels' entries (cuda/units/tune.cu), the emulation and cuda/catalog.py all expand it.
+#define DENSE_TUNE_CANDIDATES(X)                                                                       \
+  X(0, 128, 128, 8, 64, 32, 8, 8, 2)  /* v10's shape: 256 threads, 8×8 a lane in one piece */           \
+  X(1, 128, 128, 16, 64, 32, 8, 8, 1) /* the same with k-steps of 16: half the barriers per FMA */      \
+  X(2, 128, 128, 16, 64, 32, 4, 4, 1) /* 8×8 a lane in 2×2 pieces of 4×4, k-steps of 16 */              \
+  X(3, 128, 128, 8, 32, 64, 4, 8, 2)  /* warp tiles 32×64 (4×16 a lane in 1×2 pieces) */                \
+  X(4, 128, 64, 8, 32, 32, 4, 4, 3)   /* fewer registers, more blocks: 4×8 a lane, 3 blocks of 256 */   \
+  X(5, 128, 64, 16, 64, 32, 8, 8, 1)  /* half the tile: 128 threads of 8×8 */                          \
+  X(6, 64, 128, 16, 32, 64, 4, 8, 1)  /* the same, turned: 64 rows, 4×16 a lane */                      \
+  X(7, 128, 256, 8, 64, 64, 8, 8, 1)  /* a wide tile: 256 threads of 8×16 */
+#define DENSE_TUNE_SHAPE(I, BM, BN, BK, WM, WN, TM, TN, MINB) WarpTile{BM, BN, BK, WM, WN, TM, TN, MINB},
+constexpr WarpTile kTuneCandidates[] = {DENSE_TUNE_CANDIDATES(DENSE_TUNE_SHAPE)};
+#undef DENSE_TUNE_SHAPE
 constexpr int kTuneCount = sizeof(kTuneCandidates) / sizeof(kTuneCandidates[0]);
 constexpr int kTuneBase = 100;  // launch_gemm's "version" tune_id(I) is candidate I
 constexpr int tune_id(int candidate) { return kTuneBase + candidate; }
@@ -191,25 +239,34 @@ inline ShapeClass shape_class(int64_t M, int64_t N, int64_t K, int element_bytes
 }
 struct Choice {
   ShapeClass shape;
-  int element_bytes, version;  // a version 1..kVersions, or a candidate tune_id(I) (float32 only)
+  DType dtype;
+  int version;  // a version built for dtype, or a candidate tune_id(I) (float32 only)
 };
 }  // namespace dense_kernels
 #include "gemm_choice.h"  // kChoices: the table
 namespace dense_kernels {
 constexpr bool valid_choices() {
   for (const Choice& c : kChoices)
-    if (!(c.version >= 1 && c.version <= kVersions) && !(is_tune(c.version) && c.element_bytes == 4)) return false;
+    if (!(c.version != 0 && version_builds(c.version, c.dtype)) && !(is_tune(c.version) && c.dtype == kF32))
+      return false;
+  for (int t = 0; t < kDTypes; ++t)  // every type, and every class of shape, has its entry
+    for (ShapeClass shape : {kFillsGpu, kSmallBatch}) {
+      bool found = false;
+      for (const Choice& c : kChoices) found = found || (c.dtype == t && c.shape == shape);
+      if (!found) return false;
+    }
   return true;
 }
-static_assert(valid_choices(), "gemm_choice.h names a version that does not exist (or a candidate for float64)");
+static_assert(valid_choices(), "gemm_choice.h names a version not built for its type (or a candidate for "
+                               "another type than float32), or leaves a type and class of shape without an entry");
 
 // Version 0: the table's entry for the class of this shape on a device of sm_count SMs (queried
-// by the caller, never a constant); v8 where the table has none.
-inline int choose_version(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
-  const ShapeClass shape = shape_class(M, N, K, element_bytes, sm_count);
+// by the caller, never a constant).
+inline int choose_version(int64_t M, int64_t N, int64_t K, DType dtype, int sm_count) {
+  const ShapeClass shape = shape_class(M, N, K, acc_bytes(dtype), sm_count);
   for (const Choice& c : kChoices)
-    if (c.shape == shape && c.element_bytes == element_bytes) return c.version;
-  return 8;
+    if (c.shape == shape && c.dtype == dtype) return c.version;
+  return 0;  // unreachable: valid_choices() holds an entry for every type and class
 }
 
 inline Geometry gemm_geometry(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
@@ -247,14 +304,12 @@ inline Geometry reduce_geometry(int64_t M, int64_t N) {
   return g;
 }
 
-inline std::string gemm_name(int version, const char* layout, int element_bytes) {
-  const std::string suffix = std::string("_") + layout + (element_bytes == 4 ? "_f32" : "_f64");
+inline std::string gemm_name(int version, const char* layout, DType dtype) {
+  const std::string suffix = std::string("_") + layout + "_" + kDTypeNames[dtype];
   if (is_tune(version)) return "dense_gemm_tune" + std::to_string(version - kTuneBase) + suffix;
   return "dense_gemm_v" + std::to_string(version) + suffix;
 }
-inline std::string splitk_reduce_name(int element_bytes) {
-  return std::string("dense_splitk_reduce") + (element_bytes == 4 ? "_f32" : "_f64");
-}
+inline std::string splitk_reduce_name(DType dtype) { return std::string("dense_splitk_reduce_") + kDTypeNames[dtype]; }
 
 // The backward's elementwise kernel: dz = g · y · (1 − y) and db = Σ_rows dz (db may be null),
 // in a short progression of its own (cuda/kernels/sigmoid_grad.cuh), every version
@@ -298,22 +353,21 @@ inline Geometry bias_grad_geometry(int64_t cols) {
   return g;
 }
 
-inline std::string sigmoid_grad_name(int version, int element_bytes, bool x4) {
-  return "dense_sigmoid_grad_v" + std::to_string(version) + (x4 ? "_x4" : "") + (element_bytes == 4 ? "_f32" : "_f64");
+inline std::string sigmoid_grad_name(int version, DType dtype, bool x4) {
+  return "dense_sigmoid_grad_v" + std::to_string(version) + (x4 ? "_x4_" : "_") + kDTypeNames[dtype];
 }
-inline std::string bias_grad_name(int element_bytes) {
-  return std::string("dense_bias_grad_v3") + (element_bytes == 4 ? "_f32" : "_f64");
-}
+inline std::string bias_grad_name(DType dtype) { return std::string("dense_bias_grad_v3_") + kDTypeNames[dtype]; }
 
 // Host-side launchers (cuda/kernels/launch.cuh): the CUDA stage and the CPU emulation call these.
 // `workspace` holds at least gemm_workspace_elements / sigmoid_grad_workspace_elements elements
 // (may be null when those are 0). They return a cudaError_t (as int), 0 on success.
 using Stream = ::CUstream_st*;  // cudaStream_t, without including CUDA's headers
 
-int launch_gemm(int version, const char* layout, int element_bytes, const void* A, const void* B, void* C,
-                const void* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace,
-                Stream stream);
-int launch_sigmoid_grad(int version, int element_bytes, bool x4, const void* g, const void* y, void* dz, void* db,
-                        int64_t rows, int64_t cols, int sm_count, void* workspace, Stream stream);
+// The element type is `dtype` (a DType); the workspace's elements are the accumulator's (float32,
+// or float64 for float64), whatever the element type.
+int launch_gemm(int version, const char* layout, int dtype, const void* A, const void* B, void* C, const void* bias,
+                int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace, Stream stream);
+int launch_sigmoid_grad(int version, int dtype, bool x4, const void* g, const void* y, void* dz, void* db, int64_t rows,
+                        int64_t cols, int sm_count, void* workspace, Stream stream);
 
 }  // namespace dense_kernels

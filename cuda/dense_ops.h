@@ -28,19 +28,37 @@ class Kernels {
   virtual int grad_version() const { return dense_kernels::kDefaultGradVersion; }
 };
 
+// The kernels' element type (dense_kernels::DType) of a tensor the checks have let through.
+inline dense_kernels::DType kernel_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return dense_kernels::kF32;
+    case at::kDouble: return dense_kernels::kF64;
+    case at::kBFloat16: return dense_kernels::kBF16;
+    case at::kHalf: return dense_kernels::kF16;
+    default: TORCH_CHECK_TYPE(false, "the kernels take float32, float64, bfloat16 and float16, not ", dtype_name(t));
+  }
+}
+
 // The device's SM count, queried (an H100 SXM has 132, an H100 PCIe 114, ...): the small-batch
 // choices (split-K, the backward's row blocks) depend on it.
 inline int sm_count() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+// The accumulator's type, of which the workspaces are: float64 for float64, else float32.
+inline at::TensorOptions acc_options(const at::Tensor& t) {
+  return t.options().dtype(t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+}
 
 // Chooses the version (0: by shape and SM count) and allocates the split-K workspace from
 // torch's caching allocator, on the current stream like the kernels.
 inline void run_gemm(Kernels& k, int version, const char* layout, const at::Tensor& A, const at::Tensor& B,
                      at::Tensor& C, const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue,
                      cudaStream_t stream) {
-  const int sms = sm_count(), bytes = static_cast<int>(A.element_size());
-  if (version == 0) version = dense_kernels::choose_version(M, N, K, bytes, sms);
-  const int64_t elements = dense_kernels::gemm_workspace_elements(version, bytes, M, N, K, sms);
-  at::Tensor work = elements > 0 ? at::empty({elements}, A.options()) : at::Tensor();
+  const int sms = sm_count();
+  const dense_kernels::DType dtype = kernel_dtype(A);
+  if (version == 0) version = dense_kernels::choose_version(M, N, K, dtype, sms);
+  const int64_t elements =
+      dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(dtype), M, N, K, sms);
+  at::Tensor work = elements > 0 ? at::empty({elements}, acc_options(A)) : at::Tensor();
   k.gemm(version, layout, A, B, C, bias, M, N, K, epilogue, sms, elements > 0 ? work.mutable_data_ptr() : nullptr,
          stream);
 }
@@ -49,7 +67,7 @@ inline void run_sigmoid_grad(Kernels& k, const at::Tensor& g, const at::Tensor& 
                              int64_t rows, int64_t cols, cudaStream_t stream) {
   const int sms = sm_count();
   const int64_t elements = db ? dense_kernels::sigmoid_grad_workspace_elements(k.grad_version(), rows, cols, sms) : 0;
-  at::Tensor work = elements > 0 ? at::empty({elements}, y.options()) : at::Tensor();
+  at::Tensor work = elements > 0 ? at::empty({elements}, acc_options(y)) : at::Tensor();
   k.sigmoid_grad(g, y, dz, db, rows, cols, sms, elements > 0 ? work.mutable_data_ptr() : nullptr, stream);
 }
 
@@ -57,10 +75,23 @@ inline void check_cuda(const at::Tensor& x, const char* stage) {
   TORCH_CHECK_VALUE(x.is_cuda(), "the ", stage, " stage runs on CUDA tensors; x is on ", device_name(x));
 }
 
+// A version chosen by hand (select_kernel) that is not built for x's type: say which are.
+inline void check_version(int version, const at::Tensor& x) {
+  const dense_kernels::DType t = kernel_dtype(x);
+  if (version == 0 || dense_kernels::version_builds(version, t) || (dense_kernels::is_tune(version) && t == dense_kernels::kF32))
+    return;
+  std::string which;
+  for (const auto& v : dense_kernels::kVersionInfo)
+    if (v.id != 0 && dense_kernels::version_builds(v.id, t)) which += (which.empty() ? "" : ", ") + std::to_string(v.id);
+  TORCH_CHECK_TYPE(false, "GEMM version ", version, " is not built for ", dtype_name(x), " (cuda/dense_kernels.h); ",
+                   "for ", dtype_name(x), " select version 0 (automatic) or one of ", which);
+}
+
 inline at::Tensor gpu_forward(Kernels& k, int version, const at::Tensor& x, const at::Tensor& weight,
-                              const std::optional<at::Tensor>& bias, const char* stage) {
-  check_inputs(x, weight, bias);
+                              const std::optional<at::Tensor>& bias, const char* stage, const DtypeSet& types) {
+  check_inputs(x, weight, bias, stage, types);
   check_cuda(x, stage);
+  check_version(version, x);
   const c10::cuda::CUDAGuard guard(x.device());
   // The kernels read plain row-major memory: a transposed view is copied once here.
   const at::Tensor x2 = x.reshape({rows(x), weight.size(1)}).contiguous();
@@ -81,9 +112,10 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, i
                                                                    const at::Tensor& x, const at::Tensor& weight,
                                                                    const at::Tensor& out,
                                                                    std::array<bool, 3> output_mask,
-                                                                   const char* stage) {
-  check_inputs(x, weight, std::nullopt);
+                                                                   const char* stage, const DtypeSet& types) {
+  check_inputs(x, weight, std::nullopt, stage, types);
   check_cuda(x, stage);
+  check_version(version, x);
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t in_f = weight.size(1), out_f = weight.size(0);
@@ -111,21 +143,24 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, i
   return {grad_x, grad_w, grad_b};
 }
 
-// The functions a GPU stage registers. `Stage` supplies `name`, the selected GEMM `version`
+// The functions a GPU stage registers. `Stage` supplies `name`, the element types it takes
+// (`dtypes`, a DtypeSet), the selected GEMM `version`
 // (0 picks by shape and SM count, see dense_kernels::choose_version) and `kernels()`; the rest is shared.
 template <class Stage>
 struct GpuOps {
   static at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-    return gpu_forward(Stage::kernels(), Stage::version, x, weight, bias, Stage::name);
+    return gpu_forward(Stage::kernels(), Stage::version, x, weight, bias, Stage::name, Stage::dtypes);
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& x,
                                                                  const at::Tensor& weight, const at::Tensor& out,
                                                                  std::array<bool, 3> output_mask) {
-    return gpu_backward(Stage::kernels(), Stage::version, grad_out, x, weight, out, output_mask, Stage::name);
+    return gpu_backward(Stage::kernels(), Stage::version, grad_out, x, weight, out, output_mask, Stage::name,
+                        Stage::dtypes);
   }
   static int64_t select_kernel(int64_t version) {
-    TORCH_CHECK_VALUE(version >= 0 && version <= dense_kernels::kVersions, "kernel version must be 0 (automatic) to ",
-                      dense_kernels::kVersions, ", got ", version);
+    TORCH_CHECK_VALUE(version == 0 || dense_kernels::is_version(static_cast<int>(version)),
+                      "kernel version must be 0 (automatic) or one of cuda/dense_kernels.h's kVersionInfo, got ",
+                      version);
     const int previous = Stage::version;
     Stage::version = static_cast<int>(version);
     return previous;

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from torch import Tensor
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOURCES = sorted([HERE / "dense_kernels.h", HERE / "gemm_choice.h", *(HERE / "kernels").glob("*.cuh"),
-                  *(HERE / "emulate").glob("*.h"), HERE / "emulate" / "emulate.cpp"])
+                  *(HERE / "units").glob("*.cu"), *(HERE / "emulate").glob("*.h"), HERE / "emulate" / "emulate.cpp"])
 CXX_FLAGS = ["-std=c++17", "-O2", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{HERE}"]
 KPLAIN, KBIAS_SIGMOID = 0, 1  # dense_kernels::Epilogue
 # The emulated device's SM count: small, so that the small shapes of the tests already take
@@ -48,17 +47,37 @@ SM_COUNT = 8
 _lib: ctypes.CDLL | None = None
 
 
-def versions() -> range:
-    """The GEMM versions (0: automatic), as many as cuda/dense_kernels.h's kVersions."""
-    text = (HERE / "dense_kernels.h").read_text()
-    return range(int(text.split("constexpr int kVersions = ", 1)[1].split(";", 1)[0]) + 1)
+if str(ROOT) not in sys.path:  # cli.py, from any working directory
+    sys.path.insert(0, str(ROOT))
+import cli  # noqa: E402
+
+catalog = cli.load_file("cuda/catalog.py", "dense_cuda_catalog")  # what dense_kernels.h declares
+# The element types the kernels take, in dense_kernels::DType order, and the accumulator of each.
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+DTYPE_NAMES = dict(zip(DTYPES, catalog.DTYPES))  # torch.bfloat16 -> "bf16"
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """dense_kernels::DType of a torch dtype; ValueError for one the kernels do not take."""
+    if dtype not in DTYPES:
+        raise ValueError(f"the kernels take float32, float64, bfloat16 and float16, not {dtype}")
+    return DTYPES.index(dtype)
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The accumulator's type: float64 for float64, float32 for every other (workspaces are of it)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def versions(dtype: torch.dtype | None = None) -> list[int]:
+    """The GEMM versions, 0 (automatic) first, in cuda/dense_kernels.h's kVersionInfo; with a
+    dtype, those built for it."""
+    return [0, *catalog.version_ids(dtype=None if dtype is None else DTYPE_NAMES[dtype])]
 
 
 def idea(version: int) -> str:
-    """A version's idea in one line: its entry in cuda/dense_kernels.h's kVersionIdeas."""
-    text = (HERE / "dense_kernels.h").read_text()
-    table = text.split("kVersionIdeas[kVersions + 1] = {", 1)[1].split("};", 1)[0]
-    return re.findall(r'"((?:[^"\\]|\\.)*)"', table)[version]
+    """A version's idea in one line: its entry in cuda/dense_kernels.h's kVersionInfo."""
+    return catalog.idea(version)
 
 
 def unavailable_reason() -> str | None:
@@ -103,6 +122,7 @@ def load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     lib.emu_sigmoid_grad_workspace.argtypes = [i32, i64, i64, i32]
     lib.emu_gemm.restype = lib.emu_sigmoid_grad.restype = i32
     lib.emu_gemm_workspace.restype = lib.emu_sigmoid_grad_workspace.restype = i64
+    lib.emu_has_entry.argtypes, lib.emu_has_entry.restype = [i32, i32, i32, i32], i32
     return lib
 
 
@@ -141,9 +161,10 @@ def gemm(version: int, layout: str, a: Tensor, b: Tensor, c: Tensor, bias: Tenso
     _check(a, b, c, bias)
     lib = lib or library()
     # the split-K workspace, allocated by the caller as cuda/dense_ops.h does on the GPU
-    size = lib.emu_gemm_workspace(version, a.element_size(), m, n, k, sm_count)
-    work = torch.empty(max(size, 0), dtype=a.dtype)
-    rc = lib.emu_gemm(version, layout.encode(), a.element_size(), _ptr(a), _ptr(b), _ptr(c), _ptr(bias),
+    code = dtype_code(a.dtype)
+    size = lib.emu_gemm_workspace(version, code, m, n, k, sm_count)
+    work = torch.empty(max(size, 0), dtype=acc_dtype(a.dtype))
+    rc = lib.emu_gemm(version, layout.encode(), code, _ptr(a), _ptr(b), _ptr(c), _ptr(bias),
                       m, n, k, epilogue, sm_count, _ptr(work) if size > 0 else None)
     _raise_for(rc, f"emulated GEMM version {version} for layout {layout!r} and dtype {a.dtype}")
 
@@ -173,10 +194,10 @@ def tune_candidates(lib: ctypes.CDLL | None = None) -> list[dict]:
     return out
 
 
-def choose_version(m: int, n: int, k: int, element_size: int, sm_count: int = SM_COUNT,
+def choose_version(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = SM_COUNT,
                    lib: ctypes.CDLL | None = None) -> int:
     """What version 0 runs for an m×n×k product (dense_kernels::choose_version, its table)."""
-    return _tune_api(lib or library()).emu_choose_version(m, n, k, element_size, sm_count)
+    return _tune_api(lib or library()).emu_choose_version(m, n, k, dtype_code(dtype), sm_count)
 
 
 GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions
@@ -189,9 +210,9 @@ def sigmoid_grad(g: Tensor, y: Tensor, dz: Tensor, db: Tensor | None, version: i
     rows, cols = y.shape
     lib = lib or library()
     size = lib.emu_sigmoid_grad_workspace(version, rows, cols, sm_count) if db is not None else 0
-    work = torch.empty(max(size, 0), dtype=y.dtype)
-    rc = lib.emu_sigmoid_grad(version, y.element_size(), int(x4), _ptr(g), _ptr(y), _ptr(dz), _ptr(db), rows, cols,
-                              sm_count, _ptr(work) if size > 0 else None)
+    work = torch.empty(max(size, 0), dtype=acc_dtype(y.dtype))
+    rc = lib.emu_sigmoid_grad(version, dtype_code(y.dtype), int(x4), _ptr(g), _ptr(y), _ptr(dz), _ptr(db), rows,
+                              cols, sm_count, _ptr(work) if size > 0 else None)
     _raise_for(rc, f"emulated sigmoid-grad kernel v{version} for x4={x4}, dtype {y.dtype}, {cols} columns")
 
 
@@ -271,37 +292,29 @@ def time_call(version: int, m: int, n: int, k: int, lib: ctypes.CDLL, repeats: i
 
 def threads_per_block(version: int) -> int:
     """A float32 block's threads: BM·BN/(TM·TN) from cuda/static_report.py's TILES."""
-    import importlib.util
-
-    if "static_report" not in sys.modules:  # (its dataclasses look their module up there)
-        spec = importlib.util.spec_from_file_location("static_report", HERE / "static_report.py")
-        sys.modules["static_report"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["static_report"])
-    bm, bn, tm, tn, _ = sys.modules["static_report"].TILES[version]["f32"]
+    bm, bn, tm, tn, _ = cli.load_file("cuda/static_report.py", "static_report").TILES[version]["f32"]
     return bm * bn // (tm * tn)
 
 
 def main(argv: list[str] | None = None) -> int:
-    import cli
-
     parser = cli.parser(__doc__ or "")
     size = cli.positive(int)
     parser.add_argument("-m", type=size, help="rows of C, the batch (default 64; --slices: 32)")
     parser.add_argument("-n", type=size, help="columns of C, out features (default 64; --slices: 4096)")
     parser.add_argument("-k", type=size, help="the reduction, in features (default 64; --slices: 4096)")
-    parser.add_argument("--versions", type=int, nargs="+", metavar="N", default=list(versions())[1:])
+    parser.add_argument("--versions", type=int, nargs="+", metavar="N", default=catalog.cuda_core_versions())
     parser.add_argument("--slices", type=size, nargs="+", metavar="SMS",
                         help="print v9's slices of K on devices of these SM counts instead")
     args = parser.parse_args(argv)
-    if any(v not in versions()[1:] for v in args.versions):
-        parser.error(f"--versions takes {versions()[1]} to {versions()[-1]}")
+    if any(v not in catalog.cuda_core_versions() for v in args.versions):
+        parser.error(f"--versions takes {', '.join(map(str, catalog.cuda_core_versions()))}")
     if unavailable_reason():
         raise cli.UserError(f"cannot emulate: {unavailable_reason()}")
     if args.slices:
         m, n, k = args.m or 32, args.n or 4096, args.k or 4096
         print(f"float32, M={m} N={n} K={k}: slices of K (1: no split) on")
         for sms in args.slices:
-            work = library().emu_gemm_workspace(0, 4, m, n, k, sms)
+            work = library().emu_gemm_workspace(0, dtype_code(torch.float32), m, n, k, sms)
             print(f"  {sms:4d} SMs: {max(1, work // (m * n))}")
         return 0
     args.m, args.n, args.k = args.m or 64, args.n or 64, args.k or 64
@@ -319,7 +332,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))  # cli.py
-    import cli
-
     cli.run(main)

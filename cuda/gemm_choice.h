@@ -1,4 +1,4 @@
-// Which GEMM version 0 runs, per class of shape and element size: the table that GPU timings fill.
+// Which GEMM version 0 runs, per class of shape and element type: the table that GPU timings fill.
 //   python cuda/bench_gpu.py gemm candidates --json /tmp/gpu.json     (GPU: the timings that decide)
 // Included by dense_kernels.h (ShapeClass, Choice, tune_id are defined there), which checks every
 // entry at compile time. An entry changes only with a committed record that shows its version
@@ -11,10 +11,10 @@
 namespace dense_kernels {
 
 constexpr Choice kChoices[] = {
-    {kFillsGpu, 4, 8},
-    {kFillsGpu, 8, 8},
-    {kSmallBatch, 4, 9},
-    {kSmallBatch, 8, 9},
+    {kFillsGpu, kF32, 8},    {kFillsGpu, kF64, 8},    {kSmallBatch, kF32, 9},   {kSmallBatch, kF64, 9},
+    // bfloat16 and float16: v11's template is the one CUDA-core kernel that loads them (predicted,
+    // not timed: v11 is v10 with warp tiling, which the counters favour), v12 for small batches.
+    {kFillsGpu, kBF16, 11},  {kFillsGpu, kF16, 11},  {kSmallBatch, kBF16, 12}, {kSmallBatch, kF16, 12},
 };
 
 }  // namespace dense_kernels

@@ -41,7 +41,8 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
 
 import cli  # noqa: E402
 
-DEFAULT_SOURCES = ["cuda/dense_kernels.cu"]
+# The cuda stage's translation units (cuda/dense.py builds the same list), one per GEMM version.
+DEFAULT_SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda" / "units").glob("*.cu"))
 GEMM = re.compile(r"^dense_gemm_v(\d+)_(nt|nn|tn)_(f32|f64)$")
 TUNE = re.compile(r"^dense_gemm_tune(\d+)_(nt|nn|tn)_(f32|f64)$")  # the autotuning candidates
 
@@ -83,18 +84,10 @@ TILES: dict[int, dict] = {
          "min_blocks": {"f32": 4, "f64": 2}},
 }
 
-# The autotuning candidates, v11's template at other shapes (dense_kernels::kTuneCandidates, float32
-# only): (BM, BN, BK, WM, WN, TM, TN, MINB). tests/test_static.py compares them with the header.
-TUNE_CANDIDATES: list[tuple[int, ...]] = [
-    (128, 128, 8, 64, 32, 8, 8, 2),
-    (128, 128, 16, 64, 32, 8, 8, 1),
-    (128, 128, 16, 64, 32, 4, 4, 1),
-    (128, 128, 8, 32, 64, 4, 8, 2),
-    (128, 64, 8, 32, 32, 4, 4, 3),
-    (128, 64, 16, 64, 32, 8, 8, 1),
-    (64, 128, 16, 32, 64, 4, 8, 1),
-    (128, 256, 8, 64, 64, 8, 8, 1),
-]
+# The autotuning candidates, v11's template at other shapes (float32 only): (BM, BN, BK, WM, WN, TM,
+# TN, MINB), read from their one list in cuda/dense_kernels.h.
+TUNE_CANDIDATES: list[tuple[int, ...]] = [c.shape for c in cli.load_file("cuda/catalog.py",
+                                                                          "dense_cuda_catalog").candidates()]
 
 
 # ---------------------------------------------------------------------------------------

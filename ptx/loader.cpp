@@ -130,22 +130,22 @@ class DriverKernels final : public dense::Kernels {
   void gemm(int version, const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
             const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace,
             cudaStream_t stream) override {
-    const int bytes = static_cast<int>(A.element_size());
-    const auto geo = dense_kernels::gemm_geometry(version, bytes, M, N, K, sm_count);
+    const dense_kernels::DType dtype = dense::kernel_dtype(A);
+    const auto geo = dense_kernels::gemm_geometry(version, dense_kernels::acc_bytes(dtype), M, N, K, sm_count);
     CUdeviceptr a = ptr(A), b = ptr(B), c = ptr(C), bi = bias ? ptr(*bias) : 0;
     std::lock_guard<std::mutex> lock(mutex_);
     if (geo.grid.z == 1) {
       void* args[] = {&a, &b, &c, &bi, &M, &N, &K, &epilogue};
-      launch(dense_kernels::gemm_name(version, layout, bytes), geo, args, stream);
+      launch(dense_kernels::gemm_name(version, layout, dtype), geo, args, stream);
       return;
     }
     // split-K (v9): partial products into the workspace, then their sum + the epilogue
     CUdeviceptr w = reinterpret_cast<CUdeviceptr>(workspace), none = 0;
     int plain = dense_kernels::kPlain, slices = static_cast<int>(geo.grid.z);
     void* args[] = {&a, &b, &w, &none, &M, &N, &K, &plain};
-    launch(dense_kernels::gemm_name(version, layout, bytes), geo, args, stream);
+    launch(dense_kernels::gemm_name(version, layout, dtype), geo, args, stream);
     void* reduce_args[] = {&w, &c, &bi, &M, &N, &slices, &epilogue};
-    launch(dense_kernels::splitk_reduce_name(bytes), dense_kernels::reduce_geometry(M, N), reduce_args, stream);
+    launch(dense_kernels::splitk_reduce_name(dtype), dense_kernels::reduce_geometry(M, N), reduce_args, stream);
   }
 
   // The PTX carries the first version of the backward's kernel: its x4 variant is EDIT-B's.
@@ -153,14 +153,14 @@ class DriverKernels final : public dense::Kernels {
 
   void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
                     int64_t cols, int sm_count, void*, cudaStream_t stream) override {
-    const int bytes = static_cast<int>(g.element_size());
+    const dense_kernels::DType dtype = dense::kernel_dtype(g);
     // The 128-bit kernel needs whole, aligned groups of 4 floats in every row.
-    const bool x4 = bytes == 4 && cols % 4 == 0 && aligned(g) && aligned(y) && aligned(dz);
+    const bool x4 = dtype == dense_kernels::kF32 && cols % 4 == 0 && aligned(g) && aligned(y) && aligned(dz);
     const auto geo = dense_kernels::sigmoid_grad_geometry(1, rows, cols, x4 ? 4 : 1, sm_count);
     CUdeviceptr gp = ptr(g), yp = ptr(y), dzp = ptr(dz), dbp = db ? ptr(*db) : 0;
     void* args[] = {&gp, &yp, &dzp, &dbp, &rows, &cols};
     std::lock_guard<std::mutex> lock(mutex_);
-    launch(dense_kernels::sigmoid_grad_name(1, bytes, x4), geo, args, stream);
+    launch(dense_kernels::sigmoid_grad_name(1, dtype, x4), geo, args, stream);
   }
 
  private:
@@ -264,6 +264,8 @@ class DriverKernels final : public dense::Kernels {
 
 struct PtxStage {
   static constexpr const char* name = "ptx";
+  // The PTX carries the float32 and float64 kernels of chapter 4's v8 and v9 only.
+  static constexpr dense::DtypeSet dtypes = dense::kFloat32And64;
   static inline int version = dense_kernels::kDefaultVersion;
   static DriverKernels& driver() {
     static DriverKernels k;

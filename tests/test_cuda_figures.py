@@ -22,7 +22,8 @@ TILES = figures.tiles()
 HARNESS = r"""
 #include "emulate/cuda_emu.h"
 #include "kernels/common.cuh"
-#define epilogue(acc, bias, n, kind) static_cast<T>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))
+#define epilogue(acc, bias, n, kind) \
+  static_cast<acc_t<T>>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))
 #include "emulate/emulate.cpp"
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +34,8 @@ int main(int argc, char** argv) {
     const dense_kernels::Tile t = dense_kernels::tile(v, 4);
     const int64_t K = 2 * t.BK;
     std::vector<float> A(t.BM * K), B(t.BN * K), C(t.BM * t.BN, -1.f);
-    const int rc = emu_gemm(v, "nt", 4, A.data(), B.data(), C.data(), nullptr, t.BM, t.BN, K, 0, 132, nullptr);
+    const int rc = emu_gemm(v, "nt", dense_kernels::kF32, A.data(), B.data(), C.data(), nullptr, t.BM, t.BN, K, 0, 132,
+                            nullptr);
     std::printf("v %d %d %d %d\n", v, rc, t.BM, t.BN);
     for (float c : C) std::printf("%d ", static_cast<int>(c));
     std::printf("\n");

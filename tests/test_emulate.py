@@ -27,6 +27,7 @@ spec.loader.exec_module(emu)
 CXX = shutil.which(os.environ.get("CXX", "c++"))
 pytestmark = pytest.mark.skipif(emu.unavailable_reason() is not None, reason=str(emu.unavailable_reason()))
 VERSIONS = list(emu.versions())[1:]  # 0 only picks one of them
+CODE_F32, CODE_F64 = emu.dtype_code(torch.float32), emu.dtype_code(torch.float64)  # dense_kernels::DType
 # (M, N, K): 1×1×1, an empty batch, one below / at / above the 16-, 32-, 64- and 128-wide tiles
 # and the 8-, 16- and 32-deep k steps, primes.
 SHAPES = [(1, 1, 1), (0, 7, 5), (15, 17, 9), (31, 33, 16), (63, 65, 7), (64, 32, 33), (129, 127, 17), (33, 40, 260),
@@ -141,10 +142,10 @@ def test_sigmoid_grad_kernels_match_torch_and_are_bit_identical_run_to_run(versi
 def test_small_batch_paths_are_taken_and_deterministic():
     """With 8 emulated SMs, B = 32 gives v8 two tiles: version 0 must pick v9 and split K."""
     lib = emu.library()
-    assert lib.emu_gemm_workspace(0, 4, 32, 200, 4096, emu.SM_COUNT) == 4 * 32 * 200  # 4 slices × M × N
-    assert lib.emu_gemm_workspace(0, 4, 32, 200, 4096, 2) == 0  # two SMs: two tiles fill them, plain v8
+    assert lib.emu_gemm_workspace(0, CODE_F32, 32, 200, 4096, emu.SM_COUNT) == 4 * 32 * 200  # 4 slices × M × N
+    assert lib.emu_gemm_workspace(0, CODE_F32, 32, 200, 4096, 2) == 0  # two SMs: two tiles fill them, plain v8
     # the chapter's example: B = 32, I = O = 4096 on 132 SMs → 32 tiles × 5 slices = 160 blocks
-    assert lib.emu_gemm_workspace(0, 4, 32, 4096, 4096, 132) == 5 * 32 * 4096
+    assert lib.emu_gemm_workspace(0, CODE_F32, 32, 4096, 4096, 132) == 5 * 32 * 4096
     assert lib.emu_sigmoid_grad_workspace(3, 4096, 64, emu.SM_COUNT) == 4 * 64
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(32, 700, generator=g), torch.randn(200, 700, generator=g)
@@ -197,23 +198,23 @@ def test_version_0_follows_the_committed_table():
     for m in (1, 32, 100, 129, 1000, 4096):
         for n in (64, 1000, 4096):
             for k in (100, 300, 4096):
-                for size in (4, 8):
+                for dtype in (torch.float32, torch.float64):
                     for sms in (8, 114, 132):
-                        splits = lib.emu_gemm_workspace(9, size, m, n, k, sms) > 0
-                        assert emu.choose_version(m, n, k, size, sms) == (9 if splits else 8), (m, n, k, size, sms)
+                        splits = lib.emu_gemm_workspace(9, emu.dtype_code(dtype), m, n, k, sms) > 0
+                        assert emu.choose_version(m, n, k, dtype, sms) == (9 if splits else 8), (m, n, k, dtype, sms)
 
 
 def test_skinny_batches_split_k_over_every_sm_deterministically():
     """v12 at B = 32, I = O = 4096 on 132 SMs: 32 tiles of 32×128 × 16 slices of K = 512 blocks,
     within the 4 per SM that fit (float32); partials added in slice order, the same bits on every run."""
     lib = emu.library()
-    assert lib.emu_gemm_workspace(12, 4, 32, 4096, 4096, 132) == 16 * 32 * 4096
-    assert lib.emu_gemm_workspace(12, 8, 32, 4096, 4096, 132) == 9 * 32 * 4096  # float64: 2 blocks an SM
-    assert lib.emu_gemm_workspace(12, 4, 4096, 4096, 4096, 132) == 0  # a large batch fills the SMs unsplit
+    assert lib.emu_gemm_workspace(12, CODE_F32, 32, 4096, 4096, 132) == 16 * 32 * 4096
+    assert lib.emu_gemm_workspace(12, CODE_F64, 32, 4096, 4096, 132) == 9 * 32 * 4096  # float64: 2 blocks an SM
+    assert lib.emu_gemm_workspace(12, CODE_F32, 4096, 4096, 4096, 132) == 0  # a large batch fills the SMs unsplit
     g = torch.Generator().manual_seed(5)
     a, b = torch.randn(32, 1000, generator=g), torch.randn(70, 1000, generator=g)
     bias = torch.randn(70, generator=g)
-    assert lib.emu_gemm_workspace(12, 4, 32, 70, 1000, emu.SM_COUNT) > 0  # the split path runs here
+    assert lib.emu_gemm_workspace(12, CODE_F32, 32, 70, 1000, emu.SM_COUNT) > 0  # the split path runs here
     runs = [run_gemm(12, "nt", a, b, bias, emu.KBIAS_SIGMOID, 32, 70, 1000) for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
     torch.testing.assert_close(runs[0], torch.sigmoid(a @ b.t() + bias), **TOL[torch.float32])
@@ -235,7 +236,7 @@ def test_emulated_script_prints_the_slices_the_chapter_asks_for():
     result = run_script("cuda/emulated.py", "--slices", "2", "8", "114", "132")
     assert result.returncode == 0, result.stderr
     got = [int(x) for x in re.findall(r"SMs: (\d+)", result.stdout)]
-    assert got == [max(1, emu.library().emu_gemm_workspace(0, 4, 32, 4096, 4096, s) // (32 * 4096))
+    assert got == [max(1, emu.library().emu_gemm_workspace(0, CODE_F32, 32, 4096, 4096, s) // (32 * 4096))
                    for s in (2, 8, 114, 132)] == [1, 1, 4, 5]
 
 

@@ -303,6 +303,10 @@ CNT_HOOK(16)
 CNT_API void __asan_loadN_noabort(uintptr_t a, size_t n) { emu::count::record(a, uint32_t(n), false); }
 CNT_API void __asan_storeN_noabort(uintptr_t a, size_t n) { emu::count::record(a, uint32_t(n), true); }
 CNT_API void __asan_handle_no_return() {}
+// Around the kernels' registrations (entries.cuh: globals with constructors), for the sanitizer's
+// initialisation-order check, which the counters do not need.
+CNT_API void __asan_before_dynamic_init(const char*) {}
+CNT_API void __asan_after_dynamic_init() {}
 
 // The C interface (cuda/counters.py).
 CNT_API int cnt_reset(int sample) {

@@ -94,6 +94,63 @@ struct alignas(16) float4 {
 struct alignas(16) double2 {
   double x, y;
 };
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
+// bfloat16 and float16 as CUDA's headers define them for device code built by torch: a 16-bit
+// pattern and no implicit conversions (torch compiles with -D__CUDA_NO_BFLOAT16_CONVERSIONS__ and
+// the like), only the named intrinsics below. From float32 they round to nearest, ties to even,
+// as cvt.rn does on the GPU: a NaN becomes the canonical 0x7FFF (torch gives 0x7FC0 for
+// bfloat16: both are NaN), overflow becomes ±inf, and float16 keeps its subnormals.
+struct __nv_bfloat16 {
+  unsigned short __x;
+};
+struct __half {
+  unsigned short __x;
+};
+inline float emu_bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t emu_float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float __bfloat162float(__nv_bfloat16 v) { return emu_bits_to_float(uint32_t(v.__x) << 16); }
+inline __nv_bfloat16 __float2bfloat16(float f) {
+  const uint32_t u = emu_float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {0x7fff};
+  // Add just under half of the dropped 16 bits' unit, plus the kept part's lowest bit: a tie rounds
+  // up only when that bit is 1 (to even); a carry runs into the exponent (and to inf) as it should.
+  return {static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+inline float __half2float(__half h) {
+  const uint32_t sign = uint32_t(h.__x & 0x8000u) << 16, e = (h.__x >> 10) & 0x1fu, m = h.__x & 0x3ffu;
+  if (e == 0x1f) return emu_bits_to_float(sign | 0x7f800000u | (m << 13));  // inf, NaN (payload kept)
+  if (e != 0) return emu_bits_to_float(sign | ((e + 112) << 23) | (m << 13));  // 112 = 127 - 15
+  return emu_bits_to_float(sign) + (sign ? -1.0f : 1.0f) * std::ldexp(float(m), -24);  // zero, subnormal
+}
+// The kept bits of x >> shift, rounded to nearest, ties to even.
+inline uint32_t emu_round_shift(uint32_t x, int shift) {
+  const uint32_t kept = x >> shift, rest = x & ((1u << shift) - 1), half = 1u << (shift - 1);
+  return kept + (rest > half || (rest == half && (kept & 1u)));
+}
+inline __half __float2half(float f) {
+  const uint32_t u = emu_float_to_bits(f), sign = (u >> 16) & 0x8000u, x = u & 0x7fffffffu;
+  if (x > 0x7f800000u) return {0x7fff};
+  const int e = int(x >> 23) - 127;
+  const uint32_t m = (x & 0x7fffffu) | 0x800000u;
+  uint32_t h;
+  if (x == 0x7f800000u || e > 15) h = 0x7c00u;           // inf, or beyond float16's range
+  else if (e >= -14) h = emu_round_shift(((uint32_t(e + 15) << 23) | (m & 0x7fffffu)), 13);  // normal
+  else if (e >= -25) h = emu_round_shift(m, -(e + 1));  // subnormal: m·2^(e+1) units of 2^-24
+  else h = 0;                                            // under half the smallest subnormal
+  if (h > 0x7c00u) h = 0x7c00u;
+  return {static_cast<unsigned short>(sign | h)};
+}
 
 inline CUDA_EMU_PER_THREAD uint3 threadIdx, blockIdx;
 inline CUDA_EMU_PER_THREAD dim3 blockDim, gridDim;

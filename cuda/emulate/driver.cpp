@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "emulate/emulate.cpp"
@@ -29,11 +30,32 @@ struct Shape {
 constexpr int kSms = 8;
 const Shape kShapes[] = {{1, 1, 1}, {0, 5, 3}, {17, 15, 9}, {33, 65, 17}, {65, 129, 33}, {37, 41, 43}, {20, 30, 300}};
 
+// Values in and out of a storage type (the 16-bit types have no arithmetic of their own).
+double value(float v) { return v; }
+double value(double v) { return v; }
+double value(__nv_bfloat16 v) { return __bfloat162float(v); }
+double value(__half v) { return __half2float(v); }
+template <typename T>
+T stored(double v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(float(v));
+  else if constexpr (std::is_same_v<T, __half>) return __float2half(float(v));
+  else return T(v);
+}
+// The tolerance of a type's result against the float64 sum of its (rounded) inputs: the final
+// rounding to a 16-bit type dominates there (8 bits of mantissa for bfloat16, 11 for float16).
+template <typename T>
+double tolerance() {
+  if constexpr (std::is_same_v<T, double>) return 1e-12;
+  else if constexpr (std::is_same_v<T, float>) return 1e-4;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return 1e-2;
+  else return 2e-3;
+}
+
 template <typename T>
 std::vector<T> random_vector(size_t n, std::mt19937& gen) {
   std::normal_distribution<double> dist;
   std::vector<T> v(n);
-  for (auto& x : v) x = T(dist(gen));
+  for (auto& x : v) x = stored<T>(dist(gen));
   return v;
 }
 
@@ -47,27 +69,29 @@ std::unique_ptr<T[]> exact(const std::vector<T>& v) {
 
 template <typename T>
 int check_gemm(int version, const char* layout, Shape s, int epilogue, bool with_bias, std::mt19937& gen) {
+  using Acc = acc_t<T>;
   const bool ta = layout[0] == 't', tb = layout[1] == 't';
   const auto a = random_vector<T>(s.M * s.K, gen), b = random_vector<T>(s.K * s.N, gen);
   const auto bias = random_vector<T>(s.N, gen);
   auto A = exact(a), B = exact(b), Bias = exact(bias);
   std::unique_ptr<T[]> C(new T[s.M * s.N ? s.M * s.N : 1]);
-  const int64_t work = emu_gemm_workspace(version, sizeof(T), s.M, s.N, s.K, kSms);
-  std::unique_ptr<T[]> W(work > 0 ? new T[work] : nullptr);
-  const int rc = emu_gemm(version, layout, sizeof(T), A.get(), B.get(), C.get(), with_bias ? Bias.get() : nullptr,
+  const int64_t work = emu_gemm_workspace(version, dtype_of<T>(), s.M, s.N, s.K, kSms);
+  std::unique_ptr<Acc[]> W(work > 0 ? new Acc[work] : nullptr);
+  const int rc = emu_gemm(version, layout, dtype_of<T>(), A.get(), B.get(), C.get(), with_bias ? Bias.get() : nullptr,
                           s.M, s.N, s.K, epilogue, kSms, W.get());
   if (rc != 0) return std::printf("v%d %s: launch refused\n", version, layout), 1;
-  const double tol = sizeof(T) == 4 ? 1e-4 : 1e-12;
+  const double tol = tolerance<T>();
   for (int64_t m = 0; m < s.M; ++m)
     for (int64_t n = 0; n < s.N; ++n) {
       double acc = 0;
-      for (int64_t k = 0; k < s.K; ++k) acc += double(a[ta ? k * s.M + m : m * s.K + k]) * b[tb ? n * s.K + k : k * s.N + n];
-      if (epilogue == kBiasSigmoid) acc = 1.0 / (1.0 + std::exp(-(acc + (with_bias ? double(bias[n]) : 0.0))));
-      const double got = C[m * s.N + n];
+      for (int64_t k = 0; k < s.K; ++k)
+        acc += value(a[ta ? k * s.M + m : m * s.K + k]) * value(b[tb ? n * s.K + k : k * s.N + n]);
+      if (epilogue == kBiasSigmoid) acc = 1.0 / (1.0 + std::exp(-(acc + (with_bias ? value(bias[n]) : 0.0))));
+      const double got = value(C[m * s.N + n]);
       if (!(std::fabs(got - acc) <= tol * (1 + std::fabs(acc) + std::sqrt(double(s.K))))) {
-        std::printf("MISMATCH v%d %s f%zu M=%lld N=%lld K=%lld epilogue=%d bias=%d at (%lld,%lld): %g vs %g\n", version,
-                    layout, 8 * sizeof(T), (long long)s.M, (long long)s.N, (long long)s.K, epilogue, with_bias,
-                    (long long)m, (long long)n, got, acc);
+        std::printf("MISMATCH v%d %s %s M=%lld N=%lld K=%lld epilogue=%d bias=%d at (%lld,%lld): %g vs %g\n", version,
+                    layout, kDTypeNames[dtype_of<T>()], (long long)s.M, (long long)s.N, (long long)s.K, epilogue,
+                    with_bias, (long long)m, (long long)n, got, acc);
         return 1;
       }
     }
@@ -76,25 +100,42 @@ int check_gemm(int version, const char* layout, Shape s, int epilogue, bool with
 
 template <typename T>
 int check_sigmoid_grad(int version, int x4, int64_t rows, int64_t cols, std::mt19937& gen) {
+  using Acc = acc_t<T>;
   const auto g = random_vector<T>(rows * cols, gen);
   auto y = random_vector<T>(rows * cols, gen);
-  for (auto& v : y) v = T(1 / (1 + std::exp(-double(v))));
+  for (auto& v : y) v = stored<T>(1 / (1 + std::exp(-value(v))));
   auto G = exact(g), Y = exact(y);
   std::unique_ptr<T[]> dz(new T[rows * cols ? rows * cols : 1]), db(new T[cols ? cols : 1]);
   const int64_t work = emu_sigmoid_grad_workspace(version, rows, cols, kSms);
-  std::unique_ptr<T[]> W(work > 0 ? new T[work] : nullptr);
-  if (emu_sigmoid_grad(version, sizeof(T), x4, G.get(), Y.get(), dz.get(), db.get(), rows, cols, kSms, W.get()) != 0)
+  std::unique_ptr<Acc[]> W(work > 0 ? new Acc[work] : nullptr);
+  if (emu_sigmoid_grad(version, dtype_of<T>(), x4, G.get(), Y.get(), dz.get(), db.get(), rows, cols, kSms, W.get()) != 0)
     return std::printf("sigmoid-grad v%d refused\n", version), 1;
+  const double tol = std::is_same_v<T, double> || std::is_same_v<T, float> ? 1e-6 : tolerance<T>();
   for (int64_t c = 0; c < cols; ++c) {
     double sum = 0;
     for (int64_t r = 0; r < rows; ++r) {
-      const double d = double(g[r * cols + c]) * y[r * cols + c] * (1 - double(y[r * cols + c]));
+      const double yv = value(y[r * cols + c]), d = value(g[r * cols + c]) * yv * (1 - yv);
       sum += d;
-      if (std::fabs(dz[r * cols + c] - d) > 1e-6 * (1 + std::fabs(d))) return std::printf("MISMATCH dz\n"), 1;
+      if (std::fabs(value(dz[r * cols + c]) - d) > tol * (1 + std::fabs(d))) return std::printf("MISMATCH dz\n"), 1;
     }
-    if (std::fabs(db[c] - sum) > 1e-5 * (1 + std::fabs(sum) + rows)) return std::printf("MISMATCH db col %lld\n", (long long)c), 1;
+    if (std::fabs(value(db[c]) - sum) > 10 * tol * (1 + std::fabs(sum) + rows))
+      return std::printf("MISMATCH db col %lld\n", (long long)c), 1;
   }
   return 0;
+}
+
+// Every type version v is built for: the fused epilogue with and without bias, and the plain one.
+template <typename T>
+int check_type(int v, const char* layout, const Shape& s, bool quick, std::mt19937& gen, int& runs) {
+  if (!version_builds(v, dtype_of<T>()) && !(is_tune(v) && std::is_same_v<T, float>)) return 0;
+  const bool first = std::is_same_v<T, float>;
+  int failures = check_gemm<T>(v, layout, s, first || !quick ? kBiasSigmoid : kPlain, first, gen);
+  ++runs;
+  if (quick) return failures;
+  failures += check_gemm<T>(v, layout, s, kPlain, false, gen);
+  ++runs;
+  if (!first) failures += check_gemm<T>(v, layout, s, kBiasSigmoid, true, gen), ++runs;
+  return failures;
 }
 
 }  // namespace
@@ -113,25 +154,21 @@ int main(int argc, char** argv) {
   std::mt19937 gen(0);
   int failures = 0, runs = 0, tuned = 0;
   for (int v : versions) {
-    const bool f64 = !is_tune(v);  // the candidates are float32 only, and refuse float64 (below)
-    tuned += !f64;
+    tuned += is_tune(v);
     for (const char* layout : {"nt", "nn", "tn"})
       for (const Shape& s : kShapes) {
-        // --quick: three shapes with several k-steps (the barriers' work), both types once
+        // --quick: three shapes with several k-steps (the barriers' work), every type once
         if (quick && !(s.M == 33 || s.M == 37 || s.M == 20)) continue;
-        // both types; the fused epilogue with and without bias, and the plain one
-        failures += check_gemm<float>(v, layout, s, kBiasSigmoid, true, gen);
-        if (f64) failures += check_gemm<double>(v, layout, s, quick ? kPlain : kBiasSigmoid, false, gen), ++runs;
-        ++runs;
-        if (quick) continue;
-        failures += check_gemm<float>(v, layout, s, kPlain, false, gen);
-        if (f64) failures += check_gemm<double>(v, layout, s, kPlain, false, gen), ++runs;
-        ++runs;
+        failures += check_type<float>(v, layout, s, quick, gen, runs) + check_type<double>(v, layout, s, quick, gen, runs) +
+                    check_type<__nv_bfloat16>(v, layout, s, quick, gen, runs) +
+                    check_type<__half>(v, layout, s, quick, gen, runs);
       }
-    if (!f64) {  // a float64 request for a candidate is refused (1), not run
+    // a type the version is not built for is refused (1), not run
+    for (int t = 0; t < kDTypes; ++t) {
+      if (version_builds(v, DType(t)) || (is_tune(v) && t == kF32)) continue;
       double one = 1, out = 0;
-      if (emu_gemm(v, "nt", 8, &one, &one, &out, nullptr, 1, 1, 1, kPlain, kSms, nullptr) != 1) {
-        std::printf("candidate %d ran a float64 product\n", v - kTuneBase);
+      if (emu_gemm(v, "nt", t, &one, &one, &out, nullptr, 1, 1, 1, kPlain, kSms, nullptr) != 1) {
+        std::printf("v%d ran a product of type %s, which it is not built for\n", v, kDTypeNames[t]);
         ++failures;
       }
       ++runs;
@@ -139,8 +176,10 @@ int main(int argc, char** argv) {
   }
   for (int v = 1; v <= kGradVersions; ++v)
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {0, 5}, {33, 31}, {300, 36}}) {
-      failures += check_sigmoid_grad<float>(v, 0, rows, cols, gen) + check_sigmoid_grad<double>(v, 0, rows, cols, gen);
-      runs += 2;
+      failures += check_sigmoid_grad<float>(v, 0, rows, cols, gen) + check_sigmoid_grad<double>(v, 0, rows, cols, gen) +
+                  check_sigmoid_grad<__nv_bfloat16>(v, 0, rows, cols, gen) +
+                  check_sigmoid_grad<__half>(v, 0, rows, cols, gen);
+      runs += 4;
       if (v == 1 && cols % 4 == 0) failures += check_sigmoid_grad<float>(v, 1, rows, cols, gen), ++runs;
     }
   std::printf("%d of %d kernel runs matched the reference (%zu GEMM versions and candidates, %d of them candidates)\n",

@@ -20,7 +20,9 @@ inline int take_status() {
                                   dim3{(geo).block.x, (geo).block.y, (geo).block.z}, [&] { fn(__VA_ARGS__); }))
 #define DENSE_LAUNCH_STATUS() emu::take_status()
 #define DENSE_INVALID 1  // an invalid request; 2 (emu::kBarrierNeverReached): a block could not finish
+#define DENSE_NOT_BUILT 3  // an entry the build left out (every entry is built here: not reached)
 
+#include "kernels/all.cuh"
 #include "kernels/launch.cuh"
 
 // The library is built with -fvisibility=hidden and exports only the functions below: two
@@ -32,20 +34,23 @@ extern "C" {
 
 // dense_kernels::launch_gemm / launch_sigmoid_grad with C linkage; the same return codes
 // (0; 1 for an invalid request; 2 when a block could not finish, with the reason on stderr).
-// The workspace sizes: emu_*_workspace.
-EMU_API int emu_gemm(int version, const char* layout, int element_bytes, const void* A, const void* B, void* C,
-             const void* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace) {
-  return dense_kernels::launch_gemm(version, layout, element_bytes, A, B, C, bias, M, N, K, epilogue, sm_count,
-                                    workspace, nullptr);
+// `dtype` is a dense_kernels::DType. The workspace sizes (in elements of the accumulator's type,
+// float32 or float64): emu_*_workspace.
+EMU_API int emu_gemm(int version, const char* layout, int dtype, const void* A, const void* B, void* C,
+                     const void* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace) {
+  return dense_kernels::launch_gemm(version, layout, dtype, A, B, C, bias, M, N, K, epilogue, sm_count, workspace,
+                                    nullptr);
 }
-EMU_API int64_t emu_gemm_workspace(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
-  if (version == 0) version = dense_kernels::choose_version(M, N, K, element_bytes, sm_count);
-  return dense_kernels::gemm_workspace_elements(version, element_bytes, M, N, K, sm_count);
+EMU_API int64_t emu_gemm_workspace(int version, int dtype, int64_t M, int64_t N, int64_t K, int sm_count) {
+  if (!dense_kernels::valid_dtype(dtype)) return -1;
+  const auto t = static_cast<dense_kernels::DType>(dtype);
+  if (version == 0) version = dense_kernels::choose_version(M, N, K, t, sm_count);
+  return dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(t), M, N, K, sm_count);
 }
-EMU_API int emu_sigmoid_grad(int version, int element_bytes, int x4, const void* g, const void* y, void* dz, void* db,
-                     int64_t rows, int64_t cols, int sm_count, void* workspace) {
-  return dense_kernels::launch_sigmoid_grad(version, element_bytes, x4 != 0, g, y, dz, db, rows, cols, sm_count,
-                                            workspace, nullptr);
+EMU_API int emu_sigmoid_grad(int version, int dtype, int x4, const void* g, const void* y, void* dz, void* db,
+                             int64_t rows, int64_t cols, int sm_count, void* workspace) {
+  return dense_kernels::launch_sigmoid_grad(version, dtype, x4 != 0, g, y, dz, db, rows, cols, sm_count, workspace,
+                                            nullptr);
 }
 EMU_API int64_t emu_sigmoid_grad_workspace(int version, int64_t rows, int64_t cols, int sm_count) {
   if (version == 0) version = dense_kernels::kDefaultGradVersion;
@@ -64,9 +69,15 @@ EMU_API int emu_tune_shape(int i, int* out) {
   std::memcpy(out, shape, sizeof(shape));
   return 0;
 }
-// What version 0 runs for this shape (dense_kernels::choose_version and its table).
-EMU_API int emu_choose_version(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
-  return dense_kernels::choose_version(M, N, K, element_bytes, sm_count);
+// What version 0 runs for this shape (dense_kernels::choose_version and its table); -1 for no such type.
+EMU_API int emu_choose_version(int64_t M, int64_t N, int64_t K, int dtype, int sm_count) {
+  if (!dense_kernels::valid_dtype(dtype)) return -1;
+  return dense_kernels::choose_version(M, N, K, static_cast<dense_kernels::DType>(dtype), sm_count);
+}
+// Whether the library holds the entry of (kind, version, layout, dtype) (entries.cuh's registry):
+// the tests hold every version's listed types (dense_kernels.h) against what was built.
+EMU_API int emu_has_entry(int kind, int version, int layout, int dtype) {
+  return dense_kernels::Registry::get().find(kind, version, layout, dtype) != nullptr;
 }
 
 }  // extern "C"

@@ -1,5 +1,5 @@
 // v10: padded tiles: the transposing store no longer conflicts on shared-memory banks.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v10.cu -o /tmp/v10.cubin
 // v8 stores a tile transposed, S[k][x], from 16-byte vectors read along k: lanes 2i and 2i+1 of a
 // warp hold the same x and k = 0 and 4 (float32; BK/V = 2 vectors per row of the operand), so
 // for each of the vector's 4 elements they store at S[k + j][x] and S[k + 4 + j][x]: 4·BM words

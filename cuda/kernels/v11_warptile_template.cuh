@@ -1,5 +1,5 @@
 // v11: warp tiling in pieces, as SGEMM_CUDA's kernel 10, written once for every tile shape.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v11.cu -o /tmp/v11.cubin
 // v10's tile shape is fixed: 128×128, k-steps of 8, 256 threads of 8×8 outputs, a warp's lanes an
 // 8×4 grid over a 64×32 sub-tile. Here the shape is a template parameter S (dense_kernels::WarpTile):
 // the block's BM×BN tile is cut into warp tiles of WM×WN; a warp's lanes are v7's 8×4 grid, each
@@ -23,14 +23,15 @@ __device__ void gemm_v11(const T* A, const T* B, T* C, const T* bias, int64_t M,
   constexpr int LM = dense_kernels::kWarpLanesM, LN = dense_kernels::kWarpLanesN;  // the lanes' 8×4 grid
   constexpr int WMITER = WM / (LM * TM), WNITER = WN / (LN * TN);                  // steps over the warp tile
   constexpr int NT = (BM / WM) * (BN / WN) * 32;
-  constexpr int V = Vec16<T>::n;
-  using VT = typename Vec16<T>::type;
+  using Acc = acc_t<T>;  // the tiles in shared memory hold the accumulator's type (T but for 16-bit T)
+  constexpr int V = Vec16<Acc>::n, VG = Vec16<T>::n;  // elements in 16 bytes: of the tiles, of T in global memory
+  using VT = typename Vec16<Acc>::type;
   static_assert(BM % WM == 0 && BN % WN == 0 && WM % (LM * TM) == 0 && WN % (LN * TN) == 0,
                 "warp tiles must cut the block tile, and pieces the warp tile, evenly");
-  static_assert(TM % V == 0 && TN % V == 0 && BK % V == 0, "pieces and k-steps are whole 16-byte vectors");
+  static_assert(TM % V == 0 && TN % V == 0 && BK % VG == 0, "pieces and k-steps are whole 16-byte vectors");
   constexpr int LDA = BM + V, LDB = BN + V;  // v10's padded rows
-  alignas(16) __shared__ T As[2][BK][LDA];
-  alignas(16) __shared__ T Bs[2][BK][LDB];
+  alignas(16) __shared__ Acc As[2][BK][LDA];
+  alignas(16) __shared__ Acc Bs[2][BK][LDB];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // region v11-mapping
   const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;  // this warp's tile
@@ -38,16 +39,16 @@ __device__ void gemm_v11(const T* A, const T* B, T* C, const T* bias, int64_t M,
   // endregion
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
   // A is contiguous along k unless stored K×M; B along k when stored N×K.
-  const bool a_vec = aligned16(A) && (TA ? M : K) % V == 0;
-  const bool b_vec = aligned16(B) && (TB ? K : N) % V == 0;
-  T acc[WMITER * TM][WNITER * TN];
+  const bool a_vec = aligned16(A) && (TA ? M : K) % VG == 0;
+  const bool b_vec = aligned16(B) && (TB ? K : N) % VG == 0;
+  Acc acc[WMITER * TM][WNITER * TN];
 #pragma unroll
   for (int i = 0; i < WMITER * TM; ++i)
 #pragma unroll
-    for (int j = 0; j < WNITER * TN; ++j) acc[i][j] = T(0);
+    for (int j = 0; j < WNITER * TN; ++j) acc[i][j] = Acc(0);
 
-  TileLoaderV8<T, BK, BM, NT, LDA> la;
-  TileLoaderV8<T, BK, BN, NT, LDB> lb;
+  TileLoaderV8<T, BK, BM, NT, LDA, Acc> la;
+  TileLoaderV8<T, BK, BN, NT, LDB, Acc> lb;
   la.fetch(As[0], A, !TA, m0, 0, M, K, K, a_vec);
   lb.fetch(Bs[0], B, TB, n0, 0, N, K, K, b_vec);
   la.stash(As[0], !TA);
@@ -64,7 +65,7 @@ __device__ void gemm_v11(const T* A, const T* B, T* C, const T* bias, int64_t M,
     // region v11-inner
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
-      T a[WMITER * TM], b[WNITER * TN];
+      Acc a[WMITER * TM], b[WNITER * TN];
 #pragma unroll
       for (int i = 0; i < WMITER; ++i)
 #pragma unroll
@@ -99,7 +100,7 @@ __device__ void gemm_v11(const T* A, const T* B, T* C, const T* bias, int64_t M,
     for (int j = 0; j < WNITER * TN; ++j) {
       const int64_t m = m0 + wm0 + (i / TM) * LM * TM + lm + i % TM;
       const int64_t n = n0 + wn0 + (j / TN) * LN * TN + ln + j % TN;
-      if (m < M && n < N) C[m * N + n] = epilogue(acc[i][j], bias, n, kind);
+      if (m < M && n < N) C[m * N + n] = from_acc<T>(epilogue(acc[i][j], bias, n, kind));
     }
 }
 

@@ -1,5 +1,5 @@
 // v1: one thread per output, straight from global memory, with the index that makes it slow.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v1.cu -o /tmp/v1.cubin
 // threadIdx.x (the fast index: the 32 lanes of a warp) runs along m. At each k a warp's lanes
 // read A at 32 different rows (addresses K elements apart: 32 memory transactions) and B at
 // one address; at the end they write C at 32 different rows. Next version: swap the two.

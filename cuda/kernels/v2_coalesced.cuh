@@ -1,5 +1,5 @@
 // v2: one thread per output, straight from global memory, a warp along a row of C.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v2.cu -o /tmp/v2.cubin
 // threadIdx.x now runs along n: at each k a warp's lanes read one element of A (a broadcast)
 // and 32 neighbouring elements of B when B is K×N ("nn", "tn": one 128-byte transaction), and
 // write 32 neighbouring outputs. In "nt" (the forward) B is N×K, so B is still read K elements

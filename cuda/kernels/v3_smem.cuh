@@ -1,5 +1,5 @@
 // v3: shared-memory tiles.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v3.cu -o /tmp/v3.cubin
 // A 32×32 block of threads stages a 32×32 tile of A and of B in shared memory, then every
 // thread reads its row of As and its column of Bs from there: each element loaded from global
 // memory is used 32 times. No padding is needed: in the inner loop a warp (fixed ty, tx = 0..31)

@@ -1,5 +1,5 @@
 // v4: 1-D register blocking: each thread computes a column of TM = 8 outputs.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v4.cu -o /tmp/v4.cubin
 // In v3 every multiply-add needs two shared-memory reads. Here a thread keeps TM accumulators
 // in registers; per k it reads one value of Bs and TM of As: TM multiply-adds for TM + 1 reads,
 // and the 64×64 tile of C per block halves global traffic per output again (each loaded

@@ -1,5 +1,5 @@
 // v5: 2-D register blocking: each thread computes a TM×TN block of outputs (8×8; f64 4×4).
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v5.cu -o /tmp/v5.cubin
 // Per k a thread reads TM values of As and TN of Bs into registers and does TM·TN multiply-adds
 // with them: 64 FMAs for 16 shared-memory reads (v4: 8 for 9). The block's tile of C grows to
 // 128×128 (f64 64×64) with 256 threads, so each element loaded from global memory serves 128

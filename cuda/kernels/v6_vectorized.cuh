@@ -1,5 +1,5 @@
 // v6: vectorised: 128-bit global loads, A's tile stored transposed, 128-bit shared loads.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v6.cu -o /tmp/v6.cubin
 // v5 loads tiles one element at a time, and in "nt" (the forward) walks B across rows K apart.
 // Here a tile is loaded along whichever direction the operand is contiguous in memory, 16 bytes
 // (float4 / double2) per load where the row length and the base allow, and As is stored

@@ -1,5 +1,5 @@
 // v7: warp tiling: the 32 lanes of a warp own one compact (8·TM)×(4·TN) sub-tile of C.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v7.cu -o /tmp/v7.cubin
 // In v6 the threads of a warp (tx = 0..15, two values of ty) own a 16×128 strip of C: per k a
 // warp reads TM values of As at 2 places and TN of Bs at 16 places, 2·32 + 16·32 = 576 bytes
 // (f32). Here thread t is first split into (warp, lane); the block's tile is cut into one

@@ -1,5 +1,5 @@
 // v8: double buffering: the next k-step's tiles load while this one computes.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v8.cu -o /tmp/v8.cubin
 // v7 loads a tile, waits for everyone (__syncthreads), computes, waits again. Here As and Bs
 // come twice: while the block computes on buffer `cur`, each thread has already issued the
 // global loads of the next step into registers (or, on sm_80 and newer, as cp.async copies
@@ -40,15 +40,18 @@ constexpr bool kHasCpAsync =
 // (element (x, k) at P[x * K + k]; stored transposed) or along x (at P[k * X + x]; on sm_80+ a
 // whole aligned vector goes by cp.async, straight into S). Loads stop at k_end (K here; the end
 // of a slice of K in the split-K versions). LD, the length of a row of S, is BX here; the later
-// versions pad it (v10).
-template <typename T, int BK, int BX, int NT, int LD = BX>
+// versions pad it (v10). ST, the type S holds, is T except in v11's template for bfloat16 and
+// float16 operands, which it stores as float32: stash() converts them, and cp.async, a copy of
+// bytes, cannot, so they come through registers.
+template <typename T, int BK, int BX, int NT, int LD = BX, typename ST = T>
 struct TileLoaderV8 {
   static constexpr int V = Vec16<T>::n, R = (BK * BX / V + NT - 1) / NT;
+  static constexpr bool kSameType = std::is_same<T, ST>::value;
   using VT = typename Vec16<T>::type;
   T v[R][V];
   bool in_registers[R];
 
-  __device__ __forceinline__ void fetch(T (&S)[BK][LD], const T* P, bool contig_k, int64_t x0, int64_t k0, int64_t X,
+  __device__ __forceinline__ void fetch(ST (&S)[BK][LD], const T* P, bool contig_k, int64_t x0, int64_t k0, int64_t X,
                                         int64_t K, int64_t k_end, bool vec) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -64,9 +67,9 @@ struct TileLoaderV8 {
           memcpy(v[r], &w, sizeof(w));
         } else {
 #pragma unroll
-          for (int j = 0; j < V; ++j) v[r][j] = (gx < X && gk + j < k_end) ? P[gx * K + gk + j] : T(0);
+          for (int j = 0; j < V; ++j) v[r][j] = (gx < X && gk + j < k_end) ? P[gx * K + gk + j] : zero<T>();
         }
-      } else if (kHasCpAsync && vec && gk < k_end && gx + V <= X) {
+      } else if (kHasCpAsync && kSameType && vec && gk < k_end && gx + V <= X) {
         cp_async16(&S[k][x], P + gk * X + gx);
         in_registers[r] = false;
       } else if (vec && gk < k_end && gx + V <= X) {
@@ -74,12 +77,12 @@ struct TileLoaderV8 {
         memcpy(v[r], &w, sizeof(w));
       } else {
 #pragma unroll
-        for (int j = 0; j < V; ++j) v[r][j] = (gk < k_end && gx + j < X) ? P[gk * X + gx + j] : T(0);
+        for (int j = 0; j < V; ++j) v[r][j] = (gk < k_end && gx + j < X) ? P[gk * X + gx + j] : zero<T>();
       }
     }
   }
 
-  __device__ __forceinline__ void stash(T (&S)[BK][LD], bool contig_k) const {
+  __device__ __forceinline__ void stash(ST (&S)[BK][LD], bool contig_k) const {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (!in_registers[r]) continue;
@@ -87,8 +90,8 @@ struct TileLoaderV8 {
       const int x = contig_k ? u / (BK / V) : (u % (BX / V)) * V, k = contig_k ? (u % (BK / V)) * V : u / (BX / V);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        if (contig_k) S[k + j][x] = v[r][j];  // the transposing store
-        else S[k][x + j] = v[r][j];
+        if (contig_k) S[k + j][x] = ST(to_acc(v[r][j]));  // the transposing store
+        else S[k][x + j] = ST(to_acc(v[r][j]));
       }
     }
   }

@@ -1,5 +1,5 @@
 // v9: split-K, for small batches: the k loop is split over gridDim.z blocks per tile of C.
-//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/dense_kernels.cu -o /tmp/dense.cubin
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v9.cu -o /tmp/v9.cubin
 // At B = 32 the forward has ceil(32/128)·ceil(O/128) tiles: 32 for O = 4096, a quarter of an
 // H100's 132 SMs. v9 is v8 where block z of a tile walks only its slice of K and writes a
 // partial product; dense_kernels::splitk_slices picks the number of slices from the SM count the
@@ -92,13 +92,15 @@ __device__ void gemm_v9(const T* A, const T* B, T* C, const T* bias, int64_t M, 
 }
 
 // C = epilogue(Σ_s partial[s]) over `slices` partial M×N products, added in slice order.
+// The partials are in the accumulator's type (float32 for bfloat16 and float16 outputs).
 template <typename T>
-__device__ void splitk_reduce(const T* partial, T* C, const T* bias, int64_t M, int64_t N, int slices, int kind) {
+__device__ void splitk_reduce(const acc_t<T>* partial, T* C, const T* bias, int64_t M, int64_t N, int slices,
+                              int kind) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= M * N) return;
-  T acc = 0;
+  acc_t<T> acc = 0;
   for (int s = 0; s < slices; ++s) acc += partial[s * M * N + i];
-  C[i] = epilogue(acc, bias, i % N, kind);
+  C[i] = from_acc<T>(epilogue(acc, bias, i % N, kind));
 }
 
 }  // namespace
