@@ -42,7 +42,13 @@ from torch import Tensor, nn
 ROOT = Path(__file__).resolve().parent
 MODES: tuple[str, ...] = ("py", "cpp", "triton", "cuda", "ptx")
 FOLDERS = {"triton": "tiles"}  # a stage's folder, where it is not named as its mode (see _triton_reason)
-DTYPES = (torch.float32, torch.float64)
+# The element types Dense takes, as nn.Linear does: float32 and float64, and bfloat16 and float16,
+# which every stage that takes them accumulates in float32 (and rounds once, at the store).
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+# What each mode takes. A mode that does not take a type says so, and names the modes that do.
+MODE_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "py": DTYPES, "cpp": DTYPES, "triton": DTYPES, "cuda": DTYPES, "ptx": (torch.float32, torch.float64),
+}
 # Host compiler flags for every extension, JIT or setup.py. Without -fopenmp the
 # at::parallel_for in a header compiles to a serial loop; the libgomp it links is the one
 # torch already loaded (same soname), so there is still one OpenMP runtime. -march=native:
@@ -243,14 +249,16 @@ def dense(mode: str) -> DenseFn:
 
     if mode == "py":
         def checked(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-            check_inputs(x, weight, bias)
+            x, weight, bias = autocast_inputs(x, weight, bias)  # the compiled ops' Autocast kernel does this
+            check_inputs(x, weight, bias, mode)
             return op(x, weight, bias)
     else:
         def checked(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             try:
                 return op(x, weight, bias)
             except (TypeError, ValueError, RuntimeError):
-                check_inputs(x, weight, bias)  # raises the clear error if the inputs are at fault
+                # raises the clear error if the inputs (as the op saw them) are at fault
+                check_inputs(*autocast_inputs(x, weight, bias), mode)
                 raise
 
     checked.__name__ = checked.__qualname__ = f"dense_{mode}"
@@ -311,8 +319,14 @@ class Dense(nn.Module):
 # Shared plumbing: input checks, op registration, extension loading
 # ---------------------------------------------------------------------------
 
-def check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
-    """Raise a clear TypeError/ValueError for anything the op cannot compute on.
+def _names(dtypes: Sequence[torch.dtype]) -> str:
+    words = [str(d).removeprefix("torch.") for d in dtypes]
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
+
+
+def check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None, mode: str | None = None) -> None:
+    """Raise a clear TypeError/ValueError for anything the op cannot compute on; with a mode,
+    also for an element type that mode does not take (naming the modes that do).
 
     The C++ stages repeat these checks (cpp/dense_common.h) for callers who reach the
     op through torch.ops directly.
@@ -323,7 +337,11 @@ def check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; Dense supports float32 and float64")
+            raise TypeError(f"{name} has dtype {t.dtype}; Dense supports {_names(DTYPES)}")
+        if mode is not None and t.dtype not in MODE_DTYPES[mode]:
+            others = [m for m in MODES if t.dtype in MODE_DTYPES[m]]
+            raise TypeError(f"{name} has dtype {t.dtype}; mode {mode!r} takes {_names(MODE_DTYPES[mode])} "
+                            f"({str(t.dtype).removeprefix('torch.')} runs in modes {', '.join(others)})")
     if x.dim() == 0:
         raise ValueError("x is 0-d; Dense needs x of shape (*, in_features)")
     if weight.dim() != 2:
@@ -345,6 +363,48 @@ def check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
             raise ValueError(f"device mismatch: x is on {x.device} but bias is on {bias.device}")
 
 
+# ---------------------------------------------------------------------------
+# torch.autocast: the rule of F.linear
+# ---------------------------------------------------------------------------
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The inputs as F.linear computes on them under torch.autocast: where autocast is on for x's
+    device, every floating-point tensor but a float64 one cast to the autocast dtype (ATen's
+    "lower_precision_fp" rule, which linear and matmul follow); elsewhere unchanged. The casts are
+    differentiable: gradients reach float32 parameters in float32."""
+    device = x.device.type if isinstance(x, Tensor) else None
+    if device not in AUTOCAST_DEVICES or not torch.is_autocast_enabled(device):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(device)
+
+    def cast(t: Tensor | None) -> Tensor | None:
+        eligible = isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        return t.to(dtype) if eligible and t.device.type == device else t
+
+    return cast(x), cast(weight), cast(bias)
+
+
+_autocast_libraries: dict[str, torch.library.Library] = {}
+
+
+def _register_autocast(namespace: str) -> None:
+    """Give ``<namespace>::forward`` linear's autocast behaviour on CPU and CUDA: an Autocast kernel
+    (torch.library's registration for a dispatch key, as torch.library.register_autocast makes
+    one, but following the autocast context's dtype as linear does, where register_autocast
+    casts to one fixed dtype) that casts the inputs, then calls the op with autocast off."""
+    library = _autocast_libraries.setdefault(namespace, torch.library.Library(namespace, "FRAGMENT"))
+    op = getattr(torch.ops, namespace).forward.default
+    for device in AUTOCAST_DEVICES:
+        def kernel(keyset, x: Tensor, weight: Tensor, bias: Tensor | None, device: str = device) -> Tensor:
+            x, weight, bias = autocast_inputs(x, weight, bias)
+            with torch.autocast(device, enabled=False):
+                return op(x, weight, bias)
+
+        library.impl("forward", kernel, "Autocast" + ("CPU" if device == "cpu" else "CUDA"), with_keyset=True)
+
+
 def register_dense_op(namespace: str) -> Callable[..., Tensor]:
     """Make ``torch.ops.<namespace>.forward`` traceable and vmap-able; returns the op.
 
@@ -353,8 +413,8 @@ def register_dense_op(namespace: str) -> Callable[..., Tensor]:
     ``backward(grad_out, x, weight, out, output_mask) -> (grad_x, grad_weight, grad_bias)``,
     and registers their autograd formula in C++ too (dense::implement_autograd, also in
     dense_common.h: no Python runs on the hot path). This adds, once for all stages, what
-    only Python can register: the fake (shape-only) kernels torch.compile traces with, and
-    the batching rules of torch.func.vmap.
+    only Python can register: the fake (shape-only) kernels torch.compile traces with, the
+    batching rules of torch.func.vmap, and linear's autocast behaviour (autocast_inputs).
     """
     ops = getattr(torch.ops, namespace)
 
@@ -391,6 +451,7 @@ def register_dense_op(namespace: str) -> Callable[..., Tensor]:
                  for i in range(info.batch_size)]
         return tuple(torch.stack(gs) for gs in zip(*calls)), (0, 0, 0)
 
+    _register_autocast(namespace)
     return ops.forward.default
 
 

@@ -78,7 +78,7 @@ def test_backward_op_returns_empty_tensors_for_masked_grads(ops):
      r"bias must have shape \(2,\) to match weight \[2, 4\], got \[5\]"),
     # dtypes by ATen's names (cpp/dense_common.h: dtype_name())
     ((torch.ones(3, 4, dtype=torch.int32), torch.ones(2, 4, dtype=torch.int32), None), TypeError,
-     "^x has dtype Int; Dense supports float32 and float64$"),
+     "^x has dtype Int; Dense supports float32, float64, bfloat16 and float16$"),
     ((torch.randn(3, 4), torch.randn(2, 4).double(), None), TypeError,
      "^dtype mismatch: x is Float but weight is Double$"),
     ((torch.randn(3, 4), torch.randn(2, 4), torch.randn(2).double()), TypeError,
