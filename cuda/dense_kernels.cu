@@ -38,3 +38,20 @@ DENSE_EXPORT int dense_tune_launch(int candidate, const char* layout, const floa
                                     N, K, epilogue,
                                     /*sm_count=*/1, /*workspace=*/nullptr, static_cast<dense_kernels::Stream>(stream));
 }
+
+// Any entry by (version, layout, type), for cuda/bench_gpu.py's exact comparison with the CPU
+// emulation (the emulation's emu_gemm / emu_gemm_workspace take the same arguments): a DType
+// code, a workspace of the accumulator's type as large as dense_gemm_workspace says.
+DENSE_EXPORT int dense_gemm_launch(int version, const char* layout, int dtype, const void* A, const void* B, void* C,
+                                   const void* bias, int64_t M, int64_t N, int64_t K, int epilogue, int sm_count,
+                                   void* workspace, void* stream) {
+  return dense_kernels::launch_gemm(version, layout, dtype, A, B, C, bias, M, N, K, epilogue, sm_count, workspace,
+                                    static_cast<dense_kernels::Stream>(stream));
+}
+DENSE_EXPORT int64_t dense_gemm_workspace(int version, int dtype, int64_t M, int64_t N, int64_t K, int sm_count) {
+  if (!dense_kernels::valid_dtype(dtype)) return -1;
+  const auto t = static_cast<dense_kernels::DType>(dtype);
+  if (version == 0) version = dense_kernels::choose_version(M, N, K, t, sm_count);
+  return dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(t), M, N, K, sm_count);
+}
+

@@ -289,6 +289,12 @@ void interval_end() {
 
 void launch_end() { state().recording = false; }
 
+// A cp.async as issued: for now counted as what it moves, a global load and a shared store.
+void cp_async(const void* shared_dst, const void* global_src, unsigned bytes) {
+  record(reinterpret_cast<uintptr_t>(global_src), bytes, false);
+  record(reinterpret_cast<uintptr_t>(shared_dst), bytes, true);
+}
+
 }  // namespace emu::count
 
 // The compiler's instrumentation calls these (GCC's kernel-address names).

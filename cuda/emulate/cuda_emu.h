@@ -163,6 +163,7 @@ void launch_begin(unsigned gx, unsigned gy, unsigned gz, unsigned threads);
 bool block_wanted();  // this blockIdx is in the sample the counters emulate
 void interval_end();  // every thread of the block is at __syncthreads, or has returned
 void launch_end();
+void cp_async(const void* shared_dst, const void* global_src, unsigned bytes);  // one thread's copy, as issued
 }  // namespace emu::count
 #define CUDA_EMU_COUNT_HOOK(call) emu::count::call
 #else
@@ -207,9 +208,22 @@ struct Warp {
   alignas(16) unsigned char slot[32][16];
 };
 
+// One thread's cp.async copies in flight (cuda/kernels/instructions.cuh): made at the wait that
+// completes their group, not at issue.
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  unsigned bytes;
+};
+struct AsyncCopies {
+  std::vector<PendingCopy> copies;   // in issue order
+  std::vector<size_t> group_ends;    // committed groups: the end index of each in `copies`
+};
+
 struct Block {
   Barrier barrier;
   std::vector<Warp> warps;
+  std::vector<AsyncCopies> copies;  // per thread of the block
 };
 
 inline CUDA_EMU_PER_THREAD Block* current_block = nullptr;
@@ -230,6 +244,50 @@ T exchange(T v, Src src) {
   if (from < lanes) std::memcpy(&out, w.slot[from], sizeof(T));
   w.barrier.wait();  // nobody overwrites a slot before every lane has read it
   return out;
+}
+
+inline unsigned thread_index() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+
+// The bytes of a completed copy. Not instrumented in the counting build: the counters count the
+// cp.async where it is issued (emu::count::cp_async), and this is the hardware's side of it.
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((no_sanitize_address, noinline))
+#endif
+inline void copy_bytes(void* dst, const void* src, unsigned bytes) {
+  auto* d = static_cast<volatile unsigned char*>(dst);
+  const auto* from = static_cast<const volatile unsigned char*>(src);
+  for (unsigned i = 0; i < bytes; ++i) d[i] = from[i];
+}
+
+inline void cp_async(void* dst, const void* src, unsigned bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 || reinterpret_cast<uintptr_t>(src) % bytes != 0) {
+    std::fprintf(stderr, "cuda_emu: cp.async of %u bytes from %p to %p: both addresses must be %u-byte aligned "
+                 "(a misaligned-address fault on a GPU)\n", bytes, src, dst, bytes);
+    std::abort();
+  }
+  CUDA_EMU_COUNT_HOOK(cp_async(dst, src, bytes));
+  current_block->copies[thread_index()].copies.push_back({dst, src, bytes});
+}
+inline void cp_async_commit() {
+  AsyncCopies& c = current_block->copies[thread_index()];
+  c.group_ends.push_back(c.copies.size());
+}
+// Complete every committed group but the `pending` most recent ones (cp.async.wait_group).
+inline void cp_async_wait(int pending) {
+  AsyncCopies& c = current_block->copies[thread_index()];
+  if (pending < 0 || c.group_ends.size() <= size_t(pending)) return;
+  const size_t groups = c.group_ends.size() - size_t(pending), done = c.group_ends[groups - 1];
+  for (size_t i = 0; i < done; ++i) copy_bytes(c.copies[i].dst, c.copies[i].src, c.copies[i].bytes);
+  c.copies.erase(c.copies.begin(), c.copies.begin() + done);
+  c.group_ends.erase(c.group_ends.begin(), c.group_ends.begin() + groups);
+  for (size_t& end : c.group_ends) end -= done;
+}
+// A thread that returns with copies in flight: they land (as they would on a GPU, eventually).
+inline void finish_copies() {
+  AsyncCopies& c = current_block->copies[thread_index()];
+  for (const PendingCopy& p : c.copies) copy_bytes(p.dst, p.src, p.bytes);
+  c.copies.clear();
+  c.group_ends.clear();
 }
 
 struct Launch {
@@ -308,6 +366,7 @@ class Pool {
         for (unsigned x = 0; x < l.grid.x; ++x) {
           blockIdx = {x, y, z};
           l.body(l.arg);
+          finish_copies();
           // The block is over for everyone before the next one reuses its shared memory.
           l.shared_block.barrier.wait();
         }
@@ -391,6 +450,7 @@ class Scheduler {
   static void thread_body(void* self) {
     Scheduler& s = *static_cast<Scheduler*>(self);
     s.launch_->body(s.launch_->arg);
+    finish_copies();
     Fiber& f = s.fibers_[s.current_];
     f.ready = false;
     f.done = true;
@@ -436,6 +496,7 @@ int launch(dim3 grid, dim3 block, F&& fn) {
   CUDA_EMU_COUNT_HOOK(launch_begin(grid.x, grid.y, grid.z, n));
   l.shared_block.barrier.init(n);
   l.shared_block.warps = std::vector<Warp>((n + 31) / 32);
+  l.shared_block.copies = std::vector<AsyncCopies>(n);
   for (unsigned w = 0; w < l.shared_block.warps.size(); ++w)
     l.shared_block.warps[w].barrier.init((w + 1) * 32 <= n ? 32 : n - w * 32);
   const int status = executor().run(l, n);

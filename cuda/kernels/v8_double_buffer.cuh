@@ -5,34 +5,14 @@
 // global loads of the next step into registers (or, on sm_80 and newer, as cp.async copies
 // straight into shared memory where no transposition is needed), and stores them into buffer
 // `nxt` after its FMAs: the load latency hides behind the arithmetic, and one __syncthreads per
-// step is enough. Where cp.async does not exist (and in the CPU emulation) a plain copy stands in.
+// step is enough. Where cp.async does not exist a plain copy stands in; the CPU emulation models
+// cp.async (cuda/kernels/instructions.cuh).
 #pragma once
 
 #include "common.cuh"
+#include "instructions.cuh"  // cp.async
 
 namespace {
-
-// cp.async (sm_80+): a 16-byte copy from global to shared memory that does not pass through
-// registers; commit/wait group them. Elsewhere these are never reached or do nothing.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(smem))),
-               "l"(gmem));
-#else
-  memcpy(smem, gmem, 16);
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-#endif
-}
-constexpr bool kHasCpAsync =
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    true;
-#else
-    false;
-#endif
 
 // One thread's share of staging the BK × BX tile of an operand that starts at (x0, k0) into
 // S[k][x], in two halves: fetch() issues the global loads (v7's load_tile, same directions and
