@@ -7,6 +7,7 @@ proof that a race is caught)."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import re
@@ -130,10 +131,13 @@ def test_sigmoid_grad_kernels_match_torch_and_are_bit_identical_run_to_run(versi
                 want = gr * y * (1 - y)
                 torch.testing.assert_close(dz, want, **TOL[dtype])
                 torch.testing.assert_close(db, want.sum(0), **TOL[dtype])
-                dz2, db2 = torch.empty_like(y), torch.empty(cols, dtype=dtype)
-                for _ in range(3):  # "the same bits on every run"
+                def again(gr=gr, y=y, x4=x4):  # "the same bits on every run", whatever order the blocks run in
+                    dz2, db2 = torch.empty_like(y), torch.empty(y.shape[1], dtype=y.dtype)
                     emu.sigmoid_grad(gr, y, dz2, db2, version, x4=x4)
-                    assert torch.equal(db, db2) and torch.equal(dz, dz2), "the bias gradient changed between runs"
+                    return dz2, db2
+
+                for dz2, db2 in in_block_orders(again):
+                    assert torch.equal(db, db2) and torch.equal(dz, dz2), "the bias gradient changed with the order"
     dz_only = torch.empty(70, 4)
     emu.sigmoid_grad(torch.ones(70, 4), torch.full((70, 4), 0.5), dz_only, None, version)  # no bias gradient
     assert torch.equal(dz_only, torch.full((70, 4), 0.25))
@@ -150,8 +154,8 @@ def test_small_batch_paths_are_taken_and_deterministic():
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(32, 700, generator=g), torch.randn(200, 700, generator=g)
     bias = torch.randn(200, generator=g)
-    runs = [run_gemm(0, "nt", a, b, bias, emu.KBIAS_SIGMOID, 32, 200, 700) for _ in range(2)]
-    assert torch.equal(runs[0], runs[1])
+    runs = in_block_orders(lambda: run_gemm(0, "nt", a, b, bias, emu.KBIAS_SIGMOID, 32, 200, 700))
+    assert all(torch.equal(runs[0], r) for r in runs[1:]), "split-K's bits depend on the order its blocks run in"
     torch.testing.assert_close(runs[0], torch.sigmoid(a @ b.t() + bias), **TOL[torch.float32])
 
 
@@ -215,9 +219,45 @@ def test_skinny_batches_split_k_over_every_sm_deterministically():
     a, b = torch.randn(32, 1000, generator=g), torch.randn(70, 1000, generator=g)
     bias = torch.randn(70, generator=g)
     assert lib.emu_gemm_workspace(12, CODE_F32, 32, 70, 1000, emu.SM_COUNT) > 0  # the split path runs here
-    runs = [run_gemm(12, "nt", a, b, bias, emu.KBIAS_SIGMOID, 32, 70, 1000) for _ in range(2)]
-    assert torch.equal(runs[0], runs[1])
+    runs = in_block_orders(lambda: run_gemm(12, "nt", a, b, bias, emu.KBIAS_SIGMOID, 32, 70, 1000))
+    assert all(torch.equal(runs[0], r) for r in runs[1:]), "v12's bits depend on the order its blocks run in"
     torch.testing.assert_close(runs[0], torch.sigmoid(a @ b.t() + bias), **TOL[torch.float32])
+
+
+BLOCK_ORDERS = (0, 1, 2, 3)  # as written, then three shuffled orders (emu_set_block_order)
+
+
+def in_block_orders(run):
+    """run() once per block order of the emulation; the order is set back to the written one after."""
+    lib = emu.library()
+    lib.emu_set_block_order.argtypes = [ctypes.c_uint]
+    try:
+        out = []
+        for seed in BLOCK_ORDERS:
+            lib.emu_set_block_order(seed)
+            out.append(run())
+        return out
+    finally:
+        lib.emu_set_block_order(0)
+
+
+def test_the_shuffled_block_orders_expose_a_result_that_depends_on_the_order():
+    """The check above can fail: a planted kernel whose blocks add their rows into one output in the
+    order they run (no atomics, as only the emulation can) gives different bits in the shuffled orders."""
+    lib = emu.library()
+    p = ctypes.c_void_p
+    lib.emu_planted_order_dependent.argtypes = [p, p, ctypes.c_int64, ctypes.c_int64]
+    g = torch.Generator().manual_seed(7)
+    parts = torch.randn(64, 256, generator=g) * torch.logspace(-6, 6, 64)[:, None]  # magnitudes that round apart
+
+    def run():
+        out = torch.zeros(256)
+        assert lib.emu_planted_order_dependent(parts.data_ptr(), out.data_ptr(), 64, 256) == 0
+        return out
+
+    runs = in_block_orders(run)
+    assert not all(torch.equal(runs[0], r) for r in runs[1:])
+    torch.testing.assert_close(runs[0], parts.sum(0), rtol=1e-5, atol=1e-3)
 
 
 def test_grad_check_script_emulated():

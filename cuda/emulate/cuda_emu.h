@@ -246,6 +246,27 @@ T exchange(T v, Src src) {
   return out;
 }
 
+// The order blocks run in. A GPU runs them in no promised order (and many at once), so a result
+// must not depend on it: with a seed other than 0 the emulation visits the grid's blocks in a
+// shuffled order (a fixed permutation per seed), which tests use to show that a kernel's bits do
+// not change with it.
+inline unsigned block_order_seed = 0;
+inline std::vector<uint3> block_order(dim3 grid) {
+  std::vector<uint3> order;
+  order.reserve(size_t(grid.x) * grid.y * grid.z);
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) order.push_back({x, y, z});
+  if (block_order_seed != 0) {  // Fisher-Yates with a small LCG: the same order for the same seed
+    uint64_t state = block_order_seed;
+    for (size_t i = order.size(); i > 1; --i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      std::swap(order[i - 1], order[(state >> 33) % i]);
+    }
+  }
+  return order;
+}
+
 inline unsigned thread_index() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 
 // The bytes of a completed copy. Not instrumented in the counting build: the counters count the
@@ -295,6 +316,7 @@ struct Launch {
   void (*body)(void*);
   void* arg;
   Block shared_block;
+  std::vector<uint3> order;  // the blocks, in the order they run (block_order)
 };
 
 // Thread i of a block: its threadIdx, lane and warp.
@@ -361,15 +383,13 @@ class Pool {
     blockDim = l.block;
     gridDim = l.grid;
     current_block = &l.shared_block;
-    for (unsigned z = 0; z < l.grid.z; ++z)
-      for (unsigned y = 0; y < l.grid.y; ++y)
-        for (unsigned x = 0; x < l.grid.x; ++x) {
-          blockIdx = {x, y, z};
-          l.body(l.arg);
-          finish_copies();
-          // The block is over for everyone before the next one reuses its shared memory.
-          l.shared_block.barrier.wait();
-        }
+    for (const uint3 b : l.order) {
+      blockIdx = b;
+      l.body(l.arg);
+      finish_copies();
+      // The block is over for everyone before the next one reuses its shared memory.
+      l.shared_block.barrier.wait();
+    }
   }
 
   std::mutex mutex_;
@@ -394,33 +414,31 @@ class Scheduler {
     blockDim = l.block;
     gridDim = l.grid;
     current_block = &l.shared_block;
-    for (unsigned z = 0; z < l.grid.z; ++z)
-      for (unsigned y = 0; y < l.grid.y; ++y)
-        for (unsigned x = 0; x < l.grid.x; ++x) {
-          blockIdx = {x, y, z};
+    for (const uint3 b : l.order) {
+      blockIdx = b;
 #ifdef CUDA_EMU_COUNT
-          if (!count::block_wanted()) continue;
+      if (!count::block_wanted()) continue;
 #endif
-          for (unsigned i = 0; i < n; ++i) {
-            fiber::prepare(fibers_[i].context, fibers_[i].stack, kStackBytes, &Scheduler::thread_body, this);
-            fibers_[i].ready = true;
-            fibers_[i].done = false;
-          }
-          unsigned finished = 0;
-          while (finished < n) {
-            bool resumed = false;
-            for (unsigned i = 0; i < n; ++i) {
-              if (!fibers_[i].ready) continue;
-              resumed = true;
-              current_ = i;
-              become_thread(l, i);
-              fiber::switch_to(self_, fibers_[i].context);
-              finished += fibers_[i].done;
-            }
-            if (!resumed) return never_reached(l, n, finished);
-          }
-          CUDA_EMU_COUNT_HOOK(interval_end());
+      for (unsigned i = 0; i < n; ++i) {
+        fiber::prepare(fibers_[i].context, fibers_[i].stack, kStackBytes, &Scheduler::thread_body, this);
+        fibers_[i].ready = true;
+        fibers_[i].done = false;
+      }
+      unsigned finished = 0;
+      while (finished < n) {
+        bool resumed = false;
+        for (unsigned i = 0; i < n; ++i) {
+          if (!fibers_[i].ready) continue;
+          resumed = true;
+          current_ = i;
+          become_thread(l, i);
+          fiber::switch_to(self_, fibers_[i].context);
+          finished += fibers_[i].done;
         }
+        if (!resumed) return never_reached(l, n, finished);
+      }
+      CUDA_EMU_COUNT_HOOK(interval_end());
+    }
     return 0;
   }
 
@@ -492,7 +510,7 @@ int launch(dim3 grid, dim3 block, F&& fn) {
     std::abort();
   }
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return 0;  // an empty grid launches nothing
-  Launch l{grid, block, [](void* f) { (*static_cast<std::remove_reference_t<F>*>(f))(); }, &fn, {}};
+  Launch l{grid, block, [](void* f) { (*static_cast<std::remove_reference_t<F>*>(f))(); }, &fn, {}, block_order(grid)};
   CUDA_EMU_COUNT_HOOK(launch_begin(grid.x, grid.y, grid.z, n));
   l.shared_block.barrier.init(n);
   l.shared_block.warps = std::vector<Warp>((n + 31) / 32);

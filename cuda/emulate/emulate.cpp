@@ -79,5 +79,21 @@ EMU_API int emu_choose_version(int64_t M, int64_t N, int64_t K, int dtype, int s
 EMU_API int emu_has_entry(int kind, int version, int layout, int dtype) {
   return dense_kernels::Registry::get().find(kind, version, layout, dtype) != nullptr;
 }
+// The order the blocks of a grid run in from now on: 0 as written (x fastest), any other seed a
+// shuffled order of its own (emu::block_order). A result must not depend on it.
+EMU_API void emu_set_block_order(unsigned seed) { emu::block_order_seed = seed; }
+
+// A planted order-dependent kernel, for the test that the shuffled order can show a dependence:
+// every block adds its row of `parts` (blocks × n) into `out` without atomics, in the order the
+// blocks run, so the float sums round differently when that order changes.
+namespace {
+void add_in_block_order(const float* parts, float* out, int64_t n) {
+  if (threadIdx.x != 0) return;
+  for (int64_t i = 0; i < n; ++i) out[i] += parts[int64_t(blockIdx.x) * n + i];
+}
+}  // namespace
+EMU_API int emu_planted_order_dependent(const float* parts, float* out, int64_t blocks, int64_t n) {
+  return emu::launch(dim3{unsigned(blocks), 1, 1}, dim3{32, 1, 1}, [&] { add_in_block_order(parts, out, n); });
+}
 
 }  // extern "C"
