@@ -217,7 +217,7 @@ assert driver.cuDeviceGet(ctypes.byref(device), 0) == 0
 assert driver.cuCtxCreate_v2(ctypes.byref(context), 0, device) == 0  # a second context, now current
 seen["a second context"] = ops.load_here()
 assert driver.cuCtxPopCurrent_v2(ctypes.byref(popped)) == 0 and popped.value == context.value
-stage.load_ptx()  # unloads both modules
+stage.load_ptx()  # unloads torch's module now; the second context unloads its own at its next use
 seen["after load_ptx"] = ops.load_here()
 assert driver.cuCtxPushCurrent_v2(context) == 0
 ops.load_here()
@@ -233,17 +233,15 @@ print(json.dumps(seen))
 """
 
 
-def test_ptx_loader_keeps_a_module_per_context_and_reports_a_failed_unload():
-    """A module belongs to the context it was loaded in: a second context on the same device
-    loads its own. load_ptx unloads each in its context, and says so where one cannot be."""
+def test_ptx_loader_keeps_a_module_per_context_and_leaves_a_destroyed_one_alone():
+    """load_ptx unloads the current context's module and never touches a context that may be gone."""
     if REASONS["ptx"] is not None:
         pytest.skip(REASONS["ptx"])
     result = run_script("-c", PTX_CONTEXTS)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert (seen["torch's context"], seen["again"], seen["a second context"], seen["after load_ptx"]) == (1, 1, 2, 1)
-    assert seen["stale module"].startswith("dense_ptx: the new PTX is in use, but a module of the previous one "
-                                           "could not be unloaded in its context: CUDA_ERROR_"), seen["stale module"]
+    assert seen["stale module"] == "no error", seen["stale module"]
     assert seen["right answer"]
 
 
