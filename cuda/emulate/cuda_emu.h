@@ -129,7 +129,8 @@ inline __nv_bfloat16 __float2bfloat16(float f) {
 }
 inline float __half2float(__half h) {
   const uint32_t sign = uint32_t(h.__x & 0x8000u) << 16, e = (h.__x >> 10) & 0x1fu, m = h.__x & 0x3ffu;
-  if (e == 0x1f) return emu_bits_to_float(sign | 0x7f800000u | (m << 13));  // inf, NaN (payload kept)
+  if (e == 0x1f && m == 0) return emu_bits_to_float(sign | 0x7f800000u);  // ±inf
+  if (e == 0x1f) return emu_bits_to_float(sign | 0x7fc00000u | (m << 13));  // NaN, quieted, its payload kept
   if (e != 0) return emu_bits_to_float(sign | ((e + 112) << 23) | (m << 13));  // 112 = 127 - 15
   return emu_bits_to_float(sign) + (sign ? -1.0f : 1.0f) * std::ldexp(float(m), -24);  // zero, subnormal
 }
@@ -206,6 +207,7 @@ struct Barrier {
 struct Warp {
   Barrier barrier;
   alignas(16) unsigned char slot[32][16];
+  alignas(16) unsigned char wide[32][64];  // the operands of the matrix instructions (warp_matrix.h)
 };
 
 // One thread's cp.async copies in flight (cuda/kernels/instructions.cuh): made at the wait that
@@ -537,3 +539,5 @@ template <typename T>
 T __shfl_xor_sync(unsigned, T v, int mask) {
   return emu::exchange(v, [mask](unsigned lane) { return lane ^ unsigned(mask); });
 }
+
+#include "warp_matrix.h"  // mma.sync, ldmatrix, cvt.rna.tf32 (needs the warps and barriers above)

@@ -23,6 +23,7 @@ inline int take_status() {
 #define DENSE_NOT_BUILT 3  // an entry the build left out (every entry is built here: not reached)
 
 #include "kernels/all.cuh"
+#include "kernels/instructions.cuh"
 #include "kernels/launch.cuh"
 
 // The library is built with -fvisibility=hidden and exports only the functions below: two
@@ -94,6 +95,105 @@ void add_in_block_order(const float* parts, float* out, int64_t n) {
 }  // namespace
 EMU_API int emu_planted_order_dependent(const float* parts, float* out, int64_t blocks, int64_t n) {
   return emu::launch(dim3{unsigned(blocks), 1, 1}, dim3{32, 1, 1}, [&] { add_in_block_order(parts, out, n); });
+}
+
+
+// ---- the matrix instructions alone, for tests/test_instructions.py ----
+// The fragment tables as the emulation has them: table 0 mma.m16n8k16 A, 1 its B, 2 C/D (any
+// m16n8), 3 m16n8k8.tf32 A, 4 its B, 5 ldmatrix (i = half + 2·trans). Returns 0, or 1 for no such entry.
+EMU_API int emu_fragment(int table, int lane, int i, int* row, int* col) {
+  static const int counts[] = {8, 4, 4, 4, 2, 4};
+  if (table < 0 || table > 5 || lane < 0 || lane > 31 || i < 0 || i >= counts[table]) return 1;
+  emu::RowCol p{};
+  switch (table) {
+    case 0: p = emu::frag_m16n8k16_a(lane, i); break;
+    case 1: p = emu::frag_m16n8k16_b(lane, i); break;
+    case 2: p = emu::frag_m16n8_c(lane, i); break;
+    case 3: p = emu::frag_m16n8k8_tf32_a(lane, i); break;
+    case 4: p = emu::frag_m16n8k8_tf32_b(lane, i); break;
+    default: p = emu::ldmatrix_element(lane, i % 2, i >= 2);
+  }
+  *row = p.row;
+  *col = p.col;
+  return 0;
+}
+// One warp executes one mma on the given registers: a[32][4], b[32][2], c[32][4] -> d[32][4].
+// kind 0: m16n8k16 bfloat16, 1: m16n8k16 float16, 2: m16n8k8 tf32.
+EMU_API int emu_run_mma(int kind, const uint32_t* a, const uint32_t* b, const float* c, float* d) {
+  if (kind < 0 || kind > 2) return 1;
+  return emu::launch(dim3{1, 1, 1}, dim3{32, 1, 1}, [&] {
+    const unsigned l = threadIdx.x;
+    uint32_t ra[4], rb[2];
+    float rc[4], rd[4];
+    for (int i = 0; i < 4; ++i) ra[i] = a[4 * l + i], rc[i] = c[4 * l + i];
+    for (int i = 0; i < 2; ++i) rb[i] = b[2 * l + i];
+    if (kind == 0) mma_m16n8k16<__nv_bfloat16>(rd, ra, rb, rc);
+    if (kind == 1) mma_m16n8k16<__half>(rd, ra, rb, rc);
+    if (kind == 2) mma_m16n8k8_tf32(rd, ra, rb, rc);
+    for (int i = 0; i < 4; ++i) d[4 * l + i] = rd[i];
+  });
+}
+// One warp executes one ldmatrix.x{n}{.trans} from a shared buffer holding `image` (`bytes`
+// bytes); lane l gives the row address image + offsets[l]; its n registers go to out[4·l...].
+EMU_API int emu_run_ldmatrix(int n, int trans, const unsigned char* image, int bytes, const int* offsets,
+                             uint32_t* out) {
+  if (!(n == 1 || n == 2 || n == 4) || bytes < 0 || bytes > 8192) return 1;
+  return emu::launch(dim3{1, 1, 1}, dim3{32, 1, 1}, [&] {
+    alignas(16) __shared__ unsigned char smem[8192];
+    const unsigned l = threadIdx.x;
+    for (int i = int(l); i < bytes; i += 32) smem[i] = image[i];
+    __syncthreads();
+    uint32_t r[4] = {};
+    const void* row = smem + offsets[l];
+    if (n == 1 && !trans) ldmatrix<1, false>(reinterpret_cast<uint32_t(&)[1]>(r), row);
+    if (n == 1 && trans) ldmatrix<1, true>(reinterpret_cast<uint32_t(&)[1]>(r), row);
+    if (n == 2 && !trans) ldmatrix<2, false>(reinterpret_cast<uint32_t(&)[2]>(r), row);
+    if (n == 2 && trans) ldmatrix<2, true>(reinterpret_cast<uint32_t(&)[2]>(r), row);
+    if (n == 4 && !trans) ldmatrix<4, false>(r, row);
+    if (n == 4 && trans) ldmatrix<4, true>(r, row);
+    for (int i = 0; i < 4; ++i) out[4 * l + i] = r[i];
+  });
+}
+// One warp's cp.async, in two groups: lane l copies src[8l..8l+3] (group 1) and src[8l+4..8l+7]
+// (group 2) into shared memory, and writes what it sees there into out (4 snapshots of 8 floats
+// a lane): before any wait, after wait_group 1 (group 1 landed), after wait_group 0 (both), and
+// the first snapshot again after the block's barrier (its own copies only: other lanes' copies
+// are theirs to wait for).
+EMU_API int emu_run_cp_async(const float* src, float* out) {
+  return emu::launch(dim3{1, 1, 1}, dim3{32, 1, 1}, [&] {
+    alignas(16) __shared__ float smem[32 * 8];
+    const unsigned l = threadIdx.x;
+    for (int i = 0; i < 8; ++i) smem[8 * l + i] = -1;
+    __syncthreads();
+    cp_async16(&smem[8 * l], &src[8 * l]);
+    cp_async_commit();
+    cp_async16(&smem[8 * l + 4], &src[8 * l + 4]);
+    cp_async_commit();
+    for (int i = 0; i < 8; ++i) out[32 * l + i] = smem[8 * l + i];
+    cp_async_wait<1>();
+    for (int i = 0; i < 8; ++i) out[32 * l + 8 + i] = smem[8 * l + i];
+    cp_async_wait<0>();
+    for (int i = 0; i < 8; ++i) out[32 * l + 16 + i] = smem[8 * l + i];
+    __syncthreads();
+    for (int i = 0; i < 8; ++i) out[32 * l + 24 + i] = smem[8 * ((l + 1) % 32) + i];
+  });
+}
+// cvt.rna.tf32.f32 on n values.
+EMU_API void emu_cvt_rna_tf32(const float* in, uint32_t* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = cvt_rna_tf32(in[i]);
+}
+// The 16-bit types' conversions (cuda_emu.h), for the tests against torch's on every pattern:
+// kind 0 bfloat16, 1 float16; to_float: bits -> float32, else float32 -> bits (to nearest even).
+EMU_API void emu_convert(int kind, int to_float, const void* in, void* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (to_float) {
+      const uint16_t b = static_cast<const uint16_t*>(in)[i];
+      static_cast<float*>(out)[i] = kind == 0 ? __bfloat162float(__nv_bfloat16{b}) : __half2float(__half{b});
+    } else {
+      const float f = static_cast<const float*>(in)[i];
+      static_cast<uint16_t*>(out)[i] = kind == 0 ? __float2bfloat16(f).__x : __float2half(f).__x;
+    }
+  }
 }
 
 }  // extern "C"

@@ -56,3 +56,96 @@ inline void cp_async_wait_all() {
 #endif
 
 }  // namespace
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The tensor cores' warp-wide instructions (sm_80+; ldmatrix sm_75+). Operands are registers of
+// 32 bits: two bfloat16 or float16 elements each (the lower index in the lower half), or one tf32.
+// Which element of which matrix a lane's register holds is the PTX ISA's fragment table for the
+// shape (cuda/tensor_cores/README.md draws them from the emulation's model of them).
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+struct MmaType;  // the PTX type name of a 16-bit operand
+template <>
+struct MmaType<__nv_bfloat16> {
+  static constexpr bool bf16 = true;
+};
+template <>
+struct MmaType<__half> {
+  static constexpr bool bf16 = false;
+};
+
+#if defined(__CUDACC__)
+// D = A·B + C for a 16×8 tile, K = 16: A 16×16 (4 registers), B 16×8 (2), C and D 16×8 float32 (4).
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                             const float (&c)[4]) {
+  if constexpr (MmaType<T>::bf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+  }
+}
+// D = A·B + C for a 16×8 tile, K = 8, tf32 operands (one a register): A 4 registers, B 2.
+__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                 const float (&c)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+}
+// float32 -> tf32, rounded to nearest, ties away from zero (the low 13 bits of the result are 0).
+__device__ __forceinline__ uint32_t cvt_rna_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+// N 8×8 matrices of 16-bit elements from shared memory; lanes 8j..8j+7 give the rows of matrix j.
+template <int N, bool Trans>
+__device__ __forceinline__ void ldmatrix(uint32_t (&d)[N], const void* smem_row) {
+  const unsigned p = static_cast<unsigned>(__cvta_generic_to_shared(smem_row));
+  if constexpr (N == 1 && !Trans) asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(d[0]) : "r"(p));
+  if constexpr (N == 1 && Trans) asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];\n" : "=r"(d[0]) : "r"(p));
+  if constexpr (N == 2 && !Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(d[0]), "=r"(d[1]) : "r"(p));
+  if constexpr (N == 2 && Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(d[0]), "=r"(d[1]) : "r"(p));
+  if constexpr (N == 4 && !Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(p));
+  if constexpr (N == 4 && Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(p));
+}
+#else
+template <typename T>
+inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
+  const emu::Array4 r = emu::mma_m16n8k16<MmaType<T>::bf16>(a, b, c);
+  for (int i = 0; i < 4; ++i) d[i] = r.v[i];
+}
+inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
+  const emu::Array4 r = emu::mma_m16n8k8_tf32(a, b, c);
+  for (int i = 0; i < 4; ++i) d[i] = r.v[i];
+}
+inline uint32_t cvt_rna_tf32(float x) { return emu::cvt_rna_tf32(x); }
+template <int N, bool Trans>
+inline void ldmatrix(uint32_t (&d)[N], const void* smem_row) {
+  const emu::Regs4 r = emu::ldmatrix<N, Trans>(smem_row);
+  for (int i = 0; i < N; ++i) d[i] = r.r[i];
+}
+#endif
+
+}  // namespace
