@@ -82,3 +82,18 @@ def test_forward_mode_ad_under_compile(fullgraph):
     fn = modes.dense("py")
     out = torch.compile(lambda *a: func.jvp(fn, a, tangents), fullgraph=fullgraph)(x, w, b)
     torch.testing.assert_close(out, func.jvp(reference, (x, w, b), tangents))
+
+
+def test_the_comment_on_apply_quotes_the_recorded_inspect_binding():
+    """py/dense.py says what Function.apply's inspect binding costs; the figure is the record's."""
+    import json
+    import re
+
+    from conftest import ROOT
+
+    record = json.loads((ROOT / "docs" / "results" / "cpp_overhead.json").read_text())
+    binding = next(r["median_us"] for r in record["rows"] if r["name"] == "py: inspect binding alone")
+    source = (ROOT / "py" / "dense.py").read_text()
+    quoted = re.search(r"with inspect \(about (\d+) µs\s*#? a call here \(docs/results/cpp_overhead\.json\)", source)
+    assert quoted, "py/dense.py no longer quotes the binding's cost with its record"
+    assert int(quoted.group(1)) == round(binding)
