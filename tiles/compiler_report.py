@@ -8,6 +8,10 @@ occupancy these allow (cuda/static_report.py's rules), and from the SASS the ins
 the main loop: multiply-adds (FFMA/DFMA) or tensor-core instructions (HMMA/HGMMA/DMMA), shared
 loads (LDS), global loads (LDG) and cp.async copies (LDGSTS), by width. The same columns as
 cuda/static_report.py's table, so the table puts the hand-written GEMMs of chapter 4 beside them.
+The kernels are compiled in float32 and float64, and in bfloat16 as the stage launches them on a
+GPU (INTERPRETED=False); for those a second table names what their tl.dot became: the dot's
+operand and accumulator types in the TTGIR, the tensor-core instructions in the PTX and in the
+main loop's SASS, and the PTX's float32 → bfloat16 roundings.
 
 The SASS needs cuobjdump and nvdisasm: Triton's wheel ships both (or CUDA toolkit / pip).
 
@@ -70,7 +74,15 @@ def variants(kernels) -> list[dict]:
         {"label": "grad x (dz W)", "kernel": "grad_x_kernel", "dtype": "f32", "precision": "ieee", "config": bwd},
         {"label": "grad W, b (dzᵀ x, Σ dz)", "kernel": "grad_w_kernel", "dtype": "f32", "precision": "ieee",
          "config": bwd},
+        # bfloat16 tiles into a float32 accumulator, as the stage launches them on a GPU.
+        {"label": "forward", "kernel": "forward_kernel", "dtype": "bf16", "precision": "ieee", "config": fwd},
+        {"label": "grad x (dz W)", "kernel": "grad_x_kernel", "dtype": "bf16", "precision": "ieee", "config": bwd},
+        {"label": "grad W, b (dzᵀ x, Σ dz)", "kernel": "grad_w_kernel", "dtype": "bf16", "precision": "ieee",
+         "config": bwd},
     ]
+
+
+DTYPES = {"f32": "float32", "f64": "float64", "bf16": "bfloat16"}  # the table's names, torch's
 
 
 def _arguments(kernel: str, dtype: str, precision: str, config: dict):
@@ -78,9 +90,10 @@ def _arguments(kernel: str, dtype: str, precision: str, config: dict):
     matter only by dtype and alignment, so small CPU tensors stand in for the big ones."""
     import torch
 
-    t = torch.empty(16, 16, dtype=torch.float32 if dtype == "f32" else torch.float64)
+    t = torch.empty(16, 16, dtype=getattr(torch, DTYPES[dtype]))
     n = SIZE
-    common = {"PRECISION": precision, **config}
+    # INTERPRETED=False: the kernel a launch on the GPU compiles, bfloat16 dot included.
+    common = {"PRECISION": precision, "INTERPRETED": False, **config}
     if kernel == "forward_kernel":  # x, W, b, y; M, N, K; strides of x, W, b, y
         return (t, t, t, t, n, n, n, n, 1, n, 1, 1, n, 1), {"HAS_BIAS": True, **common}
     if kernel == "grad_x_kernel":  # g, y, W, dx; M, N, K; strides of g, y, W, dx
@@ -144,6 +157,12 @@ def is_mma(op: str) -> bool:
     return op.split(".")[0] in MMA
 
 
+def mma_name(i) -> str:
+    """A tensor-core instruction's whole name, shape and types included (HGMMA.64x128x16.F32.BF16).
+    The SASS parser's opcode stops at the shape's lowercase x; the rest heads its arguments."""
+    return i.op + i.args.split()[0] if i.args[:1] == "x" else i.op
+
+
 def main_loop(code: list) -> dict | None:
     """The innermost loop that multiplies (FFMA/DFMA or MMA), as sr.inner_loop chooses it,
     with its tensor-core instructions counted too."""
@@ -157,11 +176,7 @@ def main_loop(code: list) -> dict | None:
     if not inner:
         return None
     start, end, body = max(inner, key=lambda s: sum(sr.is_fma(i.op) or is_mma(i.op) for i in s[2]))
-    mma: dict[str, int] = {}
-    for i in body:
-        if is_mma(i.op):
-            mma[i.op] = mma.get(i.op, 0) + 1
-    return {"start": f"{start:#06x}", "end": f"{end:#06x}", **sr.mix(body), "mma": mma}
+    return {"start": f"{start:#06x}", "end": f"{end:#06x}", **sr.mix(body), "mma": _mma_counts(body)}
 
 
 def ptx_counts(ptx: str) -> dict:
@@ -173,6 +188,34 @@ def ptx_counts(ptx: str) -> dict:
             "ld_global_v4": count(r"\bld\.global[\w.]*\.v4\."), "ld_shared_v4": count(r"\bld\.shared[\w.]*\.v4\."),
             "st_global_v4": count(r"\bst\.global[\w.]*\.v4\."), "wgmma": count(r"\bwgmma\.mma_async"),
             "mma_sync": count(r"\bmma\.sync"), "fma": count(r"\bfma\.rn\.f(32|64)")}
+
+
+def _tally(names: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in names:
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def ptx_names(ptx: str) -> dict[str, dict[str, int]]:
+    """The PTX's instructions by whole name, where the name is the point: the tensor-core ones
+    (shape, accumulator and operand types) and the float32 → bfloat16 roundings (cvt.rn: to
+    nearest even; .bf16x2 rounds two values at once)."""
+    return {"mma": _tally(re.findall(r"\b(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)", ptx)),
+            "cvt_bf16": _tally(re.findall(r"\b(cvt\.\w+\.bf16(?:x2)?\.f32)\b", ptx))}
+
+
+def dot_types(ttgir: str) -> dict[str, int]:
+    """The TTGIR's dots (tt.dot, or Hopper's ttng.warp_group_dot) by the element types of their
+    operands and result, as the compiler lowered them: {"ttng.warp_group_dot bf16 × bf16 → f32": 1}."""
+    found = []
+    for line in ttgir.splitlines():
+        m = re.search(r"= (tt\.dot|ttng\.warp_group_dot) .* : (.*?) -> (.*?)(?: loc\(|$)", line)
+        if m:
+            a, b = (re.search(r"<(?:\d+x)+(\w+?)[,>]", t).group(1) for t in m.group(2).split(" * "))
+            result = re.search(r"<(?:\d+x)+(\w+?)[,>]", m.group(3)).group(1)
+            found.append(f"{m.group(1)} {a} × {b} → {result}")
+    return _tally(found)
 
 
 def accumulator_layout(ttgir: str, bm: int, bn: int) -> dict | None:
@@ -241,6 +284,7 @@ def build(keep: Path | None = None) -> dict:
                          "sass_instructions": sum(1 for i in code if i.op != "NOP"),
                          "kernel_mix": {**sr.mix(code), "mma": _mma_counts(code)},
                          "main_loop": main_loop(code), "ptx": ptx_counts(c.asm["ptx"]),
+                         "ptx_names": ptx_names(c.asm["ptx"]), "dots": dot_types(c.asm["ttgir"]),
                          "accumulator": accumulator_layout(c.asm["ttgir"], cfg["BLOCK_M"], cfg["BLOCK_N"])})
     return {"arch": f"sm_{ARCH}a", "size": SIZE, "triton": triton.__version__,
             "ptxas": sr.tool_version(ptxas), "cuobjdump": sr.tool_version(cuobjdump),
@@ -248,11 +292,7 @@ def build(keep: Path | None = None) -> dict:
 
 
 def _mma_counts(code: list) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for i in code:
-        if is_mma(i.op):
-            out[i.op] = out.get(i.op, 0) + 1
-    return out
+    return _tally([mma_name(i) for i in code if is_mma(i.op)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -299,7 +339,27 @@ def table(record: dict) -> str:
                 "the forward). " if cuda else f"`{record['compare_with']}` not found: hand-written rows left out. ")
              + "Main loop: counts in the innermost loop that multiplies, each instruction once (count×bits for "
              f"loads). {record['date']}: `{record['command']}`"]
-    return "\n".join(head + rows + notes + ideas(record))
+    return "\n".join(head + rows + notes + ideas(record) + bfloat16_dot(record))
+
+
+def bfloat16_dot(record: dict) -> list[str]:
+    """What the bfloat16 kernels' tl.dot became for sm_90: the dot's types in the TTGIR, its
+    tensor-core instructions in the PTX and in the main loop's SASS, and the PTX's roundings."""
+    kernels = [k for k in record["kernels"] if k["dtype"] == "bf16"]
+    if not kernels:
+        return []
+
+    def names(counts: dict[str, int]) -> str:
+        return ", ".join(f"{n} `{name}`" for name, n in counts.items()) or "none"
+
+    rows = ["", "The bfloat16 kernels' `tl.dot`, compiled as the stage launches it on a GPU (`INTERPRETED=False`):",
+            "", "| kernel | dot in the TTGIR | tensor-core instructions in the PTX | in the main loop's SASS "
+            "| float32 → bfloat16 in the PTX |", "|---|---|---|---|---|"]
+    for k in kernels:
+        loop = (k["main_loop"] or {}).get("mma", {})
+        rows.append(f"| {k['label']} | {names(k['dots'])} | {names(k['ptx_names']['mma'])} | {names(loop)} "
+                    f"| {names(k['ptx_names']['cvt_bf16'])} |")
+    return rows
 
 
 def ideas(record: dict) -> list[str]:

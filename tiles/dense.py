@@ -148,7 +148,7 @@ _define = torch.library.custom_op if INTERPRETED else torch.library.triton_op
 
 @_define("dense_triton::forward", mutates_args=())
 def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    modes.check_inputs(x, weight, bias)
+    modes.check_inputs(x, weight, bias, "triton")
     _check_device(x)
     m, k, n = _rows(x), x.shape[-1], weight.shape[0]
     out = x.new_empty((*x.shape[:-1], n))  # allocated in its final shape: the result is no view
@@ -164,7 +164,7 @@ def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
             x2, weight, weight if bias is None else bias, y2, m, n, k,  # no bias: any pointer, never read
             x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), 0 if bias is None else bias.stride(0),
             y2.stride(0), y2.stride(1),
-            HAS_BIAS=bias is not None, PRECISION=precision(x.dtype))
+            HAS_BIAS=bias is not None, PRECISION=precision(x.dtype), INTERPRETED=INTERPRETED)
     return out
 
 
@@ -188,7 +188,7 @@ def backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor,
             grid = (triton.cdiv(m, tiles["BLOCK_M"]), triton.cdiv(k, tiles["BLOCK_K"]))
             wrap_triton(grad_x_kernel)[grid](
                 g2, y2, weight, dx2, m, n, k, *gy_strides, weight.stride(0), weight.stride(1),
-                dx2.stride(0), dx2.stride(1), PRECISION=prec, **tiles, **launch)
+                dx2.stride(0), dx2.stride(1), PRECISION=prec, INTERPRETED=INTERPRETED, **tiles, **launch)
         want_w, want_b = output_mask[1] and gw.numel() > 0, output_mask[2] and n > 0
         if want_w or want_b:
             # One program per BLOCK_N × BLOCK_K tile of dW; without dW, one per block of columns.
@@ -196,7 +196,8 @@ def backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor,
             dw = gw if want_w else weight  # stand-in pointers for what is not computed, never written
             wrap_triton(grad_w_kernel)[grid](
                 g2, y2, x2, dw, gb if want_b else weight, m, n, k, *gy_strides, x2.stride(0), x2.stride(1),
-                dw.stride(0), dw.stride(1), DW=want_w, DB=want_b, PRECISION=prec, **tiles, **launch)
+                dw.stride(0), dw.stride(1), DW=want_w, DB=want_b, PRECISION=prec, INTERPRETED=INTERPRETED,
+                **tiles, **launch)
     return gx, gw, gb
 
 
