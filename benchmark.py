@@ -32,6 +32,7 @@ Examples:
   python benchmark.py -m cpp -b 1024 -i 1024 -o 1024 --json /tmp/cpu_1024.json
   python benchmark.py -m all --compile --plot /tmp/cpu_1024.png
   python benchmark.py -m py --dtype float64 --rounds 5
+  python benchmark.py -m all --dtype bfloat16 -b 256 -i 256 -o 256 --rounds 10
   python benchmark.py -m all -b 1 -i 64 -o 64 --rounds auto --ci-target 0.01 --budget 30
   python benchmark.py --sweep --json /tmp/sweep.json --plot /tmp/sweep.png
   python benchmark.py -m cpp -b 32 --malloc default   # glibc's allocator as it comes (see set_malloc)
@@ -442,6 +443,29 @@ def check_stages(selected: Sequence[str]) -> tuple[list[str], dict[str, str]]:
             lines = [line for line in str(e).splitlines() if line.strip()]
             failed[m] = " / ".join(lines[:3])[:500] or type(e).__name__
     return ok, failed
+
+
+def refusal(mode: str, dtype: torch.dtype) -> str:
+    """Why ``mode`` is not run in ``dtype``: what it takes, and the modes that take ``dtype``."""
+    def names(dtypes: Sequence[torch.dtype]) -> str:
+        words = [str(d).removeprefix("torch.") for d in dtypes]
+        return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
+
+    name = str(dtype).removeprefix("torch.")
+    return (f"does not take {name}: it takes {names(modes.MODE_DTYPES[mode])}; {name} runs in modes "
+            f"{', '.join(m for m in modes.MODES if dtype in modes.MODE_DTYPES[m])}")
+
+
+def runs_in(stages: Sequence[str], dtype: torch.dtype, device: str) -> dict[str, str]:
+    """{mode: why it fails} for the stages whose forward and backward raise on a small layer in ``dtype``."""
+    failing = {}
+    for m in stages:
+        x, w, b = (torch.randn(s, dtype=dtype, device=device, requires_grad=True) for s in ((3, 5), (2, 5), (2,)))
+        try:
+            modes.dense(m)(x, w, b).sum().backward()
+        except Exception as e:  # whatever a stage raises, it is a line and the others still run
+            failing[m] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+    return failing
 
 
 def _inputs(batch: int, in_f: int, out_f: int, device: str, dtype: torch.dtype, seed: int):
@@ -937,7 +961,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-i", "--in-features", type=size, help="I (default 1024)")
     parser.add_argument("-o", "--out-features", type=size, help="O (default 1024)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--dtype", choices=[str(d).removeprefix("torch.") for d in modes.DTYPES], default="float32",
+                        help="the inputs' and parameters' type, the reference's too (default float32); a mode that "
+                             "does not take it is skipped, with the reason")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile of the reference")
     parser.add_argument("--rounds", type=rounds_arg, default=None,
                         help="interleaved samples per variant, or auto (default 20); with --sweep, the least "
@@ -990,12 +1016,18 @@ def main(argv: list[str] | None = None) -> int:
     pin_threads(args.threads)
     set_malloc(args.malloc)
 
+    if args.mode != "all" and dtype not in modes.MODE_DTYPES[args.mode]:
+        raise cli.UserError(f"mode {args.mode!r} {refusal(args.mode, dtype)}")
     try:
         selected, skipped = modes.resolve(args.mode)
     except RuntimeError as e:
         raise cli.UserError(str(e)) from None
     if args.sweep:
         selected = [m for m in selected if m in ("py", "cpp")]
+    for m in [m for m in modes.MODES if m in selected or m in skipped]:
+        if dtype not in modes.MODE_DTYPES[m]:  # the more lasting reason, where a mode has both
+            skipped[m] = refusal(m, dtype)
+    selected = [m for m in selected if m not in skipped]
     for m, reason in skipped.items():
         if not args.sweep or m in ("py", "cpp"):
             print(f"SKIP  {m}: {reason}", file=sys.stderr)
@@ -1010,6 +1042,12 @@ def main(argv: list[str] | None = None) -> int:
     loaded, failed = check_stages(selected)
     for m, why in failed.items():
         print(f"FAIL  {m}: could not load the stage: {why}", file=sys.stderr)
+    # A stage that takes the type may still fail in it: one small call each, before any timing.
+    if dtype in (torch.bfloat16, torch.float16):
+        for m, why in runs_in(loaded, dtype, args.device).items():
+            loaded.remove(m)
+            failed[m] = why
+            print(f"FAIL  {m}: cannot run in {args.dtype}: {why}", file=sys.stderr)
     if failed and not loaded:
         return 1
 

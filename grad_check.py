@@ -1,8 +1,44 @@
 """Check each stage's forward and backward against nn.Linear + torch.sigmoid.
 
-For every mode: torch.autograd.gradcheck in float64 (the stage's backward against finite
-differences of its own forward), then the float32 output and gradients against the torch
-reference. One line per check; the exit status is 0 only if every check passed.
+In float32 (the default) and float64, for every mode: torch.autograd.gradcheck in float64 (the
+stage's backward against finite differences of its own forward), then the output and gradients
+against the torch reference in that type. In bfloat16 and float16 gradcheck does not apply (its
+finite differences need float64's digits): the output and every gradient are compared with the
+float64 truth, and judged against eager nn.Linear's own error on the same inputs (below). One
+line per check; the exit status is 0 only if every check passed.
+
+The tolerance in bfloat16 and float16. Let u be the type's unit roundoff (the largest relative
+error of one rounding to nearest: bfloat16 2^-8, float16 2^-11, float32 2^-24) and v float32's.
+A result r = Σ_k a_k·b_k (+ bias) of a reduction of length K, inputs in the type, accumulated in
+float32 and rounded once to the type, obeys
+
+    |r̂ − r| ≤ u·|r| + (1 + u)·γ_{K+1}·Σ_k |a_k·b_k|,    γ_n = n·v / (1 − n·v),
+
+plus (2u + u²)·Σ_k |a_k·b_k| where the inputs themselves were rounded to the type (autocast).
+The products are exact in float32: a bfloat16 significand has 8 bits and a float16 one 11, so a
+product has at most 16 or 22, within float32's 24 (float16's products always fit float32's
+exponent range; bfloat16's, whose range is float32's, unless they overflow or underflow it); only
+the sums round. While K·v stays below u (K < 2^16 for bfloat16), that last rounding to the type
+is the larger term: the reason the accumulator stays float32. A bfloat16 accumulator would give
+γ_K with u itself, K·2^-8 = 4 at K = 1024: not one correct bit promised. The sigmoid passes an
+error δ of z on as at most σ'(z)·e^δ·δ (σ' ≤ 1/4), then rounds; dz = g·y(1 − y) is computed from
+the rounded y; dx, dW and db are reductions of length O, B and B over dz, each bounded as above.
+error_bound() adds these up element by element (a result below float32's smallest normal number
+may be flushed to zero: that much more); the tests check that nn.Linear and every stage stay
+within it. A bound is the worst case, and the measured errors are mostly far below it, so the
+pass rule judges a stage against what nn.Linear achieves on the same inputs: for the output and
+for each gradient,
+
+    max|stage − truth| ≤ 4·max|nn.Linear − truth| + 2u·max|truth|
+
+where truth is float64 arithmetic on the very values the layer received, and the second term
+covers a tensor that nn.Linear happens to get exactly right. Each line shows both errors and
+their ratio. NaN and ±inf must fall where nn.Linear's do. On a GPU the reference's cuBLAS is
+asked to accumulate in float32 (no reduced-precision reductions), as the rule assumes.
+
+--error-table measures, at one shape, each mode's and nn.Linear's errors against the float64
+truth in float32, bfloat16 and float16 (the cuda mode through the CPU emulation of its kernels
+where there is no GPU), and writes them as a record (--json) that chapter 1 shows.
 
 gradcheck's cost grows with the number of inputs times the number of outputs (it builds the
 whole Jacobian, numerically and analytically): the script estimates it from the sizes, warns
@@ -12,14 +48,18 @@ above GRADCHECK_WARN_S seconds and refuses above GRADCHECK_MAX_S, suggesting sma
 Examples:
   python grad_check.py py
   python grad_check.py all                      # every mode that works here
+  python grad_check.py all --dtype bfloat16     # against the float64 truth, judged by nn.Linear's error
   python grad_check.py cpp -b 64 -i 128 -o 32 --no-bias
   python grad_check.py cpp -b 512 -i 256 -o 128 --fast-gradcheck
   python grad_check.py cuda --device cuda
   python grad_check.py cuda --emulate              # the CUDA kernels on the CPU, every version (seconds)
   python grad_check.py cuda --emulate --kernel 3 -b 33 -i 65 -o 17 --no-bias
+  python grad_check.py cuda --emulate --dtype bfloat16 -b 37 -i 70 -o 33
+  python grad_check.py all --error-table --json /tmp/errors.json
 
 With --emulate the CUDA chapter's kernels run on the CPU (cuda/emulated.py), one version after
-another. gradcheck makes 2·(B·I + O·I + O) forward calls and B·O backward calls per version, and
+another (in bfloat16 and float16 the versions built for the type; the others are skipped, with
+the reason). gradcheck makes 2·(B·I + O·I + O) forward calls and B·O backward calls per version, and
 each call costs more as B·I·O grows: before each version the script times a call at the sizes
 given and prints what the whole check will cost (it refuses one that would take over two minutes).
 """
@@ -30,23 +70,48 @@ import cli  # first: a Ctrl-C during the imports below (torch takes seconds) is 
 
 # isort: split
 import argparse
+import contextlib
+import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor
 from torch.autograd.gradcheck import GradcheckError
 
+import benchmark
 import modes
-from benchmark import check_stages
+from benchmark import check_stages, refusal
 
 # float32 results differ from the reference only by rounding in the reductions. A check
 # passes when |actual − reference| ≤ ATOL·max(1, max|reference|) + RTOL·|reference|.
 RTOL, ATOL = 1e-4, 1e-5
+RTOL64, ATOL64 = 1e-10, 1e-12  # the same in float64
 # Seconds of estimated gradcheck time above which the script warns, and refuses.
 GRADCHECK_WARN_S, GRADCHECK_MAX_S = 10.0, 120.0
 EMULATE_HINT = "; without a GPU the kernels run on the CPU: python grad_check.py cuda --emulate"
+
+# The unit roundoff of each type: half the gap between 1 and the next number, the largest relative
+# error of one rounding to nearest.
+UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+LOW_PRECISION = (torch.bfloat16, torch.float16)  # judged by the rule in the docstring, not by gradcheck
+FACTOR = 4.0  # a stage's error may be up to FACTOR times nn.Linear's...
+FLOOR = 2.0   # ... plus FLOOR·u·max|truth|
+TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TABLE_SHAPE = (32, 1024, 64)  # --error-table's default B, I, O: a reduction long enough to count
+TENSORS = ("output", "grad x", "grad weight", "grad bias")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def accumulator(dtype: torch.dtype) -> torch.dtype:
+    """The type every stage sums in: float64 for float64, float32 for every other."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @dataclass
@@ -60,14 +125,205 @@ class Check:
         return f"{'PASS' if self.passed else 'FAIL'}  {self.mode:<6}  {self.name:<38} {self.detail}"
 
 
-def compare(actual: torch.Tensor, ref: torch.Tensor) -> tuple[bool, str]:
+def compare(actual: torch.Tensor, ref: torch.Tensor, rtol: float = RTOL, atol: float = ATOL) -> tuple[bool, str]:
     """The tolerance test above; returns (passed, a one-line description)."""
     scale = max(1.0, ref.abs().max().item()) if ref.numel() else 1.0
     err = (actual.double() - ref.double()).abs()
-    allowed = ATOL * scale + RTOL * ref.double().abs()
+    allowed = atol * scale + rtol * ref.double().abs()
     worst = err.max().item() if err.numel() else 0.0
-    return bool((err <= allowed).all()), f"max |err| {worst:.2e} (rtol {RTOL:g}, atol {ATOL:g}·scale)"
+    return bool((err <= allowed).all()), f"max |err| {worst:.2e} (rtol {rtol:g}, atol {atol:g}·scale)"
 
+
+# ---------------------------------------------------------------------------
+# bfloat16 and float16: the float64 truth, the bound, and the rule
+# ---------------------------------------------------------------------------
+
+def reference(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.sigmoid(F.linear(x, weight, bias))
+
+
+def forward_backward(fn: Callable[..., Tensor], inputs: Sequence[Tensor | None], grad_out: Tensor) -> list[Tensor]:
+    """[output, the gradient of each input that is not None] of fn(x, weight, bias), on fresh leaves."""
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in inputs]
+    y = fn(*leaves)
+    y.backward(grad_out)
+    return [y.detach()] + [t.grad for t in leaves if t is not None]
+
+
+def truth(inputs: Sequence[Tensor | None], grad_out: Tensor) -> list[Tensor]:
+    """forward_backward of the reference in float64, on the very values given (exact: every type
+    here converts to float64 without rounding)."""
+    return forward_backward(reference, [None if t is None else t.double() for t in inputs], grad_out.double())
+
+
+def error_bound(x: Tensor, weight: Tensor, bias: Tensor | None, grad_out: Tensor, dtype: torch.dtype,
+                rounded: bool = False) -> list[Tensor]:
+    """Element by element, how far a stage's [output, grad x, grad weight, grad bias] computed in
+    ``dtype`` may be from the float64 truth, for finite inputs: the bound of the module's
+    docstring, carried through the sigmoid and the backward. ``rounded``: the values given are
+    the truth's inputs, and the layer got them rounded to ``dtype`` (torch.autocast); grad_out is
+    in ``dtype`` either way.
+
+    It allows for the ways the stages and nn.Linear differ: an accumulator's step may be off by a
+    whole ulp of the accumulator (2v: tensor cores truncate), x Wᵀ may be rounded to ``dtype``
+    before the bias is added (and z rounded again), the sigmoid itself may be off by 2^-16 relative in
+    bfloat16 and float16 (a GPU's fastest approximations are; 8 ulps of the accumulator in float32
+    and float64), and dz = g·y(1 − y) may be rounded to ``dtype`` after each of its three
+    operations (float16 on the CPU is)."""
+    u = UNIT_ROUNDOFF[dtype]
+    v = 2 * UNIT_ROUNDOFF[accumulator(dtype)]     # one step of the accumulator, truncating at worst
+    tiny = torch.finfo(accumulator(dtype)).tiny    # a result below it may be flushed to zero
+    eta = max(torch.finfo(dtype).tiny * u, tiny)   # ... and a rounding to dtype's subnormals
+    sigmoid_rel = 2.0**-16 if dtype in LOW_PRECISION else 8 * v
+    k_in, out_f = weight.shape[1], weight.shape[0]
+
+    def gamma(n: int) -> float:
+        return n * v / (1 - n * v)
+
+    def to_dtype(value: Tensor, error: Tensor, times: int = 1) -> Tensor:
+        """The error after rounding a result (true value ``value``, error so far ``error``) to dtype."""
+        for _ in range(times):
+            error = error + u * (value.abs() + error) + eta
+        return error
+
+    x2, w = x.double().reshape(-1, k_in), weight.double()
+    g = grad_out.double().reshape(-1, out_f)
+    b = bias.double() if bias is not None else torch.zeros(out_f, dtype=torch.float64)
+    rows = x2.shape[0]
+    inflate = (1 + u) ** 2 if rounded else 1.0  # |a'·b'| ≤ (1 + u)²·|a·b| for rounded inputs
+    # forward: z = x Wᵀ + b, then y = sigmoid(z)
+    product = x2 @ w.t()
+    z, s = product + b, x2.abs() @ w.abs().t() + b.abs()
+    ez = (gamma(k_in + 1) * inflate + (2 * u + u * u) * rounded) * s + (k_in + 1) * tiny
+    ez = to_dtype(z, to_dtype(product, ez))  # the product rounded, then the sum with the bias
+    y = torch.sigmoid(z)
+    slope = torch.clamp(y * (1 - y) * torch.exp(ez), max=0.25)  # σ'(z + t) ≤ σ'(z)·e^|t|
+    ey = to_dtype(y, slope * ez + sigmoid_rel * y + tiny)
+    # backward: dz = g·y(1 − y) from the rounded y
+    dz = g * y * (1 - y)
+    edz = to_dtype(dz, g.abs() * ey * ((1 - 2 * y).abs() + ey) + v * (dz.abs() + tiny), times=3)
+    adz = dz.abs() + edz
+
+    def reduced(value: Tensor, carried: Tensor, magnitude: Tensor, length: int, operand_rounded: bool) -> Tensor:
+        err = carried + gamma(length) * magnitude + length * tiny + u * magnitude * (rounded and operand_rounded)
+        return to_dtype(value, err)
+
+    w_abs, x_abs = w.abs(), x2.abs()
+    dx = reduced(dz @ w, edz @ w_abs, adz @ w_abs, out_f, True).reshape(x.shape)
+    dw = reduced(dz.t() @ x2, edz.t() @ x_abs, adz.t() @ x_abs, rows, True)
+    db = reduced(dz.sum(0), edz.sum(0), adz.sum(0), rows, False)
+    return [ey.reshape(*x.shape[:-1], out_f), dx, dw] + ([db] if bias is not None else [])
+
+
+@dataclass
+class Judged:
+    """One tensor judged by the rule: its error, nn.Linear's, what the rule allows, and how much of
+    error_bound each uses at its worst element (within it: at most 1)."""
+
+    passed: bool
+    error: float = math.nan
+    linear_error: float = math.nan
+    allowed: float = math.nan
+    of_bound: float = math.nan
+    linear_of_bound: float = math.nan
+    problem: str = ""  # a reason the numbers do not cover: a type, a shape, NaN or ±inf misplaced
+
+    @property
+    def ratio(self) -> float:
+        return self.error / self.linear_error if self.linear_error > 0 else (0.0 if self.error == 0 else math.inf)
+
+    def detail(self) -> str:
+        if self.problem:
+            return self.problem
+        bound = f"{self.of_bound:.2f} of the bound"
+        if self.of_bound > 1:
+            bound += f" (nn.Linear's {self.linear_of_bound:.2f})"
+        return (f"max |err| {self.error:.2e}, nn.Linear's {self.linear_error:.2e}, ratio {self.ratio:.2f} "
+                f"(allowed {self.allowed:.2e}: {FACTOR:g}× + {FLOOR:g}u·max|truth|); {bound}")
+
+
+def judge(actual: Tensor, linear: Tensor, exact: Tensor, dtype: torch.dtype, bound: Tensor | None = None) -> Judged:
+    """The rule of the docstring for one tensor: ``actual`` (the stage's), ``linear`` (nn.Linear's
+    on the same inputs, in the same type) against ``exact`` (the float64 truth). NaN and ±inf must
+    be where nn.Linear has them; the errors are taken where nn.Linear and the truth are finite.
+    With ``bound`` (error_bound's), the stage must also stay within it, unless nn.Linear does not
+    (then the bound, not the stage, is wrong for these inputs)."""
+    if actual.dtype != linear.dtype or actual.shape != linear.shape:
+        return Judged(False, problem=f"{dtype_name(actual.dtype)} {tuple(actual.shape)}, "
+                      f"nn.Linear gives {dtype_name(linear.dtype)} {tuple(linear.shape)}")
+    a, lin, t = actual.detach().cpu().double(), linear.detach().cpu().double(), exact.detach().cpu().double()
+    if not torch.equal(a.isnan(), lin.isnan()):
+        return Judged(False, problem=f"NaN at {int((a.isnan() != lin.isnan()).sum())} places where nn.Linear differs")
+    infinite = lin.isinf()
+    if not torch.equal(a.isinf(), infinite) or not torch.equal(a[infinite], lin[infinite]):
+        return Judged(False, problem="±inf where nn.Linear has none, or of the other sign")
+    finite = lin.isfinite() & t.isfinite()
+    if bound is not None:
+        finite &= bound.isfinite()
+    a, lin, t = a[finite], lin[finite], t[finite]
+    if t.numel() == 0:
+        return Judged(True, 0.0, 0.0, 0.0, 0.0, 0.0)
+    error, linear_error = (a - t).abs(), (lin - t).abs()
+    allowed = FACTOR * linear_error.max().item() + FLOOR * UNIT_ROUNDOFF[dtype] * t.abs().max().item()
+    of_bound = linear_of_bound = 0.0
+    if bound is not None:
+        e = bound.detach().cpu().double()[finite]
+        of_bound, linear_of_bound = (error / e).max().item(), (linear_error / e).max().item()
+    passed = error.max().item() <= allowed and (of_bound <= 1 or linear_of_bound > 1)
+    return Judged(passed, error.max().item(), linear_error.max().item(), allowed, of_bound, linear_of_bound)
+
+
+def draw(batch: int, in_f: int, out_f: int, bias: bool, dtype: torch.dtype, seed: int = 0,
+         device: str = "cpu") -> tuple[list[Tensor | None], Tensor]:
+    """([x, weight, bias], grad_out) in ``dtype``: drawn in float64 at a working layer's scale
+    (x ~ N(0, 1), weight and bias ~ N(0, 1/I), as benchmark._inputs), then rounded once."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = in_f ** -0.5
+    x = torch.randn(batch, in_f, generator=gen, dtype=torch.float64)
+    w = torch.randn(out_f, in_f, generator=gen, dtype=torch.float64) * scale
+    b = torch.randn(out_f, generator=gen, dtype=torch.float64) * scale
+    g = torch.randn(batch, out_f, generator=gen, dtype=torch.float64)
+    inputs = [x, w, b if bias else None]
+    return [None if t is None else t.to(device=device, dtype=dtype) for t in inputs], g.to(device=device, dtype=dtype)
+
+
+def low_precision_checks(mode: str, fn: modes.DenseFn, batch: int, in_f: int, out_f: int, device: str,
+                         bias: bool, seed: int, dtype: torch.dtype) -> Iterator[Check]:
+    """The output and every gradient in ``dtype`` against the float64 truth, by the rule."""
+    name = dtype_name(dtype)
+    inputs, grad_out = draw(batch, in_f, out_f, bias, dtype, seed, device)
+    try:
+        got = forward_backward(fn, inputs, grad_out)
+    except Exception as e:  # a stage that refuses the type, or fails in it: a line, not a traceback
+        text = (str(e).strip().splitlines() or [""])[0][:300]
+        yield Check(mode, f"forward and backward in {name}", False, f"{type(e).__name__}: {text}")
+        return
+    with float32_accumulation():
+        linear = forward_backward(reference, inputs, grad_out)
+    bounds = error_bound(*[t.cpu() for t in inputs[:2]], None if inputs[2] is None else inputs[2].cpu(),
+                         grad_out.cpu(), dtype)
+    for label, a, lin, t, e in zip(TENSORS[:3] + (TENSORS[3:] if bias else ()), got, linear,
+                                   truth(inputs, grad_out), bounds):
+        verdict = judge(a, lin, t, dtype, e)
+        yield Check(mode, f"{label} {name} vs float64 truth", verdict.passed, verdict.detail())
+
+
+@contextlib.contextmanager
+def float32_accumulation() -> Iterator[None]:
+    """cuBLAS's bfloat16 and float16 GEMMs may sum parts in the 16-bit type unless told not to;
+    the rule assumes nn.Linear accumulates in float32, so it is told, here and only here."""
+    matmul = torch.backends.cuda.matmul
+    before = (matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction)
+    matmul.allow_bf16_reduced_precision_reduction = matmul.allow_fp16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction = before
+
+
+# ---------------------------------------------------------------------------
+# The checks
+# ---------------------------------------------------------------------------
 
 def gradcheck_cost(batch: int, in_f: int, out_f: int, bias: bool = True, fast: bool = False) -> tuple[float, int]:
     """(seconds, bytes) that gradcheck will roughly need at these sizes, in float64.
@@ -89,16 +345,19 @@ def gradcheck_cost(batch: int, in_f: int, out_f: int, bias: bool = True, fast: b
 
 def run_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu",
                bias: bool = True, seed: int = 0, fast: bool = False,
-               fn: modes.DenseFn | None = None) -> list[Check]:
-    """Run gradcheck and the reference comparison for one mode (or ``fn``); one Check per line."""
-    return list(iter_checks(mode, batch, in_f, out_f, device, bias, seed, fast, fn))
+               fn: modes.DenseFn | None = None, dtype: torch.dtype = torch.float32) -> list[Check]:
+    """Run the checks of one mode (or ``fn``) in ``dtype``; one Check per line."""
+    return list(iter_checks(mode, batch, in_f, out_f, device, bias, seed, fast, fn, dtype))
 
 
 def iter_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu",
                 bias: bool = True, seed: int = 0, fast: bool = False,
-                fn: modes.DenseFn | None = None) -> Iterator[Check]:
+                fn: modes.DenseFn | None = None, dtype: torch.dtype = torch.float32) -> Iterator[Check]:
     """run_checks, one Check at a time as each finishes (for printing progress)."""
     fn = fn or modes.dense(mode)
+    if dtype in LOW_PRECISION:
+        yield from low_precision_checks(mode, fn, batch, in_f, out_f, device, bias, seed, dtype)
+        return
     gen = torch.Generator().manual_seed(seed)
     names = ("x", "weight", "bias")[: 3 if bias else 2]
 
@@ -116,27 +375,37 @@ def iter_checks(mode: str, batch: int, in_f: int, out_f: int, device: str = "cpu
     except GradcheckError as e:  # raised with the mismatching Jacobian in the message
         yield Check(mode, f"gradcheck float64 ({', '.join(names)})", False, str(e).splitlines()[0])
 
-    inputs = make(torch.float32)
+    inputs = inputs64 if dtype == torch.float64 else make(dtype)
+    tol = (RTOL64, ATOL64) if dtype == torch.float64 else (RTOL, ATOL)
+    name = dtype_name(dtype)
     ref_inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    grad_out = torch.randn(batch, out_f, generator=gen).to(device)
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    grad_out = torch.randn(batch, out_f, generator=gen, dtype=dtype).to(device)
     y = call(*inputs)
     y_ref = torch.sigmoid(torch.nn.functional.linear(*ref_inputs))
-    ok, detail = compare(y, y_ref)
-    yield Check(mode, "forward float32 vs reference", ok, detail)
+    ok, detail = compare(y, y_ref, *tol)
+    yield Check(mode, f"forward {name} vs reference", ok, detail)
     y.backward(grad_out)
     y_ref.backward(grad_out)
-    for name, t, r in zip(names, inputs, ref_inputs):
-        ok, detail = compare(t.grad, r.grad)
-        yield Check(mode, f"grad {name} float32 vs reference", ok, detail)
+    for label, t, r in zip(names, inputs, ref_inputs):
+        ok, detail = compare(t.grad, r.grad, *tol)
+        yield Check(mode, f"grad {label} {name} vs reference", ok, detail)
+
+
+def takes(mode: str, dtype: torch.dtype) -> bool:
+    return dtype in modes.MODE_DTYPES[mode]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(__doc__)
     size = cli.positive(int)
     parser.add_argument("mode", choices=[*modes.MODES, "all"])
-    parser.add_argument("-b", "--batch", type=size, default=8)
-    parser.add_argument("-i", "--in-features", type=size, default=16)
-    parser.add_argument("-o", "--out-features", type=size, default=12)
+    parser.add_argument("-b", "--batch", type=size, default=None, help="(default 8; --error-table: 32)")
+    parser.add_argument("-i", "--in-features", type=size, default=None, help="(default 16; --error-table: 1024)")
+    parser.add_argument("-o", "--out-features", type=size, default=None, help="(default 12; --error-table: 64)")
+    parser.add_argument("--dtype", choices=[dtype_name(d) for d in modes.DTYPES], default="float32",
+                        help="the type the stages compute in (default float32); bfloat16 and float16 are "
+                             "judged against the float64 truth and nn.Linear's own error")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--no-bias", action="store_true")
     parser.add_argument("--fast-gradcheck", action="store_true",
@@ -146,23 +415,43 @@ def main(argv: list[str] | None = None) -> int:
                              "(no GPU, no nvcc)")
     parser.add_argument("--kernel", type=int, metavar="N", default=None,
                         help="with --emulate: GEMM version N only (0 = automatic; default: every version)")
+    parser.add_argument("--error-table", action="store_true",
+                        help="measure every mode's and nn.Linear's errors against the float64 truth in float32, "
+                             "bfloat16 and float16 at one shape, and print the table")
+    parser.add_argument("--json", metavar="PATH",
+                        help="with --error-table: write the record there (the folder must exist)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device cuda needs a CUDA build of torch and a GPU (this torch is {torch.__version__})")
-
+    if args.json is not None and not args.error_table:
+        parser.error("--json goes with --error-table")
+    dtype = getattr(torch, args.dtype)
+    if args.error_table:
+        if args.emulate or args.kernel is not None or args.fast_gradcheck or args.dtype != "float32":
+            parser.error("--error-table measures float32, bfloat16 and float16 itself: drop --dtype, --emulate, "
+                         "--kernel and --fast-gradcheck")
+        return error_table_main(args)
+    args.batch, args.in_features, args.out_features = args.batch or 8, args.in_features or 16, args.out_features or 12
     if args.emulate or args.kernel is not None:
-        return emulated(parser, args)
+        return emulated(parser, args, dtype)
+    if args.mode != "all" and not takes(args.mode, dtype):
+        raise cli.UserError(f"mode {args.mode!r} {refusal(args.mode, dtype)}")
     try:
         selected, skipped = modes.resolve(args.mode)
     except RuntimeError as e:
         raise cli.UserError(str(e) + (EMULATE_HINT if args.mode == "cuda" else "")) from None
-    for m, reason in skipped.items():
-        print(f"SKIP  {m:<6}  {reason}{EMULATE_HINT if m == 'cuda' else ''}")
+    for m in modes.MODES:
+        if m in selected + list(skipped) and not takes(m, dtype):
+            print(f"SKIP  {m:<6}  {refusal(m, dtype)}")
+        elif m in skipped:
+            print(f"SKIP  {m:<6}  {skipped[m]}{EMULATE_HINT if m == 'cuda' else ''}")
+    selected = [m for m in selected if takes(m, dtype)]
+    gradcheck = dtype not in LOW_PRECISION
 
     # The cost of the work, from the sizes, before any of it starts.
     b, i, o = args.batch, args.in_features, args.out_features
     seconds, jacobians = gradcheck_cost(b, i, o, not args.no_bias, args.fast_gradcheck)
-    seconds *= len(selected)
+    seconds *= len(selected) if gradcheck else 0
     tensors = 4 * 8 * (b * i + o * i + o + b * o)  # inputs, their copies and gradients, in float64
     cli.check_memory(tensors, args.device, f"the inputs at B={b} I={i} O={o}")
     if seconds > GRADCHECK_MAX_S:
@@ -170,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"would take about {seconds / 60:,.0f} min: use smaller sizes (the defaults -b 8 -i 16 "
                             "-o 12 check the same code paths)"
                             + ("" if args.fast_gradcheck else " or --fast-gradcheck"))
-    cli.check_memory(tensors + jacobians, args.device, f"gradcheck's Jacobians at B={b} I={i} O={o}")
+    if gradcheck:
+        cli.check_memory(tensors + jacobians, args.device, f"gradcheck's Jacobians at B={b} I={i} O={o}")
     if seconds > GRADCHECK_WARN_S:
         print(f"gradcheck at these sizes will take about {seconds:.0f} s (smaller sizes or --fast-gradcheck "
               "are quicker)", file=sys.stderr, flush=True)
@@ -183,86 +473,259 @@ def main(argv: list[str] | None = None) -> int:
     for mode in loaded:
         if mode == "triton" and modes.stage(mode).INTERPRETED:
             # Triton's interpreter takes milliseconds a call, not the 100 µs gradcheck_cost assumes: time it.
-            seconds = measured_cost(modes.dense(mode), b, i, o, not args.no_bias, args.fast_gradcheck)
+            seconds = measured_cost(modes.dense(mode), b, i, o, not args.no_bias, args.fast_gradcheck, dtype)
             if seconds > GRADCHECK_MAX_S:
                 raise cli.UserError(f"gradcheck at B={b} I={i} O={o} in Triton's interpreter would take about "
                                     f"{seconds / 60:,.0f} min: use smaller sizes (the defaults -b 8 -i 16 -o 12 "
                                     "check the same code paths)" + ("" if args.fast_gradcheck else
                                                                     " or --fast-gradcheck"))
             if seconds > GRADCHECK_WARN_S:
-                print(f"triton: gradcheck in the interpreter will take about {seconds:.0f} s", file=sys.stderr,
+                print(f"triton: the checks in the interpreter will take about {seconds:.0f} s", file=sys.stderr,
                       flush=True)
-        for check in run_checks(mode, b, i, o, args.device, bias=not args.no_bias, fast=args.fast_gradcheck):
+        for check in iter_checks(mode, b, i, o, args.device, bias=not args.no_bias, fast=args.fast_gradcheck,
+                                 dtype=dtype):
             print(check.line(), flush=True)
             failed += not check.passed
     print(f"{'all checks passed' if not failed else f'{failed} check(s) FAILED'} "
           f"({', '.join(selected)}; B={args.batch}, in={args.in_features}, out={args.out_features}, "
-          f"{args.device})")
+          f"{args.dtype}, {args.device})")
     return 1 if failed else 0
 
 
-def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """grad_check.py cuda --emulate: every (or one) GEMM version of the CUDA chapter, run on the CPU."""
-    import importlib.util
+def load_emulation():
+    """cuda/emulated.py, under the name the tests load it by."""
+    return cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
 
+
+def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace, dtype: torch.dtype) -> int:
+    """grad_check.py cuda --emulate: every (or one) GEMM version of the CUDA chapter, run on the CPU."""
     if not args.emulate or args.mode != "cuda" or args.device != "cpu":
         parser.error("--kernel goes with --emulate, and --emulate with mode cuda on the CPU (no --device cuda)")
-    spec = importlib.util.spec_from_file_location("dense_cuda_emulated", modes.ROOT / "cuda" / "emulated.py")
-    emu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(emu)
-    versions = [args.kernel] if args.kernel is not None else list(emu.versions())
-    if any(v not in emu.versions() for v in versions):
+    emu = load_emulation()
+    name = dtype_name(dtype)
+    if args.kernel is not None and args.kernel not in emu.versions():
         parser.error(f"--kernel must be one of {', '.join(map(str, emu.versions()))}")
+    if args.kernel is not None and args.kernel not in emu.versions(dtype):
+        parser.error(f"--kernel {args.kernel} does not take {name}; the versions that do: "
+                     f"{', '.join(map(str, emu.versions(dtype)))}")
     if emu.unavailable_reason():
         raise cli.UserError(f"cannot emulate: {emu.unavailable_reason()}")
     b, i, o, bias = args.batch, args.in_features, args.out_features, not args.no_bias
+    gradcheck = dtype not in LOW_PRECISION
     _, jacobians = gradcheck_cost(b, i, o, bias, args.fast_gradcheck)
     tensors = 4 * 8 * (b * i + o * i + o + b * o)
-    cli.check_memory(tensors + jacobians, "cpu", f"gradcheck's Jacobians at B={b} I={i} O={o}")
+    cli.check_memory(tensors + (jacobians if gradcheck else 0), "cpu", f"gradcheck's Jacobians at B={b} I={i} O={o}")
     try:
         emu.library()  # the build (seconds, once), before anything is timed
     except RuntimeError as e:
         raise cli.UserError(str(e)) from None
+    if args.kernel is not None:
+        versions = [args.kernel]
+    else:
+        versions = list(emu.versions(dtype))
+        for v in emu.versions():
+            if v not in versions:
+                built = [dtype_name(d) for d in emu.DTYPES if v in emu.versions(d)]
+                print(f"SKIP  v{v:<5}  does not take {name}: built for {', '.join(built)}", flush=True)
     failed = 0
     for v in versions:
         fn = emu.dense(v)
         try:
-            seconds = measured_cost(fn, b, i, o, bias, args.fast_gradcheck)
+            seconds = measured_cost(fn, b, i, o, bias, args.fast_gradcheck, dtype)
             if seconds > GRADCHECK_MAX_S:
                 raise cli.UserError(f"v{v}: gradcheck at B={b} I={i} O={o} on the emulated kernels would take about "
                                     f"{seconds / 60:,.0f} min: use smaller sizes (the defaults -b 8 -i 16 -o 12 "
                                     "check the same code paths)" + ("" if args.fast_gradcheck else
                                                                     " or --fast-gradcheck"))
             print(f"v{v}: {emu.idea(v)}; about {seconds:.1f} s", flush=True)
-            for check in iter_checks(f"v{v}", b, i, o, bias=bias, fast=args.fast_gradcheck, fn=fn):
+            for check in iter_checks(f"v{v}", b, i, o, bias=bias, fast=args.fast_gradcheck, fn=fn, dtype=dtype):
                 print(check.line(), flush=True)
                 failed += not check.passed
         except RuntimeError as e:  # a kernel that could not finish (the emulation said why on stderr)
             print(Check(f"v{v}", "run the emulated kernels", False, str(e)).line(), flush=True)
             failed += 1
     print(f"{'all checks passed' if not failed else f'{failed} check(s) FAILED'} (cuda kernels emulated on the "
-          f"CPU, versions {', '.join(map(str, versions))}; B={b}, in={i}, out={o})")
+          f"CPU, versions {', '.join(map(str, versions))}; B={b}, in={i}, out={o}, {name})")
     return 1 if failed else 0
 
 
-def measured_cost(fn: modes.DenseFn, batch: int, in_f: int, out_f: int, bias: bool, fast: bool) -> float:
+def measured_cost(fn: modes.DenseFn, batch: int, in_f: int, out_f: int, bias: bool, fast: bool,
+                  dtype: torch.dtype = torch.float32) -> float:
     """Seconds the checks of a slow stage (an emulated version, Triton's interpreter) will take,
-    from forward and backward calls timed at these sizes (in float64, as gradcheck calls them)."""
-    x = torch.randn(batch, in_f, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(out_f, in_f, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(out_f, dtype=torch.float64, requires_grad=True) if bias else None
+    from forward and backward calls timed at these sizes (in float64, as gradcheck calls them;
+    in bfloat16 and float16, one call each is all the checks make)."""
+    low = dtype in LOW_PRECISION
+    timed_in = dtype if low else torch.float64
+    x = torch.randn(batch, in_f, dtype=timed_in, requires_grad=True)
+    w = torch.randn(out_f, in_f, dtype=timed_in, requires_grad=True)
+    b = torch.randn(out_f, dtype=timed_in, requires_grad=True) if bias else None
     times = []
     for _ in range(3):  # the first pays for starting autograd's thread and mapping the fibers' stacks
         start = time.perf_counter()
-        y = fn(x, w, b)
-        middle = time.perf_counter()
-        y.backward(torch.ones_like(y))
+        try:
+            y = fn(x, w, b)
+            middle = time.perf_counter()
+            y.backward(torch.ones_like(y))
+        except Exception:
+            if not low:
+                raise
+            return 0.0  # a stage that refuses the type, or fails in it: the checks say so at once
         times.append((middle - start, time.perf_counter() - middle))
     forward, backward = min(t[0] for t in times[1:]), min(t[1] for t in times[1:])
     n_in, n_out = batch * in_f + out_f * in_f + (out_f if bias else 0), batch * out_f
+    if low:
+        return forward + backward
     calls = (12, 12) if fast else (2 * n_in, n_out)  # (forward, backward) calls; fast mode: a few per input
     jacobians = 0 if fast else n_in * n_out * 1e-7  # gradcheck_cost's price of a Jacobian entry
     return calls[0] * forward + calls[1] * backward + jacobians
+
+
+# ---------------------------------------------------------------------------
+# The error table: every mode and nn.Linear against the float64 truth, in three types
+# ---------------------------------------------------------------------------
+
+def table_variants(device: str) -> tuple[dict[str, modes.DenseFn], dict[str, str]]:
+    """({variant: fn}, {mode: why it is not measured}): nn.Linear, then every mode that runs here;
+    on the CPU, the cuda mode through the emulation of its kernels (version 0, as the mode runs)."""
+    selected, skipped = modes.resolve("all")
+    loaded, failed = check_stages(selected)
+    variants: dict[str, modes.DenseFn] = {"nn.Linear": reference, **{m: modes.dense(m) for m in loaded}}
+    missing = {**skipped, **failed}
+    if device == "cpu" and "cuda" in missing:
+        emu = load_emulation()
+        reason = emu.unavailable_reason()
+        if reason is None:
+            try:
+                emu.library()
+                variants["cuda (emulated)"] = emu.dense(0)
+                del missing["cuda"]
+            except RuntimeError as e:
+                missing["cuda"] = f"the emulation: {str(e).splitlines()[0]}"
+    return variants, missing
+
+
+def measure_errors(variants: dict[str, modes.DenseFn], batch: int, in_f: int, out_f: int, device: str = "cpu",
+                   seed: int = 0, dtypes: Sequence[torch.dtype] = TABLE_DTYPES,
+                   progress: Callable[[str], None] = lambda line: None) -> tuple[list[dict], dict]:
+    """(one result per variant and type, {type: the bound's and the truth's largest values}).
+
+    The inputs are drawn once, in float64, and rounded to each type; the truth is float64
+    arithmetic on the rounded values. A result holds, per tensor, the largest error (``errors``),
+    the error over the bound at its worst element (``of_bound``: at most 1 within it) and, in
+    bfloat16 and float16, the rule's verdict; or ``error``: why the variant did not run."""
+    results, scales = [], {}
+    for dtype in dtypes:
+        name = dtype_name(dtype)
+        inputs, grad_out = draw(batch, in_f, out_f, True, dtype, seed, device)
+        exact = truth(inputs, grad_out)
+        bound = error_bound(*[t.cpu() for t in inputs], grad_out.cpu(), dtype)
+        with float32_accumulation():
+            linear = forward_backward(reference, inputs, grad_out)
+        scales[name] = {"truth_max": dict(zip(TENSORS, (t.abs().max().item() for t in exact))),
+                        "bound_max": dict(zip(TENSORS, (e.max().item() for e in bound))),
+                        "unit_roundoff": UNIT_ROUNDOFF[dtype]}
+        for variant, fn in variants.items():
+            progress(f"{variant} in {name}")
+            is_mode = variant in modes.MODES or variant.startswith("cuda")
+            if is_mode and not takes(variant.split()[0], dtype):
+                results.append({"variant": variant, "dtype": name, "error": refusal(variant.split()[0], dtype)})
+                continue
+            try:
+                with float32_accumulation():
+                    got = linear if variant == "nn.Linear" else forward_backward(fn, inputs, grad_out)
+            except Exception as e:  # a stage that fails in this type is a cell of the table, not the end of it
+                text = (str(e).strip().splitlines() or [""])[0][:300]
+                results.append({"variant": variant, "dtype": name, "error": f"{type(e).__name__}: {text}"})
+                continue
+            entry: dict = {"variant": variant, "dtype": name, "errors": {}, "of_bound": {}, "ratio_to_linear": {}}
+            for label, a, lin, t, e in zip(TENSORS, got, linear, exact, bound):
+                verdict = judge(a, lin, t, dtype, e)
+                entry["errors"][label] = verdict.error
+                entry["of_bound"][label] = verdict.of_bound
+                entry["ratio_to_linear"][label] = verdict.ratio
+                if dtype in LOW_PRECISION:  # the rule judges these two types
+                    entry.setdefault("passed", {})[label] = verdict.passed
+            results.append(entry)
+    return results, scales
+
+
+def error_record(batch: int, in_f: int, out_f: int, device: str = "cpu", seed: int = 0,
+                 progress: Callable[[str], None] = lambda line: None) -> dict:
+    """The record --error-table writes (docs/render.py shows it with error_table)."""
+    variants, missing = table_variants(device)
+    results, scales = measure_errors(variants, batch, in_f, out_f, device, seed, progress=progress)
+    header = {k: v for k, v in benchmark.record_header(device, torch.float32).items()
+              if k not in ("dtype", "malloc", "threads", "affinity")}  # rounding, not timing: those do not matter
+    return {
+        "benchmark": "errors", **header,
+        "shape": {"batch": batch, "in": in_f, "out": out_f}, "seed": seed,
+        "dtypes": [dtype_name(d) for d in TABLE_DTYPES],
+        "inputs": "x ~ N(0, 1); weight, bias ~ N(0, 1/I); grad_out ~ N(0, 1): drawn in float64, rounded once to "
+                  "each type",
+        "truth": "float64 arithmetic on the values each variant received",
+        "error": "largest |result - truth| over a tensor's elements",
+        "rule": {"factor": FACTOR, "floor_unit_roundoffs": FLOOR},
+        "scales": scales, "results": results, "not_measured": missing,
+    }
+
+
+def error_table(record: dict) -> str:
+    """The Markdown table of an --error-table record (docs/render.py, marker kind ``errors``)."""
+    dtypes = record["dtypes"]
+    low = [d for d in dtypes if d in ("bfloat16", "float16")]
+    rows = ["| variant | " + " | ".join(f"{d}: output | gradients" for d in dtypes)
+            + f" | × nn.Linear's error ({', '.join(low)}) |",
+            "|---|" + "---:|---:|" * len(dtypes) + "---:|"]
+
+    def relative(values: dict, dtype: str) -> tuple[str, str]:
+        truth_max = record["scales"][dtype]["truth_max"]
+        rel = {k: v / truth_max[k] if truth_max[k] else 0.0 for k, v in values.items()}
+        return f"{rel['output']:.1e}", f"{max(v for k, v in rel.items() if k != 'output'):.1e}"
+
+    failures = []
+    for variant in dict.fromkeys(r["variant"] for r in record["results"]):
+        cells, ratios = [], []
+        for d in dtypes:
+            r = next((r for r in record["results"] if r["variant"] == variant and r["dtype"] == d), None)
+            if r is None or "error" in r:
+                cells += ["–", "–"]
+                if r is not None:
+                    failures.append(f"{variant} in {d}: {r['error']}")
+                continue
+            cells += relative(r["errors"], d)
+            if d in low:
+                worst = max(r["ratio_to_linear"].values())
+                ratios.append(f"{worst:.2f}" + ("" if all(r["passed"].values()) else " (fails the rule)"))
+            elif d != dtypes[0]:
+                ratios.append("–")
+        rows.append(f"| {variant} | {' | '.join(cells)} | {', '.join(ratios) or '–'} |")
+    bound = [c for d in dtypes for c in relative(record["scales"][d]["bound_max"], d)]
+    rows.append(f"| the bound (`grad_check.error_bound`) | {' | '.join(bound)} | |")
+    rows.append("| u, the unit roundoff | " + " | ".join(f"{record['scales'][d]['unit_roundoff']:.1e} | "
+                                                        for d in dtypes) + " |")
+    s = record["shape"]
+    notes = [f"Each cell: the largest error of a tensor's elements against the float64 truth, over the "
+             f"largest |truth|; gradients: the worst of x, weight and bias. × nn.Linear's error: the largest "
+             f"ratio over the four tensors; the rule allows {record['rule']['factor']:g}× plus "
+             f"{record['rule']['floor_unit_roundoffs']:g}u of the largest |truth|."]
+    notes += [f"Not measured: {m} ({why})." for m, why in record.get("not_measured", {}).items()]
+    notes += [f"{f}." for f in failures]
+    footer = benchmark.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}", f"seed {record['seed']}")
+    return "\n".join(rows) + "\n\n" + " ".join(notes) + "\n\n" + footer
+
+
+def error_table_main(args: argparse.Namespace) -> int:
+    """grad_check.py all --error-table [--json PATH]."""
+    if args.mode != "all":
+        raise cli.UserError("--error-table measures every mode: give the mode as all")
+    if args.no_bias:
+        raise cli.UserError("--error-table measures a layer with a bias: drop --no-bias")
+    json_path = cli.check_output(args.json, "--json")
+    b, i, o = args.batch or TABLE_SHAPE[0], args.in_features or TABLE_SHAPE[1], args.out_features or TABLE_SHAPE[2]
+    cli.check_memory(8 * 8 * (b * i + o * i + o + b * o), args.device, f"the inputs at B={b} I={i} O={o}")
+    record = error_record(b, i, o, args.device,
+                          progress=lambda line: print(f"measuring {line}...", file=sys.stderr, flush=True))
+    return cli.publish(error_table(record), [(json_path, cli.json_writer(record))])
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ def unwritable_folder(tmp_path: Path) -> Path:
 # ---------------------------------------------------------------------------
 
 OUTPUTS = [("benchmark.py", TINY, "--json"), ("benchmark.py", TINY, "--plot"),
+           ("grad_check.py", ["all", "--error-table", "-b", "2", "-i", "3", "-o", "2"], "--json"),
            ("distributed.py", ["--epochs", "1"], "--json"), ("distributed.py", ["--epochs", "1"], "--plot"),
            ("distributed.py", ["--epochs", "1"], "--checkpoint")]
 
@@ -380,6 +381,28 @@ def test_a_stage_that_fails_to_build_is_a_line_with_the_compilers_message(argv, 
     no_traceback(result)
     if argv[0] != "distributed.py":
         assert "py" in result.stdout  # the other modes still ran
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["grad_check.py", "py", "--json", "/tmp/errors.json"], "--json goes with --error-table"),
+    (["grad_check.py", "all", "--error-table", "--dtype", "bfloat16"],
+     "--error-table measures float32, bfloat16 and float16 itself"),
+    (["grad_check.py", "py", "--error-table"], "--error-table measures every mode: give the mode as all"),
+    (["grad_check.py", "all", "--error-table", "--no-bias"], "--error-table measures a layer with a bias"),
+    (["grad_check.py", "cuda", "--emulate", "--kernel", "3", "--dtype", "bfloat16"],
+     "--kernel 3 does not take bfloat16; the versions that do: 0, 11, 12"),
+    (["grad_check.py", "ptx", "--dtype", "float16"], "mode 'ptx' does not take float16: it takes float32 and float64"),
+    (["benchmark.py", "-m", "ptx", "--dtype", "bfloat16"], "mode 'ptx' does not take bfloat16: it takes float32 and"),
+    (["grad_check.py", "py", "--dtype", "int8"], "invalid choice: 'int8'"),
+    (["benchmark.py", "--dtype", "int8"], "invalid choice: 'int8'"),
+])
+def test_a_type_or_table_flag_given_wrongly_is_one_line(argv, message):
+    started = time.monotonic()
+    result = run_script(*argv, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert message in result.stderr.strip().splitlines()[-1]  # after argparse's usage, where it prints one
+    no_traceback(result)
+    assert "PASS" not in result.stdout and time.monotonic() - started < 60
 
 
 def test_a_gradcheck_of_minutes_is_refused_with_smaller_sizes_suggested():

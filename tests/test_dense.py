@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import grad_check
 import modes
 from conftest import MODE_DEVICE
 
@@ -58,6 +59,24 @@ def test_matches_linear_plus_sigmoid(mode, device, shape_x, out_f, dtype):
 
 
 @pytest.mark.parametrize("mode, device", MODE_DEVICE)
+@pytest.mark.parametrize("shape_x, out_f", [((1, 1), 1), pytest.param((127, 131), 129, marks=pytest.mark.slow),
+                                            ((3, 7, 33), 65), ((64,), 17)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)])
+def test_matches_linear_plus_sigmoid_in_16_bits(mode, device, shape_x, out_f, dtype):
+    """Against the float64 truth, by grad_check's rule and its bound (the rule in its docstring)."""
+    ts = tensors(device, shape_x, out_f, dtype=dtype)
+    grad_out = torch.randn(*shape_x[:-1], out_f, dtype=dtype, device=device)
+    y, grads = forward_backward(modes.dense(mode), ts, grad_out)
+    y_ref, grads_ref = forward_backward(reference, ts, grad_out)
+    exact, grads_exact = forward_backward(reference, [t.double() for t in ts], grad_out.double())
+    bounds = grad_check.error_bound(*[t.detach().cpu() for t in ts], grad_out.cpu(), dtype)
+    assert y.dtype == dtype and [g.dtype for g in grads] == [dtype] * 3
+    for name, a, e, t, b in zip(grad_check.TENSORS, [y, *grads], [y_ref, *grads_ref], [exact, *grads_exact], bounds):
+        verdict = grad_check.judge(a, e, t, dtype, b)
+        assert verdict.passed, f"{name}: {verdict.detail()}"
+
+
+@pytest.mark.parametrize("mode, device", MODE_DEVICE)
 def test_empty_batch(mode, device):
     x, w, b = tensors(device, (0, 5), 3, dtype=torch.float32)
     y = modes.dense(mode)(x, w, b)
@@ -80,7 +99,7 @@ def test_non_contiguous_input(mode, device):
 
 
 @pytest.mark.parametrize("mode, device", MODE_DEVICE)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_large_values_stay_finite(mode, device, dtype):
     x = torch.tensor([[1000.0, -1000.0], [-1000.0, 1000.0]], dtype=dtype, device=device, requires_grad=True)
     w = torch.eye(2, dtype=dtype, device=device, requires_grad=True)

@@ -1,6 +1,8 @@
 """Inputs at the edges, checked against the reference sigmoid(F.linear(...)) in every mode:
 NaN and ±inf, zero-sized shapes, in-place ops on the output, forward-mode AD and torch.func
-transforms, pickling a Dense module."""
+transforms, pickling a Dense module. In bfloat16 and float16 the answers are judged as
+grad_check.py judges them: NaN and ±inf where nn.Linear has them, the finite values against the
+float64 truth within 4× of nn.Linear's own error (grad_check.judge)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from torch import func
 
+import grad_check
 import modes
 from conftest import MODE_DEVICE
 
@@ -39,6 +42,25 @@ def tolerance(dtype):
     return {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
 
 
+LOW = (torch.bfloat16, torch.float16)
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)]
+
+
+def assert_like_linear(names, got, linear, inputs, grad_out, dtype):
+    """Each of ``got`` as nn.Linear's answer ``linear``: in float32 and float64 within the tolerance
+    (NaN where it has NaN), in bfloat16 and float16 by grad_check's rule against the float64 truth
+    of the same inputs."""
+    if dtype not in LOW:
+        for name, a, e in zip(names, got, linear):
+            torch.testing.assert_close(a, e, equal_nan=True, **tolerance(dtype), msg=lambda m, n=name: f"{n}: {m}")
+        return
+    exact = outputs_and_grads(reference, [t.double() for t in inputs], grad_out.double())
+    for name, a, e, t in zip(names, got, linear, exact):
+        assert a.dtype == e.dtype == dtype and a.shape == e.shape, name
+        verdict = grad_check.judge(a, e, t, dtype)
+        assert verdict.passed, f"{name}: {verdict.detail()}"
+
+
 # ---------------------------------------------------------------------------
 # NaN and ±inf: the reference's NaN pattern and values, forward and backward
 # ---------------------------------------------------------------------------
@@ -59,7 +81,7 @@ def place(where, value, x, w, b):
 
 
 @pytest.mark.parametrize("mode, device", MODE_DEVICE)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("where, value", [(w, v) for w in ("x", "weight", "bias") for v in (NAN, INF, -INF)]
                          + [("z", INF), ("z", -INF)])  # z = NaN: NaN in x, weight or bias
 def test_nan_and_inf_give_the_references_answer(mode, device, dtype, where, value):
@@ -67,9 +89,8 @@ def test_nan_and_inf_give_the_references_answer(mode, device, dtype, where, valu
     place(where, value, x, w, b)
     got = outputs_and_grads(modes.dense(mode), [x, w, b], g)
     expected = outputs_and_grads(reference, [x, w, b], g)
-    for name, a, e in zip(["output", "grad x", "grad weight", "grad bias"], got, expected):
-        # equal_nan: NaN exactly where the reference has NaN; ±inf must match exactly too.
-        torch.testing.assert_close(a, e, equal_nan=True, **tolerance(dtype), msg=lambda m, n=name: f"{n}: {m}")
+    # NaN exactly where the reference has NaN; ±inf must match exactly too.
+    assert_like_linear(["output", "grad x", "grad weight", "grad bias"], got, expected, [x, w, b], g, dtype)
 
 
 @pytest.mark.parametrize("mode, device", MODE_DEVICE)
@@ -85,25 +106,27 @@ def test_nan_in_x_reaches_the_output(mode, device):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode, device", MODE_DEVICE)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("in_f, out_f, batch", [(0, 3, 2), (4, 0, 2), (4, 3, 0), (0, 0, 2), (0, 3, 0)])
-def test_zero_sizes_match_linear(mode, device, in_f, out_f, batch):
+def test_zero_sizes_match_linear(mode, device, dtype, in_f, out_f, batch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Initializing zero-element tensors is a no-op", for both
         torch.manual_seed(0)
-        layer = modes.Dense(in_f, out_f, mode=mode, device=device, dtype=torch.float64)
+        layer = modes.Dense(in_f, out_f, mode=mode, device=device, dtype=dtype)
         torch.manual_seed(0)
-        linear = torch.nn.Linear(in_f, out_f, device=device, dtype=torch.float64)
-    x = torch.randn(batch, in_f, device=device, dtype=torch.float64, requires_grad=True)
+        linear = torch.nn.Linear(in_f, out_f, device=device, dtype=dtype)
+    x = torch.randn(batch, in_f, device=device, dtype=dtype, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_()
     y, y_ref = layer(x), torch.sigmoid(linear(x_ref))
     g = torch.randn_like(y_ref)
     y.backward(g)
     y_ref.backward(g)
     assert y.shape == y_ref.shape
-    torch.testing.assert_close(y, y_ref)
-    for a, e in [(x.grad, x_ref.grad), (layer.weight.grad, linear.weight.grad), (layer.bias.grad, linear.bias.grad)]:
-        assert a.shape == e.shape
-        torch.testing.assert_close(a, e)
+    got = [y.detach(), x.grad, layer.weight.grad, layer.bias.grad]
+    expected = [y_ref.detach(), x_ref.grad, linear.weight.grad, linear.bias.grad]
+    assert [a.shape for a in got] == [e.shape for e in expected]
+    assert_like_linear(["output", "grad x", "grad weight", "grad bias"], got, expected,
+                       [x.detach(), linear.weight.detach(), linear.bias.detach()], g, dtype)
 
 
 # ---------------------------------------------------------------------------

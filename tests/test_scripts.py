@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import modes
 from conftest import REASONS, run_script
@@ -147,3 +149,108 @@ def test_records_keep_the_command_as_typed(tmp_path):
 
     assert benchmark.command_line([str(Path(benchmark.__file__).parent / "cpp" / "overhead.py"), "-b", "1"]) \
         == "python cpp/overhead.py -b 1"
+
+
+# ---------------------------------------------------------------------------
+# bfloat16 and float16: grad_check.py --dtype, --error-table; benchmark.py --dtype
+# ---------------------------------------------------------------------------
+
+def _grad_check(capsys, *argv: str) -> tuple[int, str]:
+    """grad_check.main in this process (no interpreter to start): (exit status, stdout)."""
+    import grad_check
+
+    code = grad_check.main(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_grad_check_all_in_bfloat16_judges_every_mode_that_takes_it(capsys):
+    code, out = _grad_check(capsys, "all", "--dtype", "bfloat16", "-b", "5", "-i", "9", "-o", "3")
+    assert code == 0, out
+    for mode, reason in REASONS.items():
+        if torch.bfloat16 not in modes.MODE_DTYPES[mode]:
+            assert f"SKIP  {mode:<6}  does not take bfloat16: it takes float32 and float64; bfloat16 runs in " \
+                   f"modes py, cpp, triton, cuda" in out
+        elif reason is None:
+            for name in ("output", "grad x", "grad weight", "grad bias"):
+                assert re.search(rf"^PASS  {mode:<6}  {name} bfloat16 vs float64 truth +max \|err\| \S+, "
+                                 rf"nn.Linear's \S+, ratio \d+\.\d\d \(allowed \S+: 4× \+ 2u·max\|truth\|\); "
+                                 rf"\d\.\d\d of the bound$", out, re.M), (mode, name, out)
+    assert "gradcheck" not in out  # no finite differences in 16 bits
+    assert "all checks passed" in out and "bfloat16, cpu)" in out
+
+
+def test_grad_check_refuses_a_single_mode_that_does_not_take_the_type(capsys):
+    import cli
+    import grad_check
+
+    with pytest.raises(cli.UserError) as e:
+        grad_check.main(["ptx", "--dtype", "bfloat16"])
+    assert e.value.code == 2
+    assert str(e.value) == ("mode 'ptx' does not take bfloat16: it takes float32 and float64; bfloat16 runs in "
+                            "modes py, cpp, triton, cuda")
+
+
+def test_grad_check_emulated_cuda_in_bfloat16_on_odd_shapes(capsys):
+    """Every version built for bfloat16 checked, on partial tiles at every edge; the others skipped."""
+    import grad_check
+
+    emu = grad_check.load_emulation()
+    if emu.unavailable_reason():
+        pytest.skip(emu.unavailable_reason())
+    code, out = _grad_check(capsys, "cuda", "--emulate", "--dtype", "bfloat16", "-b", "37", "-i", "70", "-o", "33")
+    assert code == 0, out
+    for v in emu.versions():
+        if v in emu.versions(torch.bfloat16):
+            assert len(re.findall(rf"^PASS  v{v} +\S.* bfloat16 vs float64 truth", out, re.M)) == 4, (v, out)
+        else:
+            assert re.search(rf"^SKIP  v{v} +does not take bfloat16: built for float32", out, re.M), (v, out)
+    assert 0 in emu.versions(torch.bfloat16) and "FAIL" not in out
+
+
+def test_error_table_measures_every_variant_in_three_types():
+    import grad_check
+
+    record = grad_check.error_record(4, 9, 3)
+    assert record["benchmark"] == "errors" and record["dtypes"] == ["float32", "bfloat16", "float16"]
+    variants = list(dict.fromkeys(r["variant"] for r in record["results"]))
+    assert variants[0] == "nn.Linear"
+    assert [v for v in variants if v in modes.MODES] == [m for m in modes.MODES if REASONS[m] is None]
+    for r in record["results"]:
+        if "error" in r:
+            continue
+        assert set(r["errors"]) == {"output", "grad x", "grad weight", "grad bias"}
+        assert all(0 <= e <= 1 for e in r["of_bound"].values()), r
+        if r["variant"] == "nn.Linear":
+            assert all(q == 1.0 or e == 0 for q, e in zip(r["ratio_to_linear"].values(), r["errors"].values()))
+        if r["dtype"] != "float32":
+            assert all(r["passed"].values()), r
+    table = grad_check.error_table(record)
+    assert table.splitlines()[0].startswith("| variant | float32: output | gradients | bfloat16: output |")
+    for v in variants:
+        assert f"| {v} |" in table
+    assert "| u, the unit roundoff | 6.0e-08 |  | 3.9e-03 |  | 4.9e-04 |  |" in table
+    assert "B=4 I=9 O=3, seed 0" in table
+
+
+@pytest.mark.slow
+def test_error_table_script_writes_its_record(tmp_path):
+    path = tmp_path / "errors.json"
+    result = run_script("grad_check.py", "all", "--error-table", "-b", "3", "-i", "5", "-o", "2", "--json", str(path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads(path.read_text())
+    assert record["command"] == f"python grad_check.py all --error-table -b 3 -i 5 -o 2 --json {path}"
+    assert record["shape"] == {"batch": 3, "in": 5, "out": 2} and "| nn.Linear |" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_benchmark_in_16_bits_times_every_cpu_mode_against_the_reference(tmp_path, dtype):
+    path = tmp_path / "bench.json"
+    result = run_script("benchmark.py", "-m", "all", "--dtype", dtype, "-b", "8", "-i", "16", "-o", "4",
+                        "--rounds", "3", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    record = json.loads(path.read_text())
+    assert record["dtype"] == dtype
+    timed = [m for m in modes.MODES if REASONS[m] is None and not _interpreted(m)]
+    assert [r["mode"] for r in record["results"]] == ["reference"] + timed
+    assert f"does not take {dtype}" in result.stderr  # ptx
