@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -34,14 +35,17 @@ def test_opcheck(ops, device, shape_x, bias):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("device", DEVICES)
-def test_torch_compile_fullgraph_matches_eager(ops, device):
-    layer = modes.Dense(8, 5, mode="cpp", device=device)
+def test_torch_compile_fullgraph_matches_eager(ops, device, dtype):
+    layer = modes.Dense(8, 5, mode="cpp", device=device, dtype=dtype)
 
     def step(x):
         return (layer(x) * 2).sum()
 
-    assert_compiled_step_matches(layer, step, torch.compile(step, fullgraph=True), torch.randn(6, 8, device=device))
+    x = torch.randn(6, 8, device=device, dtype=dtype)
+    assert layer(x).dtype == dtype
+    assert_compiled_step_matches(layer, step, torch.compile(step, fullgraph=True), x)
 
 
 def test_torch_export_keeps_the_op_and_the_program_runs(ops, tmp_path):
@@ -384,7 +388,7 @@ def test_few_rows_cpu_path_matches_the_reference(threads, dtype, rows, in_f, out
     assert_cpp_matches_the_reference(x.contiguous().unsqueeze(0), w.contiguous(), b, g.unsqueeze(0), wanted)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
 @pytest.mark.parametrize("where", ["x", "weight", "bias", "grad_out"])
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
@@ -396,6 +400,10 @@ def test_few_rows_cpu_path_gives_the_references_nan_pattern(threads, dtype, rows
     b, g = torch.randn(200, generator=gen, dtype=dtype), torch.randn(rows, 200, generator=gen, dtype=dtype)
     {"x": lambda: x.__setitem__((rows - 1, 20), value), "weight": lambda: w.__setitem__((6, 20), value),
      "bias": lambda: b.__setitem__(6, value), "grad_out": lambda: g.__setitem__((0, 6), value)}[where]()
+    assert cpp_path(rows, 37, 200, dtype) == "few rows"
+    if dtype in HALF_TYPES:
+        assert_within_eager_error(x, w, b, g)
+        return
     results = []
     for fn in (modes.dense("cpp"), lambda x, w, b: torch.sigmoid(torch.nn.functional.linear(x, w, b))):
         ts = [t.clone().requires_grad_() for t in (x, w, b)]
@@ -405,3 +413,201 @@ def test_few_rows_cpu_path_gives_the_references_nan_pattern(threads, dtype, rows
     tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-10}
     for a, e in zip(*results):
         torch.testing.assert_close(a, e, equal_nan=True, **tol)
+
+
+# ---------------------------------------------------------------------------
+# bfloat16 and float16: stored in 16 bits, computed and accumulated in float32
+# ---------------------------------------------------------------------------
+HALF_TYPES = [torch.bfloat16, torch.float16]
+
+
+def cpp_path(rows: int, in_f: int, out_f: int, dtype: torch.dtype) -> str:
+    """The CPU path cpp/dense.cpp takes for these sizes and this type (few_rows, block_rows,
+    use_blocks there), so that each test below can say its shapes select the path it is about."""
+    if 1 <= rows <= 4 and out_f >= 16 * rows * torch.get_num_threads():
+        return "few rows"  # the backward's; the forward is the plain one
+    block = max(32, (256 << 10) // max(1, out_f * torch.empty((), dtype=dtype).element_size()))
+    blocks = dtype in (torch.float32, torch.float64) and in_f <= 256 and rows >= 4 * block
+    return "blocked" if blocks else "plain"
+
+
+def _step(fn, inputs, g, wanted):
+    """fn(*inputs) and the wanted gradients for the output gradient g: [y, grad x, grad W, grad b]."""
+    ts = [t.clone().requires_grad_(need) if t is not None else None for t, need in zip(inputs, wanted)]
+    y = fn(*ts)
+    y.backward(g)
+    return [y.detach()] + [t.grad if t is not None else None for t in ts]
+
+
+def _reference(x, w, b):
+    return torch.sigmoid(torch.nn.functional.linear(x, w, b))
+
+
+def assert_within_eager_error(x, w, b, g, wanted=(True, True, True)):
+    """Mode cpp in a 16-bit type against nn.Linear + torch.sigmoid in the same type (eager), both
+    judged against the truth: the same 16-bit inputs computed in float64. The output and every
+    gradient: the input's dtype; NaN and ±inf exactly where eager has them; elsewhere an error at
+    most 4 times eager's own, plus a floor of one rounding of the tensor's largest element
+    (eps/2 of it), for tensors where eager happens to be nearly exact."""
+    got = _step(modes.dense("cpp"), (x, w, b), g, wanted)
+    eager = _step(_reference, (x, w, b), g, wanted)
+    truth = _step(_reference, [t.double() if t is not None else None for t in (x, w, b)], g.double(), wanted)
+    for name, a, e, t in zip(("y", "grad x", "grad weight", "grad bias"), got, eager, truth):
+        assert (a is None) == (e is None), name
+        if a is None:
+            continue
+        assert a.dtype == e.dtype == x.dtype and a.shape == e.shape, (name, a.dtype, a.shape)
+        nan, inf = e.isnan(), e.isinf()
+        assert torch.equal(a.isnan(), nan) and torch.equal(a.isinf(), inf), f"{name}: NaN/inf pattern"
+        assert torch.equal(a[inf], e[inf]), f"{name}: signs of inf"
+        finite = ~(nan | inf)
+        if not finite.any():
+            continue
+        t = t[finite]
+        err = (a[finite].double() - t).abs().max().item()
+        eager_err = (e[finite].double() - t).abs().max().item()
+        floor = torch.finfo(x.dtype).eps / 2 * t.abs().max().item()
+        assert err <= 4 * eager_err + floor, f"{name}: error {err:.3g}, eager's {eager_err:.3g}, floor {floor:.3g}"
+
+
+def _half_inputs(rows_shape, in_f, out_f, dtype, seed, bias=True):
+    """x ~ N(0, 1), W and b ~ N(0, 1/in_f) (nn.Linear's scale, so the sigmoid is not saturated),
+    g ~ N(0, 1); drawn in float32, then rounded to dtype."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = max(in_f, 1) ** -0.5
+    x = torch.randn(*rows_shape, in_f, generator=gen)
+    w = torch.randn(out_f, in_f, generator=gen) * scale
+    b = torch.randn(out_f, generator=gen) * scale if bias else None
+    g = torch.randn(*rows_shape, out_f, generator=gen)
+    return [t.to(dtype) if t is not None else None for t in (x, w, b, g)]
+
+
+# (shape of x's rows, in_f, out_f, the path it selects, the gradients asked for): chunk tails
+# (37, 20 and 300 are not multiples of the vector width), group tails (203 rows of W), 3-d x.
+# The 16-bit types take no blocks: 256 rows of 20 features would be blocked in float32.
+FEW_ROWS_CASES = [
+    ((1,), 37, 203, "few rows", (True, True, True)),
+    ((4,), 37, 203, "few rows", (True, True, True)),
+    ((1, 3), 37, 203, "few rows", (False, True, False)),
+]
+HALF_CASES = [
+    ((256,), 20, 1024, "plain", (True, True, True)),
+    ((64,), 300, 50, "plain", (True, True, True)),
+    ((2, 5, 7), 300, 50, "plain", (True, False, True)),
+    ((2, 8), 20, 130, "plain", (False, True, True)),
+]
+
+
+def _check_16bit_case(dtype, rows_shape, in_f, out_f, path, wanted):
+    rows = math.prod(rows_shape)
+    assert cpp_path(rows, in_f, out_f, dtype) == path
+    x, w, b, g = _half_inputs(rows_shape, in_f, out_f, dtype, seed=rows + in_f)
+    assert_within_eager_error(x, w, b, g, wanted)
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("rows_shape, in_f, out_f, path, wanted", FEW_ROWS_CASES)
+def test_16bit_few_rows_path_is_within_eagers_own_error(threads, dtype, rows_shape, in_f, out_f, path, wanted):
+    """The few-rows backward splits W's rows over the threads (each with a float32 partial dx)."""
+    _check_16bit_case(dtype, rows_shape, in_f, out_f, path, wanted)
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("rows_shape, in_f, out_f, path, wanted", HALF_CASES)
+def test_16bit_plain_path_is_within_eagers_own_error(dtype, rows_shape, in_f, out_f, path, wanted):
+    assert cpp_path(256, 20, 1024, torch.float32) == "blocked"  # the shape above, in float32
+    _check_16bit_case(dtype, rows_shape, in_f, out_f, path, wanted)
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("rows_shape, in_f, out_f", [((0,), 5, 3), ((4,), 0, 3), ((2, 0), 7, 300), ((0,), 0, 0)])
+def test_16bit_types_with_zero_sized_inputs(dtype, rows_shape, in_f, out_f):
+    x, w, b, g = _half_inputs(rows_shape, in_f, out_f, dtype, seed=0)
+    assert_within_eager_error(x, w, b, g)
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+@pytest.mark.parametrize("where, value", [("x", float("nan")), ("bias", float("inf")), ("bias", float("-inf")),
+                                          ("grad_out", float("nan"))])
+def test_16bit_plain_path_gives_the_references_nan_pattern(dtype, where, value):
+    """NaN and ±inf through the plain path's fused passes: the forward's (a NaN or an infinite z)
+    and the backward's (a NaN gradient). Every input and value through the few-rows backward:
+    test_few_rows_cpu_path_gives_the_references_nan_pattern."""
+    assert cpp_path(64, 300, 50, dtype) == "plain"
+    x, w, b, g = _half_inputs((64,), 300, 50, dtype, seed=1)
+    {"x": lambda: x.__setitem__((3, 17), value), "weight": lambda: w.__setitem__((6, 17), value),
+     "bias": lambda: b.__setitem__(6, value), "grad_out": lambda: g.__setitem__((3, 6), value)}[where]()
+    assert_within_eager_error(x, w, b, g)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+def test_opcheck_16bit(ops, dtype):
+    x, w, b, g = _half_inputs((5,), 4, 3, dtype, seed=2)
+    torch.library.opcheck(ops.forward.default, (x.requires_grad_(), w.requires_grad_(), b.requires_grad_()))
+    y = ops.forward(x, w, b).detach()
+    torch.library.opcheck(ops.backward.default, (g, x.detach(), w.detach(), y, [True, True, True]))
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype, b_dtype, message", [
+    (torch.bfloat16, torch.float32, torch.float32, "^dtype mismatch: x is BFloat16 but weight is Float$"),
+    (torch.bfloat16, torch.bfloat16, torch.float32, "^dtype mismatch: x is BFloat16 but bias is Float$"),
+    (torch.float16, torch.bfloat16, None, "^dtype mismatch: x is Half but weight is BFloat16$"),
+])
+def test_mixed_dtypes_without_autocast_are_refused_as_f_linear_refuses_them(ops, x_dtype, w_dtype, b_dtype, message):
+    """F.linear refuses mixed dtypes outside autocast; so does the stage, naming the two dtypes.
+    (The op's own C++ message: modes.dense() replaces it with modes.check_inputs' message.)"""
+    x, w = torch.randn(3, 4, dtype=x_dtype), torch.randn(2, 4, dtype=w_dtype)
+    b = torch.randn(2, dtype=b_dtype) if b_dtype else None
+    with pytest.raises(RuntimeError):
+        torch.nn.functional.linear(x, w, b)
+    with pytest.raises(TypeError, match=message):
+        ops.forward(x, w, b)
+    with pytest.raises(TypeError, match="dtype mismatch"):
+        modes.dense("cpp")(x, w, b)
+
+
+@pytest.mark.parametrize("shape_x", [(6, 8), (2, 3, 8)], ids=["2d", "3d"])
+def test_autocast_bfloat16_with_float32_parameters(ops, shape_x):
+    """Under torch.autocast("cpu", dtype=torch.bfloat16) the layer computes in bfloat16 from
+    float32 parameters, as nn.Linear does: a bfloat16 output, float32 gradients for the
+    parameters and x, and the reference's values."""
+    torch.manual_seed(0)
+    layer = modes.Dense(8, 5, mode="cpp")
+    linear = torch.nn.Linear(8, 5)
+    linear.load_state_dict(layer.state_dict())
+    x = torch.randn(shape_x)
+    results = []
+    for fn, params in ((layer, layer.parameters()), (lambda x: torch.sigmoid(linear(x)), linear.parameters())):
+        xs = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = fn(xs)
+        y.float().pow(2).sum().backward()
+        results.append([y.detach(), xs.grad, *(p.grad for p in params)])
+    for got, want in zip(*results):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert results[0][0].dtype == torch.bfloat16
+    assert [t.dtype for t in results[0][1:]] == [torch.float32] * 3
+
+
+@pytest.mark.parametrize("dtype", HALF_TYPES, ids=str)
+def test_atens_16bit_gemm_accumulates_in_float32(dtype):
+    """What chapter 2 says of the GEMMs the stage and the reference call (at::mm; addmm, which
+    F.linear calls): in bfloat16 and float16 on the CPU they accumulate in float32 and round once.
+    Over 1024 terms a float32 sum rounds to the same 16-bit number as the exact sum nearly
+    everywhere (99.5% of the elements here, at least); sums carried in the 16-bit type (the foil:
+    64 float32 GEMMs of 16 terms, added up in that type) agree for about a fifth of them."""
+    gen = torch.Generator().manual_seed(0)
+    a, w, b = (torch.randn(s, generator=gen).to(dtype) for s in ((64, 1024), (64, 1024), (64,)))
+    exact = a.double() @ w.double().t()
+
+    def agree(got, want):
+        return (got == want.to(dtype)).double().mean().item()
+
+    assert agree(torch.mm(a, w.t()), exact) > 0.99
+    assert agree(torch.addmm(b, a, w.t()), b.double() + exact) > 0.99
+    foil = torch.zeros(64, 64, dtype=dtype)
+    for k in range(0, 1024, 16):
+        foil += torch.mm(a[:, k:k + 16], w[:, k:k + 16].t())
+    assert agree(foil, exact) < 0.5
