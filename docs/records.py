@@ -39,6 +39,45 @@ import cli  # noqa: E402
 OUTPUT_FLAGS = ("--json", "--plot", "--out", "--trace")  # the flags under which the scripts write a file
 PICTURES = (".png", ".svg")
 BLOCK = re.compile(r"<!-- records: \S+ -->\n.*?<!-- end records -->", re.S)  # the generated list itself
+# A GPU record's file name carries its card (cuda_gpu_h100.json); "{card}" in a chapter's marker or
+# link stands for any card (cuda_gpu_{card}.json): records of one kind, one per card.
+CARD = "{card}"
+MODEL = re.compile(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b")  # H100, H200, A100, V100 in a device's name
+CARD_TAG = r"[a-z]{1,2}\d{2,4}[a-z]?"  # the same, as a file name carries it
+CITED = re.compile(r"results/([\w.{}-]+\.(?:json|png|svg))")
+
+
+def card_tag(device: str) -> str | None:
+    """h100, h200, a100...: the model in a GPU's name, as records' file names carry it; None if none."""
+    found = MODEL.search(device)
+    return found.group(1).lower() if found else None
+
+
+def kind(name: str, record: dict | None) -> str:
+    """The record's kind: its file name with its card, the one its own device names, as "{card}"
+    (cuda_gpu_h200.json -> cuda_gpu_{card}.json); any other record is a kind of its own."""
+    device = _device(record) if isinstance(record, dict) else None
+    tag = card_tag(device) if device and not device.startswith("cpu") else None
+    if tag is None:
+        return name
+    return re.sub(rf"(?<=_){tag}(?=[_.])", CARD, name, count=1)
+
+
+def of_kind(pattern: str, folder: Path = RESULTS) -> list[tuple[str, dict]]:
+    """The records in ``folder`` of kind ``pattern`` (a name with "{card}"), newest first: by the
+    date each records, then by name."""
+    head, _, tail = pattern.partition(CARD)
+    match = re.compile(re.escape(head) + f"({CARD_TAG})" + re.escape(tail) + "$")
+    found = []
+    for path in folder.glob(head + "*" + tail):
+        if match.match(path.name):
+            try:
+                data = json.loads(path.read_text())
+            except ValueError as e:
+                raise cli.UserError(f"{path} is not a JSON record: {e}") from None
+            if isinstance(data, dict) and kind(path.name, data) == pattern:
+                found.append((path.name, data))
+    return sorted(found, key=lambda nd: (str(nd[1].get("date", "")), nd[0]), reverse=True)
 
 
 @dataclass
@@ -68,6 +107,12 @@ class Record:
         gpu_scripts = ("cuda/bench_gpu.py", "tiles/bench_gpu.py")  # GPU-only whatever their flags
         return ("--device", "cuda") in pairs or ("-m", "cuda") in pairs or ("-m", "ptx") in pairs or \
             self.script in gpu_scripts
+
+    @property
+    def needs_cuda_torch(self) -> bool:
+        """A command that builds the GPU stages (.ci/gpu.py --time-build): a CUDA build of torch
+        and nvcc, no GPU."""
+        return self.script == ".ci/gpu.py" and "--time-build" in shlex.split(self.command or "")
 
     @property
     def needs_matplotlib(self) -> bool:
@@ -153,17 +198,39 @@ def run_order(records: list[Record]) -> list[Record]:
 
 
 def citations(root: Path = ROOT) -> dict[str, list[str]]:
-    """File name under docs/results/ -> the Markdown files that name it (a render marker, a link
-    or a picture), outside the generated list of records."""
+    """File name under docs/results/ (or a kind: a name with "{card}") -> the Markdown files that
+    name it (a render marker, a link or a picture), outside the generated list of records."""
     cited: dict[str, list[str]] = {}
     for md in sorted(root.glob("**/*.md")):
         parts = md.relative_to(root).parts
         if "build" in parts or any(p.startswith(".") for p in parts):
             continue
         text = BLOCK.sub("", md.read_text())
-        for name in sorted(set(re.findall(r"results/([\w.-]+\.(?:json|png|svg))", text))):
+        for name in sorted(set(CITED.findall(text))):
             cited.setdefault(name, []).append(md.relative_to(root).as_posix())
     return cited
+
+
+def shown_in(name: str, cited: dict[str, list[str]], folder: Path = RESULTS) -> list[str]:
+    """The Markdown files that show the record or picture ``name`` of ``folder``: those that name
+    it, and those that name its kind, by "{card}" or by another card's record of that kind (a
+    second card's record of a kind a chapter shows is one of that chapter's records)."""
+    found = set(cited.get(name, []))
+    if name.endswith(".json") and (folder / name).is_file():
+        mine = kind(name, _read(folder / name))
+        for other, pages in cited.items():
+            theirs = other if CARD in other or not (folder / other).is_file() else kind(other, _read(folder / other))
+            if other != name and theirs == mine:
+                found.update(pages)
+    return sorted(found)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def table(folder: Path) -> str:
@@ -177,7 +244,7 @@ def table(folder: Path) -> str:
     rows = ["| record | command | taken | shown in |", "|---|---|---|---|"]
     for r in found:
         taken = ", ".join(x for x in ((r.date or "")[:10], r.device if r.device != common else "") if x) or "–"
-        shown = ", ".join(sorted({md for n in [r.name, *r.outputs] for md in cited.get(n, [])})) or "nowhere"
+        shown = ", ".join(sorted({md for n in [r.name, *r.outputs] for md in shown_in(n, cited, folder)})) or "nowhere"
         command = f"`{r.command}`" if r.command else "no command recorded"
         rows.append(f"| `{r.name}` | {command} | {taken} | {shown} |")
     if common:
@@ -236,10 +303,13 @@ def run(chosen: list[Record], overwrite: bool, dry_run: bool) -> int:
     import torch
 
     gpu = torch.cuda.is_available()
-    skipped = [r for r in chosen if r.needs_gpu and not gpu]
+    why = {r.name: "needs a GPU (this machine has none)" for r in chosen if r.needs_gpu and not gpu}
+    why.update({r.name: f"needs a CUDA build of torch and nvcc (this torch is {torch.__version__})"
+                for r in chosen if r.needs_cuda_torch and torch.version.cuda is None})
+    skipped = [r for r in chosen if r.name in why]
     todo = [r for r in chosen if r not in skipped]
     for r in skipped:
-        print(f"skip  {r.name}: needs a GPU (this machine has none)", file=sys.stderr)
+        print(f"skip  {r.name}: {why[r.name]}", file=sys.stderr)
     if not dry_run and hasattr(os, "getloadavg"):
         load1 = os.getloadavg()[0]
         print(f"load average {load1:.2f} over the last minute: timings need a quiet machine", file=sys.stderr)
@@ -271,7 +341,7 @@ def run(chosen: list[Record], overwrite: bool, dry_run: bool) -> int:
     if not dry_run:
         print(f"{len(todo) - len(failed)} of {len(todo)} taken in {(time.monotonic() - started) / 60:.1f} min"
               + (f"; failed: {', '.join(sorted(failed))}" if failed else "")
-              + (f"; skipped (no GPU): {len(skipped)}" if skipped else "")
+              + (f"; skipped (no GPU or no CUDA torch): {len(skipped)}" if skipped else "")
               + ". Then: python docs/render.py", flush=True)
     return 1 if failed else 0
 

@@ -9,7 +9,13 @@ A chapter marks where a table goes:
 Kinds: table (benchmark.py), roofline (benchmark.py --roofline), sweep (benchmark.py --sweep),
 run (distributed.py), allreduce, burst and step (distributed.py --bench), gpu_gemm, gpu_goals,
 gpu_ptx and ncu (cuda/bench_gpu.py), triton_gpu (tiles/bench_gpu.py). Each record names the
-command that wrote it. Three kinds read no record:
+command that wrote it. A GPU record's name carries its card (cuda_gpu_h100.json); a marker that
+writes "{card}" in its place shows the newest record of that kind, whichever card took it, and
+names it under the table:
+
+    <!-- gpu_gemm: docs/results/cuda_gpu_{card}.json -->
+
+Three kinds read no record:
 
     <!-- records: docs/results -->          every record there with its command, where it was
                                              taken and the chapters that show it (docs/records.py)
@@ -48,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 
 MARK = re.compile(r"(<!-- (\w+): (\S+) -->\n)(.*?)(<!-- end \2 -->)", re.S)
+CARD = "{card}"  # in a marker's record name: any card's record of that kind, the newest shown (docs/records.py)
 
 # The fenced block's language, by the source's suffix.
 LANGUAGES = {".py": "python", ".cpp": "cpp", ".cc": "cpp", ".h": "cpp", ".hpp": "cpp", ".cu": "cuda",
@@ -230,14 +237,23 @@ def render(text: str, page: Path | None = None, root: Path = ROOT) -> str:
             kinds.update(renderers())  # imports torch: only for pages with a table
         if kind not in kinds:
             raise cli.UserError(f"unknown table kind {kind!r} in marker {head.strip()}")
-        source = root / path
-        if not source.exists():
+        source, note = root / path, ""
+        if CARD in source.name:  # a kind of record, one per card: the newest
+            records = _script("docs/records.py")
+            found = records.of_kind(source.name, source.parent)
+            if not found:
+                raise cli.UserError(f"no record of kind {path} (one per card, e.g. "
+                                    f"{source.name.replace(CARD, 'h100')}); run the command that writes one")
+            source = source.parent / found[0][0]
+            shown = source.relative_to(root).as_posix() if source.is_relative_to(root) else str(source)
+            note = f"\n\nThe newest record of its kind, on {records._device(found[0][1])}: `{shown}`."
+        elif not source.exists():
             raise cli.UserError(f"{path} is named by a marker but does not exist; run the command that writes it")
         try:
             table = kinds[kind](json.loads(source.read_text()))
         except (KeyError, ValueError, TypeError) as e:  # a record of another kind, or without that part
             raise cli.UserError(f"{path} cannot be shown as {kind!r} (marker {head.strip()}): {e!r}") from None
-        return head + table + "\n" + m.group(5)
+        return head + table + note + "\n" + m.group(5)
 
     try:
         return MARK.sub(fill, text)

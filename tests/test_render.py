@@ -165,3 +165,36 @@ def test_every_chapter_states_its_reading_time_once_and_the_readme_shows_it():
     assert sorted(p for p, _ in linked) == sorted(render.CHAPTERS)
     for path, minutes in linked:
         assert render.reading_minutes(ROOT / path) == int(minutes), path
+
+
+# ---------------------------------------------------------------------------------------
+# A kind of record: one per card, the newest shown
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+def cards(tmp_path, monkeypatch):
+    """A repository whose docs/results/ holds one kind of GPU record taken on two cards."""
+    import json
+
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    for card, device, date in (("h100", "NVIDIA H100 80GB HBM3", "2026-11-26T00:51:10+00:00"),
+                               ("h200", "NVIDIA H200", "2026-11-27T08:00:00+00:00")):
+        (results / f"demo_gpu_{card}.json").write_text(json.dumps({"device": device, "date": date, "value": card}))
+    (results / "demo_gpu_a100.json").write_text(json.dumps({"device": "NVIDIA A100-SXM4-80GB", "value": "a100"}))
+    table = {"demo": lambda record: f"| value |\n|---|\n| {record['value']} |"}
+    monkeypatch.setattr(render, "renderers", lambda: table)
+    return tmp_path
+
+
+def test_a_kind_marker_shows_the_newest_record_of_its_kind_and_names_it(cards):
+    text = render.render("<!-- demo: docs/results/demo_gpu_{card}.json -->\n<!-- end demo -->\n", root=cards)
+    assert "| h200 |" in text  # the newest by its date, whichever card
+    assert text.endswith("The newest record of its kind, on NVIDIA H200: `docs/results/demo_gpu_h200.json`.\n"
+                         "<!-- end demo -->\n")
+    literal = render.render("<!-- demo: docs/results/demo_gpu_h100.json -->\n<!-- end demo -->\n", root=cards)
+    assert "| h100 |" in literal and "newest" not in literal  # a marker that names a file shows that file
+
+
+def test_a_kind_marker_without_a_record_of_its_kind_is_one_clear_error(cards):
+    with pytest.raises(cli.UserError, match=r"no record of kind docs/results/other_{card}\.json"):
+        render.render("<!-- demo: docs/results/other_{card}.json -->\n<!-- end demo -->\n", root=cards)
