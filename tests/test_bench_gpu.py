@@ -3,14 +3,15 @@ tables, the refusals, the versions it times)."""
 
 from __future__ import annotations
 
+import json
 import re
-import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import cli
-from conftest import load_script, run_script
+from conftest import ROOT, load_script, run_script
 
 bench_gpu = load_script("cuda/bench_gpu.py", "bench_gpu_cuda")  # tiles/ has a bench_gpu.py too
 
@@ -56,17 +57,156 @@ def test_refusals_without_a_gpu(args, message):
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_the_versions_timed_are_those_of_the_header(tmp_path, monkeypatch):
-    """A version added to cuda/dense_kernels.h's kVersions is checked and timed with no list to edit."""
-    bench_gpu._versions()  # loads cuda/emulated.py
-    emulated = sys.modules["dense_cuda_emulated"]
-    (tmp_path / "dense_kernels.h").write_text("constexpr int kVersions = 12;\n")
-    monkeypatch.setattr(emulated, "HERE", tmp_path)
-    assert bench_gpu._versions() == list(range(1, 13))
+def _header_with(tmp_path, entry: str) -> Path:
+    """A copy of cuda/dense_kernels.h with one more entry in kVersionInfo."""
+    text = (ROOT / "cuda" / "dense_kernels.h").read_text()
+    start = text.index("constexpr VersionInfo kVersionInfo[] = {")
+    end = text.index("};", start)
+    (tmp_path / "dense_kernels.h").write_text(text[:end] + entry + "\n" + text[end:])
+    return tmp_path / "dense_kernels.h"
+
+
+def test_the_versions_compared_and_timed_follow_the_header(tmp_path, monkeypatch):
+    """A version added to cuda/dense_kernels.h's kVersionInfo is compared with the emulation in
+    each of its types and timed in float32 and bfloat16 with no list to edit here; one that the
+    header does not list is not."""
+    listed = re.findall(r"\{\s*(\d+)\s*,\s*\"([^\"]*)\"", (ROOT / "cuda" / "dense_kernels.h").read_text()
+                        .split("kVersionInfo[] = {", 1)[1].split("};", 1)[0])
+    assert bench_gpu._versions("f32") == [int(v) for v, types in listed if v != "0" and "f32" in types.split()]
+    assert bench_gpu._versions("bf16") == [int(v) for v, types in listed if v != "0" and "bf16" in types.split()]
+    assert 99 not in bench_gpu._versions("f32")
+    header = _header_with(tmp_path, '{99, "f32 bf16", "a version from the future"},')
+    monkeypatch.setattr(bench_gpu.catalog, "HEADER", header)
+    assert bench_gpu._versions("f32")[-1] == 99 and bench_gpu._versions("bf16")[-1] == 99
+    entries = bench_gpu.exact_entries()
+    assert ("v99", 99, "f32") in entries and ("v99", 99, "bf16") in entries and ("v99", 99, "f64") not in entries
+    assert {t for label, _, t in entries if label == "v0"} == set(bench_gpu.catalog.DTYPES)
+
+
+def test_every_candidate_is_compared_in_float32():
+    entries = bench_gpu.exact_entries()
+    candidates = [(label, v) for label, v, t in entries if label.startswith("candidate")]
+    assert candidates == [(f"candidate {c.index}", c.version) for c in bench_gpu.catalog.candidates()]
+    assert all(t == "f32" for label, _, t in entries if label.startswith("candidate"))
+
+
+# ---------------------------------------------------------------------------------------
+# The exact comparison, away from a GPU: the emulation stands in for the GPU
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def emulation():
+    emulated = load_script("cuda/emulated.py", "dense_cuda_emulated")
+    if emulated.unavailable_reason():
+        pytest.skip(emulated.unavailable_reason())
+    return bench_gpu._emu_gemm()
+
+
+def test_the_exact_comparison_finds_the_same_bits_where_they_are(emulation, monkeypatch):
+    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7),))
+    result = bench_gpu.exact(gpu_gemm=emulation, emu_gemm=emulation)
+    assert result["failed"] == 0 and result["mismatches"] == []
+    assert result["compared"] == 3 * len(bench_gpu.exact_entries())  # each entry in nt, nn and tn
+
+
+def test_a_difference_or_a_failed_launch_names_where_and_the_rest_still_run(emulation, monkeypatch, capsys):
+    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7), (33, 17, 65)))
+
+    def planted(version, layout, a, b, m, n, k):
+        c = emulation(version, layout, a, b, m, n, k)
+        if version == 3 and a.dtype == torch.float64 and layout == "nn" and m == 33:
+            c[4, 2] += 1  # one element one off
+        if version == 5 and a.dtype == torch.float32 and layout == "tn" and m == 5:
+            raise RuntimeError("the launch failed with cudaError 719")
+        return c
+
+    result = bench_gpu.exact(gpu_gemm=planted, emu_gemm=emulation)
+    assert result["failed"] == 2 and result["compared"] == 6 * len(bench_gpu.exact_entries())
+    assert result["mismatches"][0].startswith("v3 f64 nn M=33 N=17 K=65: first at [4, 2]: ")
+    assert result["mismatches"][1] == "v5 f32 tn M=5 N=3 K=7: failed: the launch failed with cudaError 719"
+    out = capsys.readouterr().out
+    assert "FAIL  v3 f64: v3 f64 nn M=33 N=17 K=65: first at [4, 2]" in out and "SAME  v12 f32:" in out
+
+
+def test_the_exact_inputs_make_every_sum_exact():
+    """Integers from -2 to 2: a K-long dot product is an integer of at most 4·K, which float32's
+    24 bits hold for K up to 2^22, and bfloat16 and float16 hold every input exactly."""
+    a = bench_gpu.integer_operands((64, 257), torch.Generator().manual_seed(0))
+    assert set(a.unique().tolist()) == {-2.0, -1.0, 0.0, 1.0, 2.0}
+    for dtype in (torch.bfloat16, torch.float16):
+        assert torch.equal(a.to(dtype).float(), a)
+    assert max(k for _, _, k in bench_gpu.EXACT_SHAPES) * 4 < 2 ** 24
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_first_difference_compares_bits(dtype):
+    a = torch.zeros(3, 4, dtype=dtype)
+    assert bench_gpu.first_difference(a, a.clone()) is None
+    b = a.clone()
+    b[2, 1] = -0.0  # equal as numbers, not as bits
+    assert bench_gpu.first_difference(b, a).startswith("first at [2, 1]: -0.0 against the emulation's 0.0")
+    assert "against the emulation's" in bench_gpu.first_difference(a, torch.zeros(4, 3, dtype=dtype))
+
+
+def test_a_line_whose_call_fails_is_recorded_and_left_out_of_the_timing(capsys):
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+
+    ok, failed = bench_gpu.runnable({"v1": lambda: 1, "v2": broken, "v3": lambda: 3})
+    assert list(ok) == ["v1", "v3"] and failed == {"v2": "CUDA error: an illegal memory access was encountered"}
+    assert "FAIL  v2: CUDA error" in capsys.readouterr().out
+
+
+def test_the_record_is_written_after_each_measurement_so_a_stopped_run_keeps_it(tmp_path, monkeypatch):
+    """main() writes the record whenever a part measures something: a run stopped in its second
+    part leaves the first part's rows and what the second had measured."""
+    monkeypatch.setattr(bench_gpu.modes, "available", lambda: dict.fromkeys(bench_gpu.modes.MODES))
+    monkeypatch.setattr(bench_gpu.benchmark, "record_header", lambda device, dtype: {"device": "test"})
+
+    def gemm(rounds, out, save):
+        out["rows"] = ["v1"]
+        save()
+
+    def goals(rounds, out, save):
+        out["goals"] = {"forward": 1.0}
+        save()
+        raise KeyboardInterrupt  # as the plan's limit stops a part
+
+    monkeypatch.setattr(bench_gpu, "gemm", gemm)
+    monkeypatch.setattr(bench_gpu, "goals", goals)
+    path = tmp_path / "r.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench_gpu.main(["gemm", "goals", "--json", str(path)])
+    assert json.loads(path.read_text()) == {"device": "test", "gemm": {"rows": ["v1"]},
+                                            "goals": {"goals": {"forward": 1.0}}}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_sigmoid_grad_versions_come_from_the_header():
+    text = (ROOT / "cuda" / "dense_kernels.h").read_text()
+    assert bench_gpu.catalog_grad_versions() == int(re.search(r"kGradVersions = (\d+)", text).group(1))
 
 
 @pytest.mark.parametrize("kernel, profiled", [("dense_gemm_v1_nt_f32", True), ("dense_gemm_v12_nn_f32", True),
-                                              ("dense_gemm_v3_tn_f32", False), ("dense_gemm_v10_nt_f64", False)])
-def test_ncu_profiles_every_versions_forward_and_grad_x_gemm(kernel, profiled):
+                                              ("dense_gemm_v3_tn_f32", False), ("dense_gemm_v10_nt_f64", False),
+                                              ("dense_sigmoid_grad_v1_f32", True), ("dense_sigmoid_grad_v3_f32", True),
+                                              ("dense_bias_grad_v3_f32", True), ("dense_sigmoid_grad_v1_x4_f32", False),
+                                              ("dense_splitk_reduce_f32", False)])
+def test_ncu_profiles_every_versions_forward_and_grad_x_gemm_and_the_backward_kernels(kernel, profiled):
     pattern = bench_gpu.NCU_KERNELS.removeprefix("regex:")
-    assert bool(re.search(pattern, kernel)) == profiled
+    assert bool(re.fullmatch(pattern, kernel)) == profiled
+
+
+def test_ncu_reads_the_counters_the_emulator_is_set_beside():
+    for metric in ("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+                   "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum", "smsp__inst_executed_op_shared_ld.sum",
+                   "smsp__inst_executed_op_shared_st.sum", "l1tex__throughput.avg.pct_of_peak_sustained_elapsed",
+                   "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+                   "l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum",
+                   "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum"):
+        assert metric in bench_gpu.NCU_METRICS, metric
+
+
+def test_an_elementwise_kernel_has_no_ffma_ratio_in_the_ncu_table(tmp_path):
+    csv = ncu_csv(tmp_path, kernels=("dense_gemm_v1_nt_f32", "dense_sigmoid_grad_v2_f32"))
+    table = bench_gpu.ncu_table({**bench_gpu.from_ncu(csv, "NVIDIA H200"), "shape": [2, 2, 2], "command": "c"})
+    assert "| dense_gemm_v1_nt_f32 |" in table and table.splitlines()[3].endswith("| 1.5% | 60% | – |")
