@@ -58,6 +58,13 @@ constexpr VersionInfo kVersionInfo[] = {
     {10, "f32 f64", "padded tiles: rows 16 bytes longer, so the transposing store hits 32 different banks"},
     {11, "f32 f64 bf16 f16", "warp tiling in pieces (SGEMM_CUDA's kernel 10): one template for every tile shape"},
     {12, "f32 f64 bf16 f16", "skinny batches: a 32-row tile and K split over every SM, W streamed once"},
+    // Tensor cores (cuda/tensor_cores/, the chapter "4, continued").
+    {21, "bf16 f16", "tensor cores, one warp, one instruction: mma.sync m16n8k16 on fragments loaded from global memory"},
+    {22, "bf16 f16", "shared memory and ldmatrix: 64x64 tiles staged once, fragments by ldmatrix.x4 (.trans where needed)"},
+    {23, "bf16 f16", "the same tiles XOR-swizzled: an ldmatrix's 8 rows in 8 different groups of banks"},
+    {24, "bf16 f16", "a block of 8 warps, 64x32 warp tiles, a 3-stage cp.async pipeline, the epilogue fused"},
+    {25, "f32", "TF32: mma.sync m16n8k8 on operands rounded by cvt.rna.tf32.f32 (10 bits of mantissa)"},
+    {26, "f32", "split-TF32: each operand a TF32 big part and a TF32 remainder, three mma's for float32 accuracy"},
 };
 constexpr int kVersionCount = sizeof(kVersionInfo) / sizeof(kVersionInfo[0]);
 constexpr int kVersions = 12;  // the CUDA-core progression, versions 1 to kVersions
@@ -138,6 +145,13 @@ constexpr Tile tile(int version, int element_bytes) {
     case 4: return {64, 64, 8, 8, 1};   // 512 threads
     case 11:
     case 12: return tile_of(warp_tile(version, element_bytes));
+    // tensor cores: TM×TN is a lane's accumulators, their count (a lane holds them in pieces)
+    case 21: return {32, 16, 16, 2, 2};   // 4 warps, a 16×8 tile each
+    case 22:
+    case 23: return {64, 64, 64, 8, 4};   // 4 warps of 32×32
+    case 24: return {128, 128, 32, 8, 8};  // 8 warps of 64×32
+    case 25:
+    case 26: return {128, 128, 16, 8, 8};
     default: return element_bytes == 4 ? Tile{128, 128, 8, 8, 8} : Tile{64, 64, 8, 4, 4};  // 256 threads
   }
 }

@@ -37,6 +37,7 @@ from torch import Tensor
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOURCES = sorted([HERE / "dense_kernels.h", HERE / "gemm_choice.h", *(HERE / "kernels").glob("*.cuh"),
+                  *(HERE / "tensor_cores").glob("*.cuh"),
                   *(HERE / "units").glob("*.cu"), *(HERE / "emulate").glob("*.h"), HERE / "emulate" / "emulate.cpp"])
 CXX_FLAGS = ["-std=c++17", "-O2", "-pthread", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{HERE}"]
 KPLAIN, KBIAS_SIGMOID = 0, 1  # dense_kernels::Epilogue

@@ -12,9 +12,10 @@ namespace dense_kernels {
 
 constexpr Choice kChoices[] = {
     {kFillsGpu, kF32, 8},    {kFillsGpu, kF64, 8},    {kSmallBatch, kF32, 9},   {kSmallBatch, kF64, 9},
-    // bfloat16 and float16: v11's template is the one CUDA-core kernel that loads them (predicted,
-    // not timed: v11 is v10 with warp tiling, which the counters favour), v12 for small batches.
-    {kFillsGpu, kBF16, 11},  {kFillsGpu, kF16, 11},  {kSmallBatch, kBF16, 12}, {kSmallBatch, kF16, 12},
+    // bfloat16 and float16, predicted, not yet timed (cuda/tensor_cores/README.md): the tensor
+    // cores' v24 where its 128×128 tiles fill the GPU; for a small batch v12, which splits K over
+    // every SM, where v24's few tiles would leave most SMs idle.
+    {kFillsGpu, kBF16, 24},  {kFillsGpu, kF16, 24},  {kSmallBatch, kBF16, 12}, {kSmallBatch, kF16, 12},
 };
 
 }  // namespace dense_kernels

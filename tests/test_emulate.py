@@ -33,10 +33,26 @@ CODE_F32, CODE_F64 = emu.dtype_code(torch.float32), emu.dtype_code(torch.float64
 # and the 8-, 16- and 32-deep k steps, primes.
 SHAPES = [(1, 1, 1), (0, 7, 5), (15, 17, 9), (31, 33, 16), (63, 65, 7), (64, 32, 33), (129, 127, 17), (33, 40, 260),
           (37, 41, 43)]
-TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float64: dict(atol=1e-12, rtol=1e-10)}
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.float64: dict(atol=1e-12, rtol=1e-10),
+       # 16-bit outputs: the float32 sum rounded once to 8 (bfloat16) or 11 (float16) bits of mantissa,
+       # against the float64 product of the same (16-bit) inputs
+       torch.bfloat16: dict(atol=1e-3, rtol=2 ** -7), torch.float16: dict(atol=1e-3, rtol=2 ** -10)}
+TF32_VERSIONS = (25,)  # float32 operands rounded to tf32 (10 bits): 2^-11 relative on every product
+
+
+def tolerance(version: int, dtype: torch.dtype) -> dict:
+    return dict(atol=3e-2, rtol=1e-2) if version in TF32_VERSIONS else TOL[dtype]
+
+
+# Every version with every element type it is built for (cuda/dense_kernels.h's kVersionInfo).
+CASES = [(v, d) for v in VERSIONS for d in emu.DTYPES if v in emu.versions(d)]
+CASE_IDS = [f"{v}-{emu.DTYPE_NAMES[d]}" for v, d in CASES]
 
 
 def reference(layout: str, a, b, bias, epilogue):
+    """The float64 result from the same inputs, in the inputs' dtype for the comparison."""
+    a, b = a.double(), b.double()
+    bias = None if bias is None else bias.double()
     c = (a.t() if layout[0] == "t" else a) @ (b.t() if layout[1] == "t" else b)
     if epilogue == emu.KBIAS_SIGMOID:
         c = torch.sigmoid(c + bias if bias is not None else c)
@@ -49,8 +65,7 @@ def run_gemm(version, layout, a, b, bias, epilogue, m, n, k):
     return c
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version, dtype", CASES, ids=CASE_IDS)
 def test_every_gemm_layout_and_epilogue_matches_torch(version, dtype):
     g = torch.Generator().manual_seed(version)
     for m, n, k in SHAPES:
@@ -59,13 +74,13 @@ def test_every_gemm_layout_and_epilogue_matches_torch(version, dtype):
             b = torch.randn((n, k) if layout[1] == "t" else (k, n), generator=g, dtype=dtype)
             bias = torch.randn(n, generator=g, dtype=dtype)
             for epilogue, bi in ((emu.KPLAIN, None), (emu.KBIAS_SIGMOID, bias), (emu.KBIAS_SIGMOID, None)):
-                got = run_gemm(version, layout, a, b, bi, epilogue, m, n, k)
-                torch.testing.assert_close(got, reference(layout, a, b, bi, epilogue), **TOL[dtype],
+                got = run_gemm(version, layout, a, b, bi, epilogue, m, n, k).double()
+                torch.testing.assert_close(got, reference(layout, a, b, bi, epilogue), **tolerance(version, dtype),
                                            msg=lambda s, t=(layout, m, n, k, epilogue): f"v{version} {t}: {s}")
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-def test_nan_and_inf_give_torchs_nan_pattern(version):
+@pytest.mark.parametrize("version, dtype", CASES, ids=CASE_IDS)
+def test_nan_and_inf_give_torchs_nan_pattern(version, dtype):
     """sigmoid(F.linear(...)) of NaN is NaN, of ±inf 0 or 1, of inf − inf NaN: the same here."""
     x = torch.randn(19, 23, dtype=torch.float64)
     w = torch.randn(29, 23, dtype=torch.float64)
@@ -73,33 +88,44 @@ def test_nan_and_inf_give_torchs_nan_pattern(version):
     x[0, 3], x[1, :] = float("nan"), float("inf")
     x[2, 5], x[3, 0] = float("inf"), float("-inf")
     w[4, 1], b[5], b[6] = float("nan"), float("inf"), float("-inf")
-    for dtype in (torch.float32, torch.float64):
-        xs, ws, bs = x.to(dtype), w.to(dtype), b.to(dtype)
-        got = emu.forward(xs, ws, bs, version)
-        want = torch.sigmoid(F.linear(xs, ws, bs))
-        assert torch.equal(got.isnan(), want.isnan()), f"v{version} {dtype}: NaN pattern differs"
-        assert want.isnan().any() and (want == 1).any() and (want == 0).any()
-        torch.testing.assert_close(got, want, equal_nan=True, **TOL[dtype])
+    xs, ws, bs = x.to(dtype), w.to(dtype), b.to(dtype)
+    got = emu.forward(xs, ws, bs, version)
+    want = torch.sigmoid(F.linear(xs.double(), ws.double(), bs.double()))
+    assert torch.equal(got.isnan(), want.isnan()), f"v{version} {dtype}: NaN pattern differs"
+    assert want.isnan().any() and (want == 1).any() and (want == 0).any()
+    torch.testing.assert_close(got.double(), want, equal_nan=True, **tolerance(version, dtype))
 
 
 def test_forward_and_backward_against_nn_linear_every_version():
     g = torch.Generator().manual_seed(1)
-    for version in [0, *VERSIONS]:
-        for dtype in (torch.float32, torch.float64):
-            x = torch.randn(3, 11, 13, generator=g, dtype=dtype, requires_grad=True)  # (*, in) input
-            w = torch.randn(9, 13, generator=g, dtype=dtype, requires_grad=True)
-            b = torch.randn(9, generator=g, dtype=dtype, requires_grad=True)
-            grad = torch.randn(3, 11, 9, generator=g, dtype=dtype)
-            y = emu.dense(version)(x, w, b)
-            ours = [y, *torch.autograd.grad(y, (x, w, b), grad)]
-            y_ref = torch.sigmoid(F.linear(x, w, b))
-            ref = [y_ref, *torch.autograd.grad(y_ref, (x, w, b), grad)]
+    for version, dtype in [(0, d) for d in emu.DTYPES] + CASES:
+        x = torch.randn(3, 11, 13, generator=g, dtype=dtype, requires_grad=True)  # (*, in) input
+        w = torch.randn(9, 13, generator=g, dtype=dtype, requires_grad=True)
+        b = torch.randn(9, generator=g, dtype=dtype, requires_grad=True)
+        grad = torch.randn(3, 11, 9, generator=g, dtype=dtype)
+        y = emu.dense(version)(x, w, b)
+        ours = [y, *torch.autograd.grad(y, (x, w, b), grad)]
+        x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+        y_ref = torch.sigmoid(F.linear(x64, w64, b64))
+        ref = [y_ref, *torch.autograd.grad(y_ref, (x64, w64, b64), grad.double())]
+        if dtype in (torch.bfloat16, torch.float16):
+            # the project's rule for 16-bit types: the error against the float64 truth within 4× of
+            # eager nn.Linear's own in that type, plus one rounding of the largest value
+            y_e = torch.sigmoid(F.linear(x, w, b))
+            eager = [y_e, *torch.autograd.grad(y_e, (x, w, b), grad)]
+            for o, e, r in zip(ours, eager, ref):
+                assert o.dtype == dtype
+                err, err_eager = (o.double() - r).abs().max(), (e.double() - r).abs().max()
+                assert err <= 4 * err_eager + torch.finfo(dtype).eps * r.abs().max(), (version, dtype, err, err_eager)
+        else:
             for o, r in zip(ours, ref):
-                torch.testing.assert_close(o, r, **TOL[dtype])
+                assert o.dtype == dtype
+                torch.testing.assert_close(o.double(), r, **tolerance(version, dtype),
+                                           msg=lambda s, v=version, d=dtype: f"v{v} {d}: {s}")
         # an empty batch: y is empty, grad weight is zero, grad bias is zero
-        x0 = torch.zeros(0, 13, dtype=torch.float64, requires_grad=True)
-        w0 = torch.randn(9, 13, dtype=torch.float64, requires_grad=True)
-        b0 = torch.randn(9, dtype=torch.float64, requires_grad=True)
+        x0 = torch.zeros(0, 13, dtype=dtype, requires_grad=True)
+        w0 = torch.randn(9, 13, dtype=dtype, requires_grad=True)
+        b0 = torch.randn(9, dtype=dtype, requires_grad=True)
         y0 = emu.dense(version)(x0, w0, b0)
         y0.sum().backward()
         assert y0.shape == (0, 9) and torch.equal(w0.grad, torch.zeros_like(w0)) and torch.equal(b0.grad, 0 * b0)
@@ -111,9 +137,13 @@ def test_bad_inputs_get_clear_errors():
         fn(torch.randn(2, 3), torch.randn(4, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="in_features"):
         fn(torch.randn(2, 3), torch.randn(4, 5))
-    beyond = VERSIONS[-1] + 1
+    beyond = max(VERSIONS) + 1
     with pytest.raises(ValueError, match=f"no emulated GEMM version {beyond}"):
         emu.gemm(beyond, "nt", torch.ones(1, 1), torch.ones(1, 1), torch.empty(1, 1), None, 1, 1, 1, emu.KPLAIN)
+    # a version not built for a type refuses it, naming the version and the type
+    with pytest.raises(ValueError, match="no emulated GEMM version 3 .* dtype torch.bfloat16"):
+        one = torch.ones(1, 1, dtype=torch.bfloat16)
+        emu.gemm(3, "nt", one, one, torch.empty(1, 1, dtype=torch.bfloat16), None, 1, 1, 1, emu.KPLAIN)
 
 
 @pytest.mark.parametrize("version", emu.GRAD_VERSIONS)
@@ -176,7 +206,7 @@ def test_every_autotuning_candidate_matches_torch_in_every_layout(index):
             b = torch.randn((n, k) if layout[1] == "t" else (k, n), generator=g)
             bias = torch.randn(n, generator=g)
             for epilogue, bi in ((emu.KPLAIN, None), (emu.KBIAS_SIGMOID, bias)):
-                got = run_gemm(candidate["version"], layout, a, b, bi, epilogue, m, n, k)
+                got = run_gemm(candidate["version"], layout, a, b, bi, epilogue, m, n, k).double()
                 torch.testing.assert_close(got, reference(layout, a, b, bi, epilogue), **TOL[torch.float32],
                                            msg=lambda s, t=(layout, m, n, k, epilogue): f"{candidate}: {t}: {s}")
     one = torch.ones(1, 1, dtype=torch.float64)
@@ -260,14 +290,17 @@ def test_the_shuffled_block_orders_expose_a_result_that_depends_on_the_order():
     torch.testing.assert_close(runs[0], parts.sum(0), rtol=1e-5, atol=1e-3)
 
 
+F64_LAST = max(v for v in VERSIONS if v in emu.versions(torch.float64))  # grad_check's gradcheck is float64's
+
+
 def test_grad_check_script_emulated():
-    result = run_script("grad_check.py", "cuda", "--emulate", "--kernel", str(VERSIONS[-1]), "-b", "3", "-i", "5",
+    result = run_script("grad_check.py", "cuda", "--emulate", "--kernel", str(F64_LAST), "-b", "3", "-i", "5",
                         "-o", "4", "--no-bias")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "all checks passed" in result.stdout and "FAIL" not in result.stdout
     # before the checks, the version's idea and what they will cost, measured at these sizes
-    idea = re.escape(emu.idea(VERSIONS[-1]))
-    assert re.search(rf"^v{VERSIONS[-1]}: {idea}; about \d+\.\d s$", result.stdout, re.M), result.stdout
+    idea = re.escape(emu.idea(F64_LAST))
+    assert re.search(rf"^v{F64_LAST}: {idea}; about \d+\.\d s$", result.stdout, re.M), result.stdout
     bad = run_script("grad_check.py", "cuda", "--emulate", "--kernel", "99")
     assert bad.returncode == 2 and "--kernel must be one of" in bad.stderr
 
@@ -458,3 +491,25 @@ def racy_source(copy: Path) -> tuple[Path, int]:
     second = text.index("__syncthreads();", first + 1)
     path.write_text(text[:second] + "/* removed */" + text[second + len("__syncthreads();"):])
     return path, 3
+
+
+@pytest.mark.slow
+def test_a_pipeline_that_reads_a_stage_before_its_copies_land_is_caught(tmp_path):
+    """v24's ring of cp.async stages, with its wait off by one (it waits for one group too few, so
+    the step it computes on has not landed): the emulation makes each copy only at the wait that
+    completes it, so the kernel reads the stage's old bytes and its results are wrong, as they may be
+    on a GPU. Without the barrier after the wait, ThreadSanitizer reports the race as well."""
+    copy = tmp_path / "cuda"
+    shutil.copytree(ROOT / "cuda", copy, ignore=shutil.ignore_patterns("*.py", "*.md"))
+    path = copy / "tensor_cores" / "tc3_pipeline.cuh"
+    text = path.read_text()
+    assert text.count("cp_async_wait<kTc3Stages - 2>();") == 1
+    path.write_text(text.replace("cp_async_wait<kTc3Stages - 2>();", "cp_async_wait<kTc3Stages - 1>();"))
+    wrong = run_driver(build_driver(tmp_path, "address", copy), "--quick", "24",
+                       env={"ASAN_OPTIONS": "detect_leaks=0"})
+    assert "MISMATCH v24" in wrong.stdout and wrong.returncode != 0, wrong.stdout[-2000:]
+    barrier = "__syncthreads();                  // ...everyone's"
+    assert text.count(barrier) == 1
+    path.write_text(text.replace(barrier, "/* removed */ // ...everyone's"))
+    racy = run_driver(build_driver(tmp_path, "thread", copy), "--quick", "24", env={"TSAN_OPTIONS": "halt_on_error=1"})
+    assert "WARNING: ThreadSanitizer: data race" in racy.stderr and racy.returncode != 0, racy.stderr[-3000:]

@@ -76,6 +76,12 @@ struct Registration {
   DENSE_LAYOUTS(DENSE_WARP_ENTRY, V, __nv_bfloat16, bf16)  \
   DENSE_LAYOUTS(DENSE_WARP_ENTRY, V, __half, f16)
 
+// The tensor-core versions: bfloat16 and float16 (mma.sync m16n8k16), or float32 through tf32.
+#define DENSE_TC16_TYPES(V)                                  \
+  DENSE_LAYOUTS(DENSE_GEMM_ENTRY, V, __nv_bfloat16, bf16)    \
+  DENSE_LAYOUTS(DENSE_GEMM_ENTRY, V, __half, f16)
+#define DENSE_F32_TYPES(V) DENSE_LAYOUTS(DENSE_GEMM_ENTRY, V, float, f32)
+
 // An autotuning candidate: v11's template at kTuneCandidates[I], float32, launched as tune_id(I).
 #define DENSE_TUNE_ENTRY(I, LAYOUT, L, TA, TB, T, SUFFIX)                                                      \
   extern "C" __global__ void __launch_bounds__(dense_kernels::warp_threads(dense_kernels::kTuneCandidates[I]), \
