@@ -68,6 +68,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from parallel.collectives import costmodel
+from parallel.common import p2p
 from parallel.common.p2p import OPS, RingError, agree, exchange, post, scratch, wait
 from parallel.dp import ring
 from parallel.dp.ring import ring_all_reduce
@@ -303,6 +304,7 @@ def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group, cpp: bool = False
             return exchange(send, recv, right, left, group), []
         if not direct:
             return post([(left, recv)], [], group, message_bytes=0), post([], [(right, send)], group, message_bytes=0)
+        p2p.SENT_BYTES["data"] += send.numel() * send.element_size()  # as post counts what it sends
         return ([pg.recv([recv], (r - 1) % n, 0)] if recv.numel() else [],  # group ranks, one message each
                 [pg.send([send], (r + 1) % n, 0)] if send.numel() else [])
 

@@ -12,6 +12,11 @@ Steps 1 and 3 move exactly the bytes of one ring all-reduce, so the communicatio
 same as plain data parallelism; the optimiser's memory and work fall as 1/n. Adam is
 elementwise, so each element gets the update it would get unsharded.
 
+``grad_dtype=torch.bfloat16`` reduce-scatters the gradient as bfloat16 (half the bytes of
+step 1). The shard of the parameters, its gradient and Adam's moments stay in the parameters'
+dtype, and step 3 gathers the updated parameters in it: gathering them in bfloat16 would round
+the master weights themselves, every step.
+
 ``state_dict()`` gathers the shards into torch.optim.Adam's own format (one entry per
 parameter) and ``load_state_dict()`` takes that format and keeps its shard: checkpoints are
 full and interchangeable with unsharded runs. Both are collective: every rank calls them.
@@ -35,14 +40,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from parallel.common.training import DTYPES
 from parallel.dp.ring import ring_all_gather, ring_reduce_scatter
 from parallel.dp.trainer import DataParallel
 
 
 class ZeroAdam:
-    """torch.optim.Adam over ``params``, its state sharded over the ranks of ``group``."""
+    """torch.optim.Adam over ``params``, its state sharded over the ranks of ``group``; the
+    gradients reduce-scattered in ``grad_dtype`` (default: the parameters' dtype)."""
 
-    def __init__(self, params, lr: float = 1e-3, group: dist.ProcessGroup | None = None, **adam_kwargs) -> None:
+    def __init__(self, params, lr: float = 1e-3, group: dist.ProcessGroup | None = None,
+                 grad_dtype: torch.dtype | None = None, **adam_kwargs) -> None:
         self.params: list[nn.Parameter] = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("ZeroAdam needs at least one parameter that requires grad")
@@ -54,7 +62,12 @@ class ZeroAdam:
         self.numel = sum(p.numel() for p in self.params)
         self.shard_numel = -(-self.numel // self.size)  # padded: every shard the same size
         ref = self.params[0]
-        self.flat_grad = torch.zeros(self.shard_numel * self.size, dtype=ref.dtype, device=ref.device)
+        padded = self.shard_numel * self.size
+        self.flat_grad = torch.zeros(padded, dtype=grad_dtype or ref.dtype, device=ref.device)
+        # The all-gather's source, in the parameters' dtype: the gradient's buffer where the dtypes
+        # match (the gradient is no longer needed by then), a buffer of its own where they do not.
+        self.flat_params = (self.flat_grad if self.flat_grad.dtype == ref.dtype else
+                            torch.zeros(padded, dtype=ref.dtype, device=ref.device))
         self.lo = self.rank * self.shard_numel
         self.shard = nn.Parameter(torch.zeros(self.shard_numel, dtype=ref.dtype, device=ref.device))
         self.opt = torch.optim.Adam([self.shard], **self.adam_kwargs)
@@ -70,18 +83,18 @@ class ZeroAdam:
 
     @torch.no_grad()
     def step(self) -> None:
-        for p, part in self._views(self.flat_grad):  # a parameter with no gradient contributes zeros
+        for p, part in self._views(self.flat_grad):  # cast to the buffer's dtype; no gradient: zeros
             part.copy_(p.grad) if p.grad is not None else part.zero_()
         start = time.perf_counter()
         grad = ring_reduce_scatter(self.flat_grad, "sum", self.group, check=False)
         self.comm_s += time.perf_counter() - start
         # The shard's values are the parameters' (they may have been loaded or broadcast since).
-        full = self.flat_grad  # reused as the gather source: the gradient is no longer needed
+        full = self.flat_params
         for p, part in self._views(full):
             part.copy_(p)
         full[self.numel:].zero_()
         self.shard.copy_(full[self.lo: self.lo + self.shard_numel])
-        self.shard.grad = grad
+        self.shard.grad = grad.to(self.shard.dtype)  # the master shard is updated in its own dtype
         self.opt.step()
         start = time.perf_counter()
         gathered = ring_all_gather(self.shard.detach(), self.group, check=False)
@@ -139,7 +152,7 @@ class ZeroAdam:
             raise ValueError("the checkpoint holds Adam state for some parameters only")
         shard = {}
         for k in ("exp_avg", "exp_avg_sq"):
-            flat = torch.zeros_like(self.flat_grad)
+            flat = torch.zeros_like(self.flat_params)
             for (_, part), s in zip(self._views(flat), states):
                 part.copy_(s[k])
             shard[k] = flat[self.lo: self.lo + self.shard_numel].clone()
@@ -174,7 +187,8 @@ class ZeRO(DataParallel):
                              "(one GPU per rank), not gloo")
 
     def make_optimizer(self, model: nn.Module) -> ZeroAdam:
-        self.opt = ZeroAdam(model.parameters(), lr=self.config.lr, group=self.group)
+        self.opt = ZeroAdam(model.parameters(), lr=self.config.lr, group=self.group,
+                            grad_dtype=DTYPES[self.config.grad_dtype])
         return self.opt
 
     def start(self, model: nn.Module) -> None:

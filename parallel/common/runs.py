@@ -40,8 +40,11 @@ def table(record: dict) -> str:
     ranks = f"{record['world_size']} ranks" + (f" (tp {c['tp']})" if c.get("tp", 1) > 1 else "")
     on = f" sharing one {record['gpu']['device']}" if "gpu" in record and record["world_size"] > 1 else (
         f" on an {record['gpu']['device']}" if "gpu" in record else "")
-    rows.append(f"\nTest accuracy {100 * record['final_accuracy']:.1f}%. {c['data']} data, mode {c['mode']}, hidden "
-                f"{c['hidden']}, global batch {c['batch_size']}, {ranks}{on} on {record['backend']}, "
+    mode = c["mode"] + ("" if c.get("dtype", "float32") == "float32" else f", {c['dtype']} autocast")
+    if c.get("grad_dtype", "float32") != "float32":
+        mode += f", gradients summed in {c['grad_dtype']}"
+    rows.append(f"\nTest accuracy {100 * record['final_accuracy']:.1f}%. {c['data']} data, mode {mode}, "
+                f"hidden {c['hidden']}, global batch {c['batch_size']}, {ranks}{on} on {record['backend']}, "
                 f"torch {record['torch']}, {record['date']}: `{record['command']}`")
     return "\n".join(rows)
 

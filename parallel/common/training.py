@@ -11,10 +11,17 @@ What differs between plain data parallelism (chapter 6, parallel/dp/trainer.py),
 parallel/tp/training.py) lives in a ``Strategy``: which model a rank builds, which optimiser,
 how the gradients are summed, what a checkpoint gathers. ``train(config, how)`` is the same
 loop for all of them; distributed.py picks the strategy its flags ask for.
+
+Precision (``Config.dtype``, ``Config.grad_dtype``): with dtype "bfloat16" the forward and the
+loss run under ``torch.autocast`` to bfloat16, and so does evaluation; the parameters, their
+gradients and the optimiser's state stay float32 (autocast casts a float32 parameter on its
+way into an op, and the cast's backward hands a float32 gradient back). grad_dtype is what the
+gradients travel as between the ranks: each strategy's business.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -53,6 +60,21 @@ class Config:
     train_limit: int | None = None  # use only the first N training samples (quick runs, tests)
     tp: int = 1                    # tensor-parallel size: world = dp × tp (parallel/tp/training.py)
     trace: str | None = None       # write when each gradient bucket was ready and reduced (parallel/dp/trace.py)
+    dtype: str = "float32"         # what the forward computes in: "bfloat16" runs it under torch.autocast
+    grad_dtype: str = "float32"    # what the gradients are summed over the ranks in (a key of DTYPES)
+
+
+# The precisions Config names. Parameters and the optimiser's state are float32 whatever they
+# say: bfloat16 is what the forward computes in and what gradients travel as, never what is kept.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def autocast(config: Config) -> contextlib.AbstractContextManager:
+    """The forward's precision: torch.autocast to ``config.dtype`` on the config's device, or
+    nothing for float32."""
+    if config.dtype == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(config.device).type, dtype=DTYPES[config.dtype])
 
 
 def build_model(features: int, hidden: tuple[int, ...], classes: int, mode: str,
@@ -156,7 +178,8 @@ def train(config: Config, how: Strategy) -> dict:
             for step, batch in enumerate(batches):
                 how.before_step(epoch, step)
                 idx = data_mod.shard(batch, how.rank, how.size)  # this rank's part of the global batch
-                loss = F.cross_entropy(model(x[idx].to(device)), y[idx].to(device), reduction="sum")
+                with autocast(config):  # bfloat16 or not; cross_entropy autocasts to float32 either way
+                    loss = F.cross_entropy(model(x[idx].to(device)), y[idx].to(device), reduction="sum")
                 (loss / len(batch)).backward()  # the global mean's gradient, once the ranks' are summed
                 how.after_backward()            # every gradient summed over the ranks
                 opt.step()
@@ -171,7 +194,7 @@ def train(config: Config, how: Strategy) -> dict:
             if config.checkpoint:
                 save(config, how, model, opt, ds, epoch, history)
         how.finish()
-        result = {"epochs": history, "final_accuracy": evaluate(model, ds.test, device, how)}
+        result = {"epochs": history, "final_accuracy": evaluate(model, ds.test, device, how, config)}
         if config.return_state:
             result["state"] = how.full_state(model, None)[0]
     finally:
@@ -193,11 +216,13 @@ def show_progress(config: Config, epoch: int, step: int, steps: int) -> None:
         print(f"\r  epoch {epoch + 1}: batch {step + 1}/{steps}", end="", flush=True)
 
 
-def evaluate(model: nn.Module, split: data_mod.Split, device: str, how: Strategy) -> float:
+def evaluate(model: nn.Module, split: data_mod.Split, device: str, how: Strategy, config: Config) -> float:
     """Accuracy over the whole split: each rank counts on its shard, and the counts are summed
-    over the ranks that split the batch (the ranks of a tensor-parallel group share a shard)."""
+    over the ranks that split the batch (the ranks of a tensor-parallel group share a shard).
+    The model runs in the precision it trained in (``config``'s autocast): the accuracy is
+    that of the model as it computes."""
     idx = data_mod.shard(torch.arange(len(split)), how.rank, how.size)
-    with torch.no_grad():
+    with torch.no_grad(), autocast(config):
         pred = model(split.x[idx].to(device)).argmax(1).cpu() if len(idx) else torch.empty(0)
     counts = torch.tensor([(pred == split.y[idx]).sum().item(), len(idx)], dtype=torch.int64)
     how.sum_over_ranks(counts)
@@ -211,7 +236,7 @@ def end_of_epoch(config: Config, how: Strategy, model: nn.Module, ds: data_mod.D
     totals = torch.tensor([loss_sum.item(), samples], dtype=torch.float64)
     how.sum_over_ranks(totals)
     record = {"epoch": epoch + 1, "loss": totals[0].item() / max(1.0, totals[1].item()),
-              "accuracy": evaluate(model, ds.val, config.device, how),
+              "accuracy": evaluate(model, ds.val, config.device, how, config),
               "samples_per_s": len(ds.train) / elapsed, "comm_s": comm_s}
     if world()[0] == 0:
         print(("\r" if config.progress else "") +

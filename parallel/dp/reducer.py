@@ -9,6 +9,11 @@ goes on with the earlier layers. ``finish()`` waits for the last bucket before t
 
 Buckets always start in index order on every rank: an all-reduce is a sequence of point-to-point
 messages, and two ranks that reduced buckets in different orders would pair the wrong ones.
+
+``grad_dtype`` is what the buckets travel as: the flattening copy casts each float32 gradient
+to it (bfloat16: half the bytes, one rounding), the ring sums in it, and the copy back into
+``.grad`` restores the parameters' dtype. The loss already carries the 1/(global batch) scale,
+so the sum needs no division after it, in bfloat16 or otherwise.
 """
 
 from __future__ import annotations
@@ -37,11 +42,12 @@ class GradReducer:
     reduces CUDA gradients through host memory, for gloo (which sends CPU tensors only).
     ``all_reduce(buffer, group=..., check=...)`` sums a bucket in place: the ring, or any
     all-reduce with its signature (the second part of this chapter picks one by size).
+    ``grad_dtype`` (default: the parameters' own) is the dtype the buckets are reduced in.
     """
 
     def __init__(self, params: list[nn.Parameter], bucket_bytes: int = 1 << 20, overlap: bool = True,
                  staging_device: str | torch.device | None = None, group: dist.ProcessGroup | None = None,
-                 all_reduce: AllReduce = ring_all_reduce) -> None:
+                 all_reduce: AllReduce = ring_all_reduce, grad_dtype: torch.dtype | None = None) -> None:
         params = [p for p in params if p.requires_grad]
         self.group = group  # the ranks that average these gradients (a data-parallel group)
         self.all_reduce = all_reduce
@@ -58,7 +64,9 @@ class GradReducer:
             size += nbytes
         self.where = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
         # endregion
-        self.buffers = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype,
+        # The same buckets whatever grad_dtype is (sized by the gradients' bytes, as DDP sizes its
+        # own), so that a run reduced in bfloat16 differs from a float32 one in the bytes alone.
+        self.buffers = [torch.zeros(sum(p.numel() for p in b), dtype=grad_dtype or b[0].dtype,
                                     device=staging_device or b[0].device) for b in self.buckets]
         # One reduction with size checks, before training: ranks with different models stop
         # here with a clear error instead of exchanging garbage later.
@@ -116,7 +124,7 @@ class GradReducer:
 
     def _reduce(self, i: int) -> None:
         buf, offset = self.buffers[i], 0
-        for p in self.buckets[i]:  # flatten; a parameter with no gradient contributes zeros
+        for p in self.buckets[i]:  # flatten (and cast to the buffer's dtype); no gradient: zeros
             part = buf[offset: offset + p.numel()]
             part.copy_(p.grad.view(-1)) if p.grad is not None else part.zero_()
             offset += p.numel()
@@ -132,7 +140,7 @@ class GradReducer:
         for p in self.buckets[i]:
             grad = buf[offset: offset + p.numel()].view_as(p)
             if p.grad is None:
-                p.grad = grad.to(p.device, copy=True)
+                p.grad = grad.to(p.device, p.dtype, copy=True)
             else:
                 p.grad.copy_(grad)
             offset += p.numel()

@@ -3,10 +3,10 @@ parallel/common/training.py runs by default, and the one the later chapters exte
 
 Every rank holds the whole model and takes its shard of each global batch. Before the first
 step every rank takes rank 0's weights (``ring_broadcast_from_rank0``); during backward the
-GradReducer (reducer.py) sums the gradients over the ranks, bucket by bucket, so that when
-backward ends every rank holds the global batch's gradient. ZeRO (parallel/collectives/zero.py)
-and tensor parallelism (parallel/tp/training.py) subclass ``DataParallel``, overriding only what
-differs.
+GradReducer (reducer.py) sums the gradients over the ranks, bucket by bucket (in
+``config.grad_dtype``), so that when backward ends every rank holds the global batch's
+gradient. ZeRO (parallel/collectives/zero.py) and tensor parallelism (parallel/tp/training.py)
+subclass ``DataParallel``, overriding only what differs.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class DataParallel:
         if self.size > 1:
             self.reducer = GradReducer(list(model.parameters()), bucket_bytes=self.config.bucket_kb * 1024,
                                        overlap=self.config.overlap, staging_device=self.staging, group=self.group,
-                                       all_reduce=self.all_reduce)
+                                       all_reduce=self.all_reduce,
+                                       grad_dtype=training.DTYPES[self.config.grad_dtype])
         if self.config.trace and self.reducer is not None:
             from parallel.dp.trace import Tracer
 
