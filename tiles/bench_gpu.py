@@ -87,16 +87,24 @@ def smoke(dtype: torch.dtype) -> int:
     return 1 if failed else 0
 
 
-def run(batch: int, in_f: int, out_f: int, dtype: torch.dtype, rounds: int) -> dict:
+def run(batch: int, in_f: int, out_f: int, dtype: torch.dtype, rounds: int, device: str = "cuda") -> dict:
     lines, skipped = variants(dtype)
-    tensors, grad_out = benchmark._inputs(batch, in_f, out_f, "cuda", dtype, 0)
+    tensors, grad_out = benchmark._inputs(batch, in_f, out_f, device, dtype, 0)
     timed = {}
-    for name, (fn, tf32) in lines.items():
+    for name, (fn, tf32) in list(lines.items()):
         call = _with_tf32(fn, tf32)
-        call(*tensors)  # the autotuner times its configurations here, outside the timing
+        try:
+            call(*tensors)  # the autotuner times its configurations here, outside the timing
+        except RuntimeError as e:  # a line whose launch fails is recorded; the others are still timed
+            skipped[name] = "failed: " + ((str(e).strip().splitlines() or [type(e).__name__])[0])[:300]
+            del lines[name]
+            print(f"FAIL  {name}: {skipped[name]} (not timed)", file=sys.stderr, flush=True)
+            continue
         timed[f"{name}/forward"] = lambda call=call: call(*tensors)
         timed[f"{name}/fwd+bwd"] = lambda call=call: torch.autograd.grad(call(*tensors), tensors, grad_out)
-    stats = benchmark.measure(timed, device="cuda", rounds=rounds)
+    if "reference" not in lines:
+        raise cli.UserError(f"the reference itself failed: {skipped['reference']}")
+    stats = benchmark.measure(timed, device=device, rounds=rounds)
     torch.backends.cuda.matmul.allow_tf32 = False
     flops = 2 * batch * in_f * out_f
     ref = stats["reference/fwd+bwd"].samples
@@ -110,7 +118,7 @@ def run(batch: int, in_f: int, out_f: int, dtype: torch.dtype, rounds: int) -> d
                         "forward_tflops": flops / fwd.median / 1e6, "fwd_bwd_tflops": 3 * flops / both.median / 1e6,
                         "ratio_to_reference": paired["ratio"], "ratio_ci": paired["ci"], "verdict": paired["verdict"]})
     best = getattr(tuned, "best_config", None)
-    return {**benchmark.record_header("cuda", dtype), "triton": _triton_version(),
+    return {**benchmark.record_header(device, dtype), "triton": _triton_version(),
             "shape": {"batch": batch, "in": in_f,
             "out": out_f}, "rounds": len(ref), "skipped": skipped, "autotuned": str(best) if best else None,
             "results": results}
