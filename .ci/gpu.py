@@ -1,39 +1,51 @@
 """The GPU machine's work: one plan of parts, each under its own time limit, all under one deadline.
 
-A GPU lease is short: 15 minutes of device time in all (a start of a few minutes included), one
-command at most 10 minutes, at most 8 files back from $OUT. So the plan comes in selections, one
-command each, and every selection's limits add up to no more than its deadline:
+A GPU lease is short: 15 minutes of device time in all, the machine's start (a few minutes)
+included, one command at most 10 minutes, at most 8 files back from $OUT. So the plan has two
+selections, one command each, whose deadlines add up, with the start, to no more than the lease:
 
-  smoke    (5 min) the first call: build the stages; the float64 check of every GEMM version;
-           grad_check.py on odd shapes; pytest -m "gpu and not slow"; NCCL's refusal of two ranks
-  time     (8 min) the timings: every GEMM version, checked first, then the goals; the autotuning
-           candidates; the PTX edits; what loading PTX costs; the Triton stage (checked first)
-           against cuBLAS, IEEE and TF32
-  explain  (8 min) Nsight Compute's counters for every version; compute-sanitizer's memcheck and
-           racecheck
-  train    (5 min) two ranks training on the one GPU over gloo, cuda and ptx stages
-  default  (8 min) what runs when no selection is named: smoke, then the timings the chapters show
+  lease    (8 min, the first call) confirm, then time. First what can fail: the build of every
+           stage; pytest -m "gpu and not slow"; grad_check.py on odd shapes in float32 and in
+           bfloat16; every GEMM entry on the GPU against the CPU emulation, bit for bit; NCCL's
+           refusal of two ranks. Then the timings, most valuable first: every GEMM version
+           (checked against float64 first) and the goals; B = 32, the backward's elementwise
+           kernels and bfloat16; the PTX edits
+  explain  (4 min, a second call on the machine the first left warm) Nsight Compute's counters
+           for every version; compute-sanitizer's memcheck and racecheck
+
+Every other part (the Triton stage's timings, the autotuning candidates, what loading PTX costs,
+two ranks training on the GPU) is run by name, as the first call of another lease:
+  bash .ci/gpu triton-4096 triton-b32 --out "$OUT"   (the parts they need come with them)
+
+The build part's limit comes from a measurement (--time-build, the record docs/results/
+build_sm90.json): each source of each stage compiled alone, for sm_90; on the lease's 16 cores
+they compile side by side, so the build takes about its slowest source and the link; the
+limit is that, doubled, plus the time to load the stages.
 
 A part that fails, runs out of time or cannot run is FAILED in the summary table printed last,
 and the exit status is 1; a part whose prerequisite failed does not run. Records are written
 where the chapters cite them (docs/results/<name>.json; a card's records carry its name, e.g.
-cuda_gpu_h100.json), so that their commands are the ones tests/test_records.py accepts; after
-every part, those of the parts that passed are packed into $OUT/records.tar.gz (a failed part's
-into failed-records.tar.gz). Also in $OUT: gpu.log (every part's output) and pytest-gpu.xml.
+cuda_gpu_h100.json), so that their commands are the ones tests/test_records.py accepts. Every
+timing part writes its record after each measurement. After every part, the records of the parts
+that passed are packed into $OUT/records.tar.gz, those of a kind no chapter shows yet into
+new-records.tar.gz, and those of a part that did not pass (what it measured before it stopped)
+into failed-records.tar.gz. Also in $OUT: gpu.log (every part's output) and pytest-gpu.xml.
 Back on the development machine, in the repository's root:
   tar -xzf records.tar.gz && python docs/render.py && git add docs/results
 
 --dry-run checks, on any machine, every part of every selection: the script and its flags,
 the tests it collects, its records (under docs/results/, written by its own command), its inputs
-(none ignored by git unless an earlier part makes it), its exit status (no inline shell), and
-the limits against the deadline.
+(none ignored by git unless an earlier part makes it), its exit status (no inline shell), the
+build's measurement (one for every source of the cuda stage), and the limits against the
+deadlines and the lease.
 
 Examples:
   bash .ci/gpu --list                        # the selections: parts, limits, totals, commands
-  bash .ci/gpu --dry-run smoke               # check one selection here (no GPU needed)
-  bash .ci/gpu smoke --out "$OUT"            # GPU: the first call of a lease
-  bash .ci/gpu time --out "$OUT"             # GPU: the second
+  bash .ci/gpu --dry-run lease               # check one selection here (no GPU needed)
+  bash .ci/gpu lease --out "$OUT"            # GPU: the first call of a lease
+  bash .ci/gpu explain --out "$OUT"          # GPU: the second, on the same machine
   bash .ci/gpu gemm ptx --out /tmp/gpu       # GPU: named parts (and the parts they need)
+  python .ci/gpu.py --time-build 9.0 --json /tmp/build.json   # CUDA torch and nvcc, no GPU: time the build
 """
 
 from __future__ import annotations
@@ -41,6 +53,8 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import json
+import math
 import os
 import re
 import shlex
@@ -55,13 +69,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # cli.py and the catalog of versions; nothing here imports torch at load
+    sys.path.insert(0, str(ROOT))
+import cli  # noqa: E402
+
 RESULTS = "docs/results"  # where the chapters read the records
 OUT = "{out}"             # stands for the --out folder in a part's command and extras
 TAG = "{tag}"             # stands for the card (h100, h200) in a part's command and records
 MAX_FILES = 8             # what one command of a lease brings back
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # the only file names that come back
 LOG, RECORDS, FAILED_RECORDS = "gpu.log", "records.tar.gz", "failed-records.tar.gz"
+NEW_RECORDS = "new-records.tar.gz"  # of a kind no chapter shows: tests/test_records.py would refuse them
 GRACE_S = 10              # after SIGINT, before SIGKILL: a JIT build killed outright leaves its lock file
+
+# The lease: device time in all, the machine's start (assumed: "a few minutes", never timed from
+# here), and the two calls.
+LEASE_S = 15 * 60
+START_S = 3 * 60
+FIRST_CALL_S = 8 * 60
+SECOND_CALL_S = LEASE_S - START_S - FIRST_CALL_S
+COMMAND_S = 10 * 60       # one command of a lease at most
+LEASE_CORES = 16
+LEASE_ARCH = "9.0"        # the cards lent (H100, H200): what the build is measured for
+BUILD_RECORD = f"{RESULTS}/build_sm{LEASE_ARCH.replace('.', '')}.json"
+BUILD_MARGIN = 2.0        # the lease's CPUs are not the ones measured, and ~25 compilers share its 16 cores
+BUILD_LOAD_S = 20         # after the link: each stage's process imports torch and loads its library
+WARM_BUILD_S = 30         # the same on a machine that built them: ninja finds nothing to do
+# A cold start of torch: the CUDA build maps 2.95 GiB of libraries and touches ~0.65 GiB of them
+# (resident after `import torch`, measured on the CUDA torch here), 7 s at 100 MB/s from a cold
+# disk; then the driver's first initialisation and the tools' --version (nvcc, ncu,
+# compute-sanitizer, nvidia-smi), seconds each when cold.
+ENV_S = 40
 
 
 @dataclass(frozen=True)
@@ -77,6 +115,8 @@ class Part:
     needs: tuple[str, ...] = ()         # parts that must have passed before it runs
     expect: int = 0                     # the exit status that means it did its job
     unless: Callable[[], str | None] | None = None  # why to skip it, decided when it is due
+    says: str = ""                      # what its output must hold besides the exit status (a refusal's words)
+    stands_for: str = ""                # another part whose place it takes: it meets the needs on that one
 
     def command(self, tag: str = TAG, out: str = OUT) -> list[str]:
         return [a.replace(TAG, tag).replace(OUT, out) for a in self.argv]
@@ -89,13 +129,9 @@ class Part:
 # What the parts depend on: the GEMM versions, the PTX stage's versions, cuda/bench_gpu.py's parts
 # ---------------------------------------------------------------------------------------
 def versions() -> list[int]:
-    """The GEMM versions, 0 (automatic) to kVersions of cuda/dense_kernels.h, as cuda/emulated.py reads them."""
-    name = "dense_cuda_emulated"  # the name grad_check.py and the tests load it under
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "cuda" / "emulated.py")
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return list(sys.modules[name].versions())
+    """The GEMM versions, 0 (automatic) first, as cuda/dense_kernels.h's kVersionInfo lists them
+    (cuda/catalog.py reads the header as text: no torch, any Python)."""
+    return [v.id for v in cli.load_file("cuda/catalog.py", "dense_cuda_catalog").versions()]
 
 
 def _constant(path: Path, name: str) -> object | None:
@@ -135,6 +171,79 @@ def bench_gpu_lacks(part: str) -> Callable[[], str | None]:
     return reason
 
 
+def script_lacks(script: str, flag: str) -> Callable[[], str | None]:
+    """A part's `unless`: why to skip it while `script` has no option `flag` (an add_argument call
+    that names it, read without running the script: its --help imports torch)."""
+    def reason() -> str | None:
+        tree = ast.parse((ROOT / script).read_text())
+        named = any(isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument"
+                    and any(isinstance(a, ast.Constant) and a.value == flag for a in node.args)
+                    for node in ast.walk(tree))
+        return None if named else f"{script} has no {flag} option yet (python {script} --help does not list it)"
+    return reason
+
+
+# ---------------------------------------------------------------------------------------
+# The build's limit, from its measurement
+# ---------------------------------------------------------------------------------------
+def build_estimate(record: dict, cores: int = LEASE_CORES) -> tuple[float, str]:
+    """(seconds, how): the build part's time on `cores` cores from a --time-build record (each
+    source's CPU seconds, compiled alone), the stages' sources compiled side by side. A stage
+    takes at least its slowest source plus its link; all of them, their total over the cores."""
+    paths = []
+    total = 0.0
+    for name, stage in record["stages"].items():
+        seconds = {source: s["cpu_s"] for source, s in stage["seconds"].items()}
+        link = seconds.pop("link", 0.0)
+        slowest = max(seconds, key=seconds.get)
+        paths.append((seconds[slowest] + link, f"{name}: {slowest} {seconds[slowest]:.0f} s"
+                                               + (f" + link {link:.0f} s" if link else "")))
+        total += sum(seconds.values()) + link
+    longest, how = max(paths)
+    if total / cores > longest:
+        return total / cores, f"{total:.0f} s of compiling over {cores} cores"
+    return longest, how
+
+
+def build_limit(path: str | None = None) -> tuple[int, str, str | None]:
+    """(the build part's limit, how it was derived, a problem or None) from the record at `path`
+    (BUILD_RECORD by default): BUILD_MARGIN times the estimate, plus BUILD_LOAD_S."""
+    path = path or BUILD_RECORD
+    try:
+        record = json.loads((ROOT / path).read_text())
+        seconds, how = build_estimate(record)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return 300, "no measurement", (f"the build's limit has no measurement ({path}: {e!r}): run "
+                                       f"python .ci/gpu.py --time-build {LEASE_ARCH} --json {path}")
+    limit = math.ceil(BUILD_MARGIN * seconds + BUILD_LOAD_S)
+    why = (f"{BUILD_MARGIN:g} × {seconds:.0f} s ({how}, measured one at a time on {record.get('cpus', '?')} CPUs, "
+           f"{path}) + {BUILD_LOAD_S} s to load")
+    problem = (None if record.get("arch") == LEASE_ARCH else
+               f"{path} measured arch {record.get('arch')}, not {LEASE_ARCH}")
+    return limit, why, problem
+
+
+def unmeasured_sources(sources: list[str], path: str | None = None) -> list[str]:
+    """The cuda stage's sources (modes.cuda_stage_sources()) that the build's record (BUILD_RECORD
+    by default) does not time: a unit added since it was measured, whose cost the limit does not know."""
+    path = path or BUILD_RECORD
+    try:
+        record = json.loads((ROOT / path).read_text())
+        timed = {s for stage in record["stages"].values() for s in stage["seconds"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        timed = set()
+    return [s for s in sources if s not in timed]
+
+
+def _stage_sources() -> list[str]:
+    """modes.cuda_stage_sources(), from a process that imports torch (this one need not)."""
+    code = "import json, modes; print(json.dumps([p.as_posix() for p in modes.cuda_stage_sources()]))"
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if got.returncode != 0:
+        raise ValueError(f"modes.cuda_stage_sources() failed: {got.stderr.strip()[-300:]}")
+    return json.loads(got.stdout.strip().splitlines()[-1])
+
+
 # ---------------------------------------------------------------------------------------
 # The parts and the selections
 # ---------------------------------------------------------------------------------------
@@ -145,34 +254,57 @@ def parts() -> dict[str, Part]:
     xdist = ["-n", "8"] if importlib.util.find_spec("xdist") else []  # 8 processes share the GPU
     generated = "ptx/generated/dense_kernels.ptx"
     sanitize = ("python", "cuda/bench_gpu.py", "check", "--odd-only")  # the odd shapes: the sanitizer is slow
+    odd = ("--device", "cuda", "-b", "33", "-i", "65", "-o", "17")
+    stages = ("cpp", "cuda", "ptx", "emulation")
+    limit, limit_why, _ = build_limit()
+    refusal = "--backend nccl needs one GPU per rank"  # distributed.py's words, before any rank starts
     listed = [
-        Part("env", 10, (py, ".ci/gpu.py", "--env"), "the card, its driver and clocks, the tools' versions"),
-        Part("build", 75, (py, ".ci/gpu.py", "--build", "cpp", "cuda", "ptx"),
-             "the three compiled stages, built side by side; any failure fails the part"),
-        Part("check", 25, (py, "cuda/bench_gpu.py", "check"), "every GEMM version against float64",
-             needs=("build",)),
-        Part("grad-check", 20, (py, "grad_check.py", "all", "--device", "cuda", "-b", "33", "-i", "65", "-o", "17"),
-             "every stage's gradients on odd shapes", needs=("build",)),
+        Part("env", ENV_S, (py, ".ci/gpu.py", "--env"), "the card, its driver and clocks, the tools' versions"),
+        Part("build", limit, (py, ".ci/gpu.py", "--build", *stages),
+             f"the compiled stages and the CPU emulation, side by side; limit {limit_why}"),
+        Part("build-warm", WARM_BUILD_S, (py, ".ci/gpu.py", "--build", *stages, "--warm"),
+             "the same on the machine the first call built them on (refused at once on a fresh one)",
+             stands_for="build"),
         Part("pytest", 100, (py, "-m", "pytest", "-m", "gpu and not slow", *(["-k", k] if k else []), "-q", "-ra",
                              "-p", "no:cacheprovider", *xdist, f"--junitxml={OUT}/pytest-gpu.xml"),
              f"the GPU tests (slow multi-process ones apart); {k_why}", extras=(f"{OUT}/pytest-gpu.xml",),
              needs=("build",)),
-        Part("nccl-refusal", 10, (py, "distributed.py", "-m", "cuda", "--world-size", "2", "--backend", "nccl",
+        Part("grad-check", 20, (py, "grad_check.py", "all", *odd), "every stage's gradients on odd shapes, float32",
+             needs=("build",)),
+        Part("grad-check-bf16", 20, (py, "grad_check.py", "all", *odd, "--dtype", "bfloat16"),
+             "the same in bfloat16, for the stages that take it", needs=("build",),
+             unless=script_lacks("grad_check.py", "--dtype")),
+        Part("exact", 40, (py, "cuda/bench_gpu.py", "exact"),
+             "every GEMM entry, each type, layout and odd shape, on the GPU against the CPU emulation, bit for bit",
+             needs=("build",)),
+        Part("nccl-refusal", 15, (py, "distributed.py", "-m", "cuda", "--world-size", "2", "--backend", "nccl",
                                   "--epochs", "1"),
-             "two NCCL ranks on one GPU: refused in one line (exit 2) before the start", expect=2, needs=("build",)),
-        Part("ptx-regen", 10, ("bash", "ptx/regen.sh"), "the compiler's own PTX, the baseline of the PTX edits",
-             produces=(generated,)),
-        Part("gemm", 75, (py, "cuda/bench_gpu.py", "check", "gemm", "goals", "--rounds", "15",
+             f"two NCCL ranks on one GPU: refused in one line (exit 2, {refusal!r}) before the start", expect=2,
+             says=refusal, needs=("build",)),
+        Part("gemm", 60, (py, "cuda/bench_gpu.py", "check", "gemm", "goals", "--rounds", "15",
                           "--json", f"{RESULTS}/cuda_gpu_{TAG}.json"),
              "every version checked against float64, then timed at 4096³; the goals",
              records=(f"{RESULTS}/cuda_gpu_{TAG}.json",), needs=("build",)),
+        Part("kernels", 45, (py, "cuda/bench_gpu.py", "small", "grad", "bf16", "--rounds", "15",
+                             "--json", f"{RESULTS}/cuda_kernels_{TAG}.json"),
+             "every version at B = 32; the backward's elementwise kernels; bfloat16 (checked first)",
+             records=(f"{RESULTS}/cuda_kernels_{TAG}.json",), needs=("build", "exact")),
+        Part("ptx-regen", 10, ("bash", "ptx/regen.sh"), "the compiler's own PTX, the baseline of the PTX edits",
+             produces=(generated,)),
+        Part("ptx", 45, (py, "cuda/bench_gpu.py", "ptx", "--rounds", "10", "--json", f"{RESULTS}/ptx_gpu_{TAG}.json"),
+             "the hand-edited PTX against the compiler's, alternating", records=(f"{RESULTS}/ptx_gpu_{TAG}.json",),
+             inputs=(generated,), needs=("build", "ptx-regen")),
+        Part("ncu", 90, (py, "cuda/bench_gpu.py", "--ncu", "--json", f"{RESULTS}/ncu_gemm_{TAG}.json"),
+             "Nsight Compute's counters for every version's GEMMs and the backward's elementwise kernels",
+             records=(f"{RESULTS}/ncu_gemm_{TAG}.json",), needs=("build",)),
+        Part("memcheck", 40, ("compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9", *sanitize),
+             "out-of-bounds and misaligned accesses, every version", needs=("build",)),
+        Part("racecheck", 40, ("compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "9", *sanitize),
+             "shared-memory races, every version", needs=("build",)),
         Part("candidates", 40, (py, "cuda/bench_gpu.py", "candidates", "--rounds", "15",
                                 "--json", f"{RESULTS}/cuda_candidates_{TAG}.json"),
              "the autotuning candidates, checked then timed", records=(f"{RESULTS}/cuda_candidates_{TAG}.json",),
              needs=("build",), unless=bench_gpu_lacks("candidates")),
-        Part("ptx", 45, (py, "cuda/bench_gpu.py", "ptx", "--rounds", "10", "--json", f"{RESULTS}/ptx_gpu_{TAG}.json"),
-             "the hand-edited PTX against the compiler's, alternating", records=(f"{RESULTS}/ptx_gpu_{TAG}.json",),
-             inputs=(generated,), needs=("build", "ptx-regen")),
         Part("load-cost", 60, (py, "ptx/load_cost.py", "--repeats", "2", "--json", f"{RESULTS}/ptx_load_{TAG}.json"),
              "what loading the PTX costs, in fresh processes", records=(f"{RESULTS}/ptx_load_{TAG}.json",),
              needs=("build",)),
@@ -185,13 +317,6 @@ def parts() -> dict[str, Part]:
         Part("triton-b32", 25, (py, "tiles/bench_gpu.py", "-b", "32", "--rounds", "20",
                                 "--json", f"{RESULTS}/triton_gpu_{TAG}_b32.json"),
              "the same at B = 32", records=(f"{RESULTS}/triton_gpu_{TAG}_b32.json",), needs=("triton-check",)),
-        Part("ncu", 180, (py, "cuda/bench_gpu.py", "--ncu", "--json", f"{RESULTS}/ncu_gemm_{TAG}.json"),
-             "Nsight Compute's counters for every version's GEMMs", records=(f"{RESULTS}/ncu_gemm_{TAG}.json",),
-             needs=("build",)),
-        Part("memcheck", 90, ("compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9", *sanitize),
-             "out-of-bounds and misaligned accesses, every version", needs=("build",)),
-        Part("racecheck", 90, ("compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "9", *sanitize),
-             "shared-memory races, every version", needs=("build",)),
         *[Part(f"train-{m}", 60, (py, "distributed.py", "-m", m, "--world-size", "2", "--backend", "gloo", "--epochs",
                                   "2", "--json", f"{RESULTS}/train_{m}_gpu_w2.json"),
                f"two ranks of the {m} stage sharing the GPU over gloo", records=(f"{RESULTS}/train_{m}_gpu_w2.json",),
@@ -200,26 +325,23 @@ def parts() -> dict[str, Part]:
     return {p.name: p for p in listed}
 
 
-SMOKE = ["env", "build", "check", "grad-check", "pytest", "nccl-refusal"]
-CHAPTER_TIMINGS = ["ptx-regen", "gemm", "ptx", "triton-check", "triton-4096", "triton-b32"]
+# What can fail first, then the timings, most valuable first: chapter 4's table (v10 to v12 are
+# not in its record yet), then what no chapter has measured (B = 32, the backward's kernels,
+# bfloat16), then chapter 5's PTX edits.
 SELECTIONS: dict[str, list[str]] = {
-    "smoke": SMOKE,
-    "time": ["env", "build", "ptx-regen", "gemm", "candidates", "ptx", "load-cost", "triton-check", "triton-4096",
-             "triton-b32"],
-    "explain": ["env", "build", "ncu", "memcheck", "racecheck"],
-    "train": ["env", "build", "train-cuda", "train-ptx"],
-    "default": SMOKE + CHAPTER_TIMINGS,
+    "lease": ["env", "build", "pytest", "grad-check", "grad-check-bf16", "exact", "nccl-refusal",
+              "gemm", "kernels", "ptx-regen", "ptx"],
+    "explain": ["env", "build-warm", "ncu", "memcheck", "racecheck"],
 }
-# Seconds per selection, the machine's start not included: a first call within 5 minutes, any
-# other within 8, under the lease's 10 minutes a command.
-DEADLINES = {"smoke": 300, "time": 480, "explain": 480, "train": 300, "default": 480}
-DEADLINE_S = 480  # for parts named one by one
+DEADLINES = {"lease": FIRST_CALL_S, "explain": SECOND_CALL_S}
+DEFAULT = "lease"          # what runs when no selection is named
+DEADLINE_S = FIRST_CALL_S  # for parts named one by one: the first call of a lease of their own
 
 
 def resolve(names: list[str], every: dict[str, Part]) -> tuple[list[Part], int]:
     """Selections or part names -> (the parts in plan order, with env and what they need; the deadline)."""
     if not names:
-        names = ["default"]
+        names = [DEFAULT]
     if len(names) == 1 and names[0] in SELECTIONS:
         return [every[n] for n in SELECTIONS[names[0]]], DEADLINES[names[0]]
     unknown = [n for n in names if n not in every]
@@ -227,9 +349,10 @@ def resolve(names: list[str], every: dict[str, Part]) -> tuple[list[Part], int]:
         raise ValueError(f"unknown part or selection {unknown[0]!r}: selections {', '.join(SELECTIONS)} "
                          f"(one at a time), parts {', '.join(every)}")
     wanted = {"env", *names}
+    standing_in = {every[n].stands_for for n in names}
     for name in reversed(list(every)):  # what a wanted part needs, transitively (needs point backwards)
         if name in wanted:
-            wanted |= set(every[name].needs)
+            wanted |= set(every[name].needs) - standing_in
     return [p for n, p in every.items() if n in wanted], DEADLINE_S
 
 
@@ -249,9 +372,9 @@ class Outcome:
 
 
 def device_tag(name: str) -> str:
-    """h100, h200, a100...: the model in a device's name, for the records' file names."""
-    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
-    return found.group(1).lower() if found else "gpu"
+    """h100, h200, a100...: the model in a device's name, for the records' file names (the rule
+    docs/records.py reads them back by); "gpu" where the name holds none."""
+    return records_module().card_tag(name) or "gpu"
 
 
 def gpu_identity() -> tuple[str, str] | None:
@@ -306,12 +429,35 @@ def _pack(out: Path, name: str, records: list[str]) -> None:
     path.with_suffix(".tmp").replace(path)  # a kill mid-write leaves the previous archive whole
 
 
+def records_module():
+    """docs/records.py (no torch): which records the chapters show, by name or by kind."""
+    return cli.load_file("docs/records.py", "dense_docs_records")
+
+
+def shown_by_a_chapter(records: list[str]) -> tuple[list[str], list[str]]:
+    """(the records a chapter shows, by name or by kind, the others): unpacked, the others would
+    fail tests/test_records.py until a chapter shows them."""
+    rec = records_module()
+    cited = rec.citations(ROOT)
+    shown = [r for r in records if rec.shown_in(Path(r).name, cited, ROOT / Path(r).parent)]
+    return shown, [r for r in records if r not in shown]
+
+
+def _cannot_start(argv: list[str]) -> str | None:
+    import shutil
+
+    if argv[0] == sys.executable or shutil.which(argv[0]):
+        return None
+    return f"FAILED: {argv[0]} is not on the PATH"
+
+
 def run(selected: list[Part], out: Path, tag: str, deadline_s: float, env: dict | None = None, title: str = "") -> int:
     """Run the parts in order under their limits and the deadline; the summary table last.
     0 if every part passed (or was skipped with its reason), else 1."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     started = time.monotonic()
     outcomes: list[Outcome] = []
+    passed: set[str] = set()  # names of the parts that passed, and of the parts they stand for
     packed: list[str] = []
     failed_records: list[str] = []
     with open(out / LOG, "a") as log:
@@ -325,8 +471,9 @@ def run(selected: list[Part], out: Path, tag: str, deadline_s: float, env: dict 
         for part in selected:
             t0 = time.monotonic()
             left = deadline_s - (t0 - started)
-            not_passed = [n for n in part.needs if not any(o.part == n and o.status == "passed" for o in outcomes)]
+            not_passed = [n for n in part.needs if n not in passed]
             skip = part.unless() if part.unless else None
+            argv = [sys.executable if a == "python" else a for a in part.command(tag, str(out))]
             if not_passed:
                 outcomes.append(Outcome(part.name, f"NOT RUN: {', '.join(not_passed)} did not pass", 0, []))
             elif skip:
@@ -334,34 +481,50 @@ def run(selected: list[Part], out: Path, tag: str, deadline_s: float, env: dict 
             elif left < min(part.limit_s, 5):
                 why = f"NOT RUN: {max(left, 0):.0f} s left of the {deadline_s:.0f} s deadline"
                 outcomes.append(Outcome(part.name, why, 0, []))
+            elif _cannot_start(argv):
+                outcomes.append(Outcome(part.name, _cannot_start(argv) or "", 0, []))
             else:
                 limit = min(part.limit_s, left)
                 records = [r.replace(TAG, tag) for r in part.records]
                 before = {r: (ROOT / r).stat().st_mtime_ns if (ROOT / r).exists() else None for r in records}
                 say(f"== {part.name} (limit {limit:.0f} s, {t0 - started:.0f} s in): {part.text(tag)}")
                 say(f"   {part.why}")
-                argv = [sys.executable if a == "python" else a for a in part.command(tag, str(out))]
-                code = _run_one(argv, limit, env, say)
+                heard: list[str] = []
+
+                def hear(line: str, heard: list[str] = heard) -> None:
+                    heard.append(line)
+                    say(line)
+                code = _run_one(argv, limit, env, hear)
                 written = [r for r in records if (ROOT / r).exists() and (ROOT / r).stat().st_mtime_ns != before[r]]
-                status = ("passed" if code == part.expect else
+                silent = part.says and not any(part.says in line for line in heard)
+                status = ("passed" if code == part.expect and not silent else
                           f"TIMED OUT after {limit:.0f} s" if code is None else
+                          f"FAILED (exit {code}, but its output lacks {part.says!r})" if code == part.expect else
                           f"FAILED (exit {code}" + (f", expected {part.expect})" if part.expect else ")"))
                 outcomes.append(Outcome(part.name, status, time.monotonic() - t0, written))
                 (packed if status == "passed" else failed_records).extend(written)
-                _pack(out, RECORDS, packed)
+                if status == "passed":
+                    passed.update({part.name, part.stands_for} - {""})
+                shown, new = shown_by_a_chapter(packed)
+                _pack(out, RECORDS, shown)
+                _pack(out, NEW_RECORDS, new)
                 _pack(out, FAILED_RECORDS, failed_records)
             say(f"== {part.name}: {outcomes[-1].status}")
         total = time.monotonic() - started
+        shown, new = shown_by_a_chapter(packed)
         width = max(len(o.part) for o in outcomes) if outcomes else 4
         say("")
         say(f"{'part':<{width}}  {'seconds':>7}  status; records written")
         for o in outcomes:
-            where = ("" if not o.records else "; " + ", ".join(o.records) +
-                     ("" if o.status == "passed" else f" (in {FAILED_RECORDS}: the part did not pass)"))
+            where = ("" if not o.records else "; " + ", ".join(
+                r + ("" if o.status != "passed" or r in shown else f" (in {NEW_RECORDS}: no chapter shows its kind)")
+                for r in o.records)
+                + ("" if o.status == "passed" else f" (in {FAILED_RECORDS}: the part did not pass)"))
             say(f"{o.part:<{width}}  {o.seconds:7.0f}  {o.status}{where}")
         bad = [o.part for o in outcomes if not o.ok]
         say(f"{'FAILED: ' + ', '.join(bad) if bad else 'every part passed'}, in {total:.0f} s of the "
-            f"{deadline_s:.0f} s deadline; {len(packed)} record(s) in {out / RECORDS if packed else 'none packed'}")
+            f"{deadline_s:.0f} s deadline; {len(shown)} record(s) in {out / RECORDS if shown else 'none packed'}"
+            + (f", {len(new)} in {out / NEW_RECORDS}" if new else ""))
     return 1 if bad else 0
 
 
@@ -370,8 +533,6 @@ def run(selected: list[Part], out: Path, tag: str, deadline_s: float, env: dict 
 # ---------------------------------------------------------------------------------------
 def describe_environment() -> int:
     """Print the card and the tools; 1 if torch sees no GPU."""
-    import json
-
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -394,11 +555,30 @@ def describe_environment() -> int:
     return 0
 
 
-def build(stages: list[str]) -> int:
-    """Build the stages side by side, each in its own process; 1 if any failed, naming it."""
-    code = "import sys, modes; print(sys.argv[1], modes.build(sys.argv[1]), flush=True)"
-    procs = {m: subprocess.Popen([sys.executable, "-c", code, m], cwd=ROOT, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True) for m in stages}
+EMULATION = "emulation"  # the CPU emulation's library (cuda/emulated.py), built beside the stages
+_BUILD_ONE = {
+    EMULATION: "import cli; print('emulation', cli.load_file('cuda/emulated.py', 'dense_cuda_emulated').build(), "
+               "flush=True)",
+}
+_BUILD_STAGE = "import sys, modes; print(sys.argv[1], modes.build(sys.argv[1]), flush=True)"
+
+
+def not_built(stages: list[str], root: Path | None = None) -> list[str]:
+    """The stages with no library in their JIT build folder (build/jit/dense_<mode>_ext/): on a
+    machine that has not built them, a build would start from scratch."""
+    root = root or ROOT
+    return [m for m in stages if m != EMULATION and not list((root / "build" / "jit" / f"dense_{m}_ext").glob("*.so"))]
+
+
+def build(stages: list[str], warm: bool = False) -> int:
+    """Build the stages side by side, each in its own process; 1 if any failed, naming it. With
+    warm=True, 1 at once where a stage was never built here (a second call on a fresh machine)."""
+    if warm and not_built(stages):
+        print(f"not built on this machine: {', '.join(not_built(stages))}; --warm is for the second call on the "
+              "machine the first call built them on (a fresh machine needs the build part)", file=sys.stderr)
+        return 1
+    procs = {m: subprocess.Popen([sys.executable, "-c", _BUILD_ONE.get(m, _BUILD_STAGE), m], cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for m in stages}
     failed = []
     for m, proc in procs.items():
         output, _ = proc.communicate()
@@ -408,6 +588,97 @@ def build(stages: list[str]) -> int:
     if failed:
         print(f"build failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------
+# Measuring the build: --time-build
+# ---------------------------------------------------------------------------------------
+_NINJA_BUILD = re.compile(r"^build (\S+): (\w+) (.+)$", re.M)
+
+
+def _timed(command: str | list[str], cwd: Path) -> dict[str, float]:
+    """Run one compiler command; its wall seconds and the CPU seconds of it and everything it ran
+    (nvcc's cicc and ptxas included): what it costs on a core of its own, whatever else the
+    machine is doing."""
+    import resource
+
+    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+    got = subprocess.run(command, cwd=cwd, shell=isinstance(command, str), capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if got.returncode != 0:
+        raise cli.UserError(f"--time-build: a compiler failed in {cwd}: {got.stderr.strip()[-500:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": round(time.monotonic() - t0, 2), "cpu_s": round(cpu, 2)}
+
+
+def ninja_one_at_a_time(build_dir: Path) -> dict[str, dict[str, float]]:
+    """Compile every source of the build.ninja in `build_dir`, one at a time, then link: each
+    command as ninja would run it (ninja -t commands), timed by _timed. {source relative to the
+    repository, or "link": seconds}."""
+    seconds = {}
+    edges = _NINJA_BUILD.findall((build_dir / "build.ninja").read_text())
+    for target, rule, inputs in sorted(edges, key=lambda e: e[1] == "link"):  # the link last
+        if rule == "phony":
+            continue
+        command = subprocess.run(["ninja", "-t", "commands", "-s", target], cwd=build_dir, capture_output=True,
+                                 text=True, check=True).stdout.strip()
+        source = Path(inputs.split()[0])
+        key = "link" if rule == "link" else (source.relative_to(ROOT).as_posix() if source.is_relative_to(ROOT)
+                                              else str(source))
+        print(f"  {key}...", file=sys.stderr, flush=True)
+        seconds[key] = _timed(command, build_dir)
+    return seconds
+
+
+def time_build(arch: str) -> dict:
+    """Build what the build part builds, from scratch, in folders of their own under
+    build/time-build/, with each stage's own flags (the loader's: modes.load_extension writes the
+    build.ninja) for GPU architecture `arch`, one compiler at a time: each source's seconds and
+    the link's (ninja_one_at_a_time), and the CPU emulation's library (one c++ command)."""
+    import shutil
+
+    from torch.utils import cpp_extension
+
+    os.environ.update({"TORCH_CUDA_ARCH_LIST": arch, "DENSE_FORCE_JIT": "1"})
+    import torch
+
+    import benchmark
+    import modes
+
+    if torch.version.cuda is None:
+        raise cli.UserError(f"--time-build needs a CUDA build of torch (this one is {torch.__version__}) and nvcc")
+    scratch = ROOT / "build" / "time-build"
+    shutil.rmtree(scratch, ignore_errors=True)
+    original_build, original_ninja = modes._jit_build, cpp_extension._run_ninja_build
+    stages: dict[str, dict] = {}
+
+    def fresh(name, sources, build_dir, *rest):  # the loader's own call, into a folder of its own
+        where = scratch / name
+        where.mkdir(parents=True)
+        cpp_extension._run_ninja_build = lambda directory, verbose, error_prefix: stages.__setitem__(
+            name, {"seconds": ninja_one_at_a_time(Path(directory))})
+        original_build(name, sources, where, *rest)
+
+    load = os.getloadavg()[0]
+    modes._jit_build = fresh
+    try:
+        for mode in ("cpp", "cuda", "ptx"):
+            print(f"building the {mode} stage from scratch, one compiler at a time...", file=sys.stderr, flush=True)
+            modes.build(mode)
+    finally:
+        modes._jit_build, cpp_extension._run_ninja_build = original_build, original_ninja
+    emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+    print("building the CPU emulation's library...", file=sys.stderr, flush=True)
+    command = [os.environ.get("CXX", "c++"), *emulated.CXX_FLAGS, "cuda/emulate/emulate.cpp", "-o",
+               str(scratch / "libdense_emu.so")]
+    stages["emulation"] = {"seconds": {"cuda/emulate/emulate.cpp": _timed(command, ROOT)}}
+    nvcc = subprocess.run([str(modes.cuda_build().home / "bin" / "nvcc"), "--version"], capture_output=True,
+                          text=True).stdout
+    return {"device": benchmark.describe_device("cpu"), **benchmark.describe_machine(), "torch": torch.__version__,
+            "nvcc": (re.findall(r"release [\d.]+, V[\d.]+", nvcc) or ["?"])[0], "arch": arch,
+            "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
+            "cuda_stage_sources": [s.as_posix() for s in modes.cuda_stage_sources()],
+            "stages": stages, **benchmark.provenance()}
 
 
 # ---------------------------------------------------------------------------------------
@@ -447,6 +718,13 @@ def plan_problems(selected: list[Part], deadline_s: int, tag: str = "h100") -> l
     produced: set[str] = set()
     writers: dict[str, str] = {}
     for p in selected:
+        if p.name == "build":
+            _, _, problem = build_limit()
+            problems += [f"build: {problem}"] if problem else []
+        if p.says:
+            script = p.argv[1] if p.argv[0] == "python" and len(p.argv) > 1 else ""
+            if not (ROOT / script).is_file() or p.says not in (ROOT / script).read_text():
+                problems.append(f"{p.name}: {script or p.argv[0]} never says {p.says!r}, the words it must say")
         for n in p.needs:
             if n not in earlier:
                 problems.append(f"{p.name}: needs {n!r}, which does not run before it")
@@ -483,7 +761,7 @@ def plan_problems(selected: list[Part], deadline_s: int, tag: str = "h100") -> l
         elif program not in ("python", "compute-sanitizer"):
             problems.append(f"{p.name}: unexpected program {program!r}")
         produced |= set(p.produces)
-        earlier.add(p.name)
+        earlier |= {p.name, p.stands_for} - {""}
     extras = sum(len(p.extras) for p in selected)
     if extras + 3 > MAX_FILES:  # + the log and the two archives
         problems.append(f"{extras + 3} files in --out: a lease command brings back {MAX_FILES}")
@@ -538,9 +816,61 @@ def _command_problems(argv: list[str]) -> list[str]:
     return []
 
 
+CALLS = {"lease": "the first call", "explain": f"the second call: {LEASE_S} s of lease - {START_S} s to start - "
+                                                f"{FIRST_CALL_S} s of first call"}
+
+
+def by_name(every: dict[str, Part]) -> list[str]:
+    """The parts that no selection holds: they run by name."""
+    held = {n for s in SELECTIONS.values() for n in s}
+    held |= {every[n].stands_for for n in held}
+    return [n for n in every if n not in held]
+
+
+def listing(names: list[str], every: dict[str, Part]) -> str:
+    """--list: each selection (or the parts named) with its parts, limits and commands; with no
+    names, also the parts that no selection holds, which run by name."""
+    lines = []
+    for name in names or list(SELECTIONS):
+        chosen, limit = resolve([name], every)
+        call = f" ({CALLS[name]})" if name in CALLS else ""
+        lines.append(f"{name}: {sum(p.limit_s for p in chosen)} s of limits, deadline {limit} s{call}")
+        for p in chosen:
+            lines.append(f"  {p.name:<15} {p.limit_s:4d} s  {p.text()}\n  {'':<15}         {p.why}")
+    if not names:
+        lines.append(f"run by name, with the parts they need (the first call of a lease, {DEADLINE_S} s):")
+        for n in by_name(every):
+            lines.append(f"  {n:<15} {every[n].limit_s:4d} s  {every[n].why}")
+        calls = " + ".join(f"{DEADLINES[s]} s {s}" for s in SELECTIONS)
+        lines.append(f"a lease: {START_S} s to start (assumed) + {calls} = {START_S + sum(DEADLINES.values())} s "
+                     f"of its {LEASE_S} s")
+    return "\n".join(lines)
+
+
+def lease_problems() -> list[str]:
+    """What does not fit the lease: the selections' deadlines after the start, a command's limit."""
+    problems = []
+    if START_S + sum(DEADLINES.values()) > LEASE_S:
+        problems.append(f"the start ({START_S} s) and the selections' deadlines ({sum(DEADLINES.values())} s) exceed "
+                        f"the lease's {LEASE_S} s")
+    problems += [f"{s}: its deadline {d} s is over a command's {COMMAND_S} s" for s, d in DEADLINES.items()
+                 if d > COMMAND_S]
+    return problems
+
+
 def dry_run(names: list[str]) -> bool:
     every = parts()
-    ok = True
+    problems = lease_problems()
+    try:
+        missing = unmeasured_sources(_stage_sources())
+    except (ValueError, subprocess.TimeoutExpired) as e:
+        missing = [f"? ({e})"]
+    if missing:
+        problems.append(f"build: {BUILD_RECORD} does not time {', '.join(missing)}: its limit does not know them; "
+                        f"run python .ci/gpu.py --time-build {LEASE_ARCH} --json {BUILD_RECORD}")
+    for problem in problems:
+        print(f"FAIL  {problem}")
+    ok = not problems
     for name in names or list(SELECTIONS):
         selected, deadline = resolve([name], every)
         print(f"{name}: {len(selected)} parts, limits {sum(p.limit_s for p in selected)} s of its {deadline} s")
@@ -551,12 +881,31 @@ def dry_run(names: list[str]) -> bool:
             except (SyntaxError, ValueError, subprocess.TimeoutExpired) as e:
                 mine = [f"{p.name}: {e}"]
             skip = p.unless() if p.unless else None
-            print(f"  {'FAIL' if mine else 'ok  '}  {p.name:<13} {p.limit_s:4d} s  {p.text()}"
+            if skip and mine:  # what it waits for is not there yet: it will skip, saying why
+                skip, mine = f"{skip} (its command cannot run yet: {mine[0]})", []
+            print(f"  {'FAIL' if mine else 'ok  '}  {p.name:<15} {p.limit_s:4d} s  {p.text()}"
                   + (f"\n        would skip: {skip}" if skip else ""))
             problems += mine
         for problem in problems:
             print(f"  FAIL  {problem}")
         ok = ok and not problems
+    if not names:  # the parts that run by name, each with what it needs, as the first call of a lease
+        print(f"run by name ({DEADLINE_S} s each, with the parts they need):")
+        for name in by_name(every):
+            selected, deadline = resolve([name], every)
+            problems = plan_problems(selected, deadline)
+            try:
+                problems += command_problems(every[name])
+            except (SyntaxError, ValueError, subprocess.TimeoutExpired) as e:
+                problems.append(f"{name}: {e}")
+            skip = every[name].unless() if every[name].unless else None
+            if skip and problems:
+                skip, problems = f"{skip} (its command cannot run yet: {problems[0]})", []
+            print(f"  {'FAIL' if problems else 'ok  '}  {name:<15} {sum(p.limit_s for p in selected):4d} s  "
+                  f"{' '.join(p.name for p in selected)}" + (f"\n        would skip: {skip}" if skip else ""))
+            for problem in problems:
+                print(f"  FAIL  {problem}")
+            ok = ok and not problems
     print("dry run: every part checked" if ok else "dry run: FAILED")
     return ok
 
@@ -567,7 +916,7 @@ def main(argv: list[str] | None = None) -> int:
                                      epilog=doc[doc.index("\n\n") + 2:],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", metavar="SELECTION|PART",
-                        help=f"one selection ({', '.join(SELECTIONS)}; default: default) or part names")
+                        help=f"one selection ({', '.join(SELECTIONS)}; default: {DEFAULT}) or part names")
     parser.add_argument("--out", metavar="DIR", help="where gpu.log, records.tar.gz and the test report go")
     parser.add_argument("--deadline", type=int, metavar="S",
                         help="seconds for all the parts (default: the selection's)")
@@ -575,24 +924,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the selections: parts, limits, commands")
     inner = parser.add_argument_group("run by the parts themselves on the GPU machine")
     inner.add_argument("--env", action="store_true", help="print the card and the tools")
-    inner.add_argument("--build", nargs="+", metavar="STAGE", help="build these stages side by side")
+    inner.add_argument("--build", nargs="+", metavar="STAGE",
+                       help=f"build these stages (and {EMULATION}: the CPU emulation's library) side by side")
+    inner.add_argument("--warm", action="store_true", help="with --build: refuse at once where a stage was never "
+                       "built on this machine")
+    measure = parser.add_argument_group("run on a machine with a CUDA torch and nvcc (no GPU needed)")
+    measure.add_argument("--time-build", metavar="ARCH", help="build every stage from scratch for this GPU "
+                         "architecture (e.g. 9.0), one compiler at a time, and write each source's seconds (--json)")
+    measure.add_argument("--json", metavar="PATH", help="with --time-build: where the record goes")
     args = parser.parse_args(argv)
+    if args.warm and not args.build:
+        parser.error("--warm goes with --build")
+    if args.json and not args.time_build:
+        parser.error("--json goes with --time-build")
 
     if args.env:
         return describe_environment()
     if args.build:
-        return build(args.build)
+        return build(args.build, args.warm)
+    if args.time_build:
+        json_path = cli.check_output(args.json, "--json")
+        record = time_build(args.time_build)
+        seconds, how = build_estimate(record)
+        lines = [f"{stage}: " + ", ".join(f"{Path(k).name} {v['cpu_s']:.1f}" for k, v in
+                                          sorted(s["seconds"].items(), key=lambda kv: -kv[1]["cpu_s"]))
+                 for stage, s in record["stages"].items()]
+        lines.append(f"CPU seconds per source, one at a time; on {LEASE_CORES} cores: {seconds:.0f} s ({how})")
+        return cli.publish("\n".join(lines), [(json_path, cli.json_writer(record))])
     every = parts()
     try:
         selected, deadline = resolve(args.names, every)
     except ValueError as e:
         parser.error(str(e))
     if args.list:
-        for name in args.names or list(SELECTIONS):
-            chosen, limit = resolve([name], every)
-            print(f"{name}: {sum(p.limit_s for p in chosen)} s of limits, deadline {limit} s")
-            for p in chosen:
-                print(f"  {p.name:<13} {p.limit_s:4d} s  {p.text()}\n  {'':<13}         {p.why}")
+        print(listing(args.names, every))
         return 0
     if args.dry_run:
         return 0 if dry_run(args.names) else 1
@@ -611,14 +976,10 @@ def main(argv: list[str] | None = None) -> int:
     # Built for this card alone (half the nvcc time of the default list), by every part alike:
     # the architectures are part of the build's flags, so a part with others would build again.
     env = {"TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST") or gpu[1]}
-    title = (f"{' '.join(args.names) or 'default'} on {gpu[0]} (records tagged {device_tag(gpu[0])}, built for "
+    title = (f"{' '.join(args.names) or DEFAULT} on {gpu[0]} (records tagged {device_tag(gpu[0])}, built for "
              f"{env['TORCH_CUDA_ARCH_LIST']}), deadline {deadline} s")
     return run(selected, out.resolve(), device_tag(gpu[0]), deadline, env, title)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("gpu: interrupted", file=sys.stderr)
-        sys.exit(130)
+    cli.run(main)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 
 def _load():
@@ -28,12 +29,11 @@ def _load():
 
 plan = _load()
 Part = plan.Part
-LEASE_COMMAND_S = 600  # one command of a lease at most; the first call within 5 minutes, any other within 8
 
 
-def gpu_script(*args: str) -> subprocess.CompletedProcess:
+def gpu_script(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """bash .ci/gpu ARGS with this interpreter first on PATH, as in an activated venv."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **(env or {})}
     return subprocess.run(["bash", str(ROOT / ".ci" / "gpu"), *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=900, env=env)
 
@@ -45,33 +45,77 @@ def selection(name: str) -> list:
 # ---------------------------------------------------------------------------------------
 # The selections as written
 # ---------------------------------------------------------------------------------------
-def test_every_selection_fits_the_lease_and_passes_the_static_checks():
-    assert plan.DEADLINES["smoke"] <= 5 * 60 and plan.DEADLINES["default"] <= 8 * 60
+def test_the_selections_fit_one_lease_after_its_start():
+    """The first call within 8 minutes, the second in what the lease has left after the start
+    and the first; no command over 10 minutes; each selection's limits within its deadline."""
+    assert plan.DEADLINES == {"lease": 480, "explain": plan.LEASE_S - plan.START_S - 480}
+    assert plan.START_S + sum(plan.DEADLINES.values()) <= plan.LEASE_S == 15 * 60
+    assert plan.lease_problems() == []
     for name in plan.SELECTIONS:
         chosen = selection(name)
-        assert sum(p.limit_s for p in chosen) <= plan.DEADLINES[name] < LEASE_COMMAND_S, name
-        assert [p.name for p in chosen[:2]] == ["env", "build"], f"{name}: a fresh machine holds no build"
+        assert sum(p.limit_s for p in chosen) <= plan.DEADLINES[name] <= plan.COMMAND_S, name
+        assert [p.name for p in chosen[:2]] in (["env", "build"], ["env", "build-warm"]), name
         assert plan.plan_problems(chosen, plan.DEADLINES[name]) == [], name
+    assert [p.name for p in selection("lease")[:2]] == ["env", "build"]  # a fresh machine holds no build
 
 
-def test_the_smoke_selection_checks_before_anything_is_timed():
-    smoke = selection("smoke")
-    assert not any(p.records for p in smoke)
-    pytest_part = next(p for p in smoke if "pytest" in p.argv)
+def test_the_readme_says_what_the_plan_does():
+    """README.md's paragraph on .ci/gpu: its selections, their minutes and the lease's, where the
+    build's limit comes from."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    for name in plan.SELECTIONS:
+        assert f"`bash .ci/gpu {name} --out DIR`" in text, name
+    assert not re.findall(r"bash \.ci/gpu (?!--)(\w+)", text.replace("lease", "").replace("explain", ""))
+    assert f"one call of at most {plan.DEADLINES['lease'] // 60} minutes" in text
+    assert (f"{plan.LEASE_S // 60}-minute lease with three minutes for the machine's start" in text
+            and plan.START_S == 3 * 60)
+    assert f"[`{plan.BUILD_RECORD}`]({plan.BUILD_RECORD})" in text and "python .ci/gpu.py --time-build" in text
+
+
+def test_a_lease_that_cannot_fit_is_caught(monkeypatch):
+    monkeypatch.setattr(plan, "DEADLINES", {"lease": 480, "explain": 480})  # the old smoke + time: over the lease
+    assert any("exceed the lease's 900 s" in m for m in plan.lease_problems())
+    monkeypatch.setattr(plan, "DEADLINES", {"lease": 700})
+    assert any("over a command's 600 s" in m for m in plan.lease_problems())
+
+
+def test_the_lease_confirms_before_it_times():
+    """What can fail comes first (the build, the GPU tests, grad_check in float32 and bfloat16,
+    the exact comparison, NCCL's refusal); every part that writes a record comes after them."""
+    lease = [p.name for p in selection("lease")]
+    confirm = ["build", "pytest", "grad-check", "grad-check-bf16", "exact", "nccl-refusal"]
+    timing = [p.name for p in selection("lease") if p.records]
+    assert timing and max(lease.index(n) for n in confirm) < min(lease.index(n) for n in timing)
+    assert timing[0] == "gemm"  # chapter 4's table first
+    every = plan.parts()
+    pytest_part = every["pytest"]
     assert pytest_part.argv[pytest_part.argv.index("-m", 3) + 1] == "gpu and not slow"
-    assert any(p.argv[1:3] == ("cuda/bench_gpu.py", "check") for p in smoke)
+    assert every["grad-check-bf16"].argv[-2:] == ("--dtype", "bfloat16")
+    assert every["grad-check"].argv[:3] == ("python", "grad_check.py", "all")
+    assert "--dtype" not in every["grad-check"].argv
+    assert every["exact"].argv == ("python", "cuda/bench_gpu.py", "exact")
+    assert not any(p.records for p in selection("lease") if p.name in confirm)
+
+
+def test_explain_is_a_second_call_on_the_warm_machine():
+    explain = selection("explain")
+    assert [p.name for p in explain] == ["env", "build-warm", "ncu", "memcheck", "racecheck"]
+    assert "--warm" in explain[1].argv and explain[1].stands_for == "build"
+    named = plan.resolve(["ncu"], plan.parts())[0]  # by name, the first call of another lease: a full build
+    assert [p.name for p in named] == ["env", "build", "ncu"]
 
 
 def test_timings_run_only_after_a_check_on_the_gpu():
-    """The GEMM timings check every version in the same process first; the Triton timings run
-    only once tiles/bench_gpu.py --smoke has checked every line on the GPU."""
+    """The GEMM timings check every version in the same process first, and the other kernels'
+    after the exact comparison passed; the Triton timings run only once tiles/bench_gpu.py
+    --smoke has checked every line on the GPU."""
     every = plan.parts()
-    for name in plan.SELECTIONS:
-        for p in selection(name):
-            if p.argv[1:2] == ("tiles/bench_gpu.py",) and "--json" in p.argv:
-                assert any("--smoke" in every[n].argv for n in p.needs), p.name
-            if p.argv[1:2] == ("cuda/bench_gpu.py",) and "gemm" in p.argv:
-                assert p.argv.index("check") < p.argv.index("gemm"), p.name
+    for p in every.values():
+        if p.argv[1:2] == ("tiles/bench_gpu.py",) and "--json" in p.argv:
+            assert any("--smoke" in every[n].argv for n in p.needs), p.name
+        if p.argv[1:2] == ("cuda/bench_gpu.py",) and "gemm" in p.argv:
+            assert p.argv.index("check") < p.argv.index("gemm"), p.name
+    assert "exact" in every["kernels"].needs
 
 
 def test_every_gpu_record_a_chapter_shows_is_retaken_under_its_name():
@@ -93,20 +137,131 @@ def test_device_tag(name, tag):
 # The mistakes the dry run catches
 # ---------------------------------------------------------------------------------------
 def test_limits_that_cannot_fit_the_deadline_are_caught():
-    smoke = selection("smoke")
-    total = sum(p.limit_s for p in smoke)
-    assert any("over the" in m for m in plan.plan_problems(smoke, total - 1))
-    assert not plan.plan_problems(smoke, total)
+    lease = selection("lease")
+    total = sum(p.limit_s for p in lease)
+    assert any("over the" in m for m in plan.plan_problems(lease, total - 1))
+    assert not plan.plan_problems(lease, total)
 
 
 def test_an_ignored_input_that_no_earlier_part_makes_is_caught():
-    time_parts = selection("time")
-    without_regen = [p for p in time_parts if p.name != "ptx-regen"]
+    lease = selection("lease")
+    without_regen = [p for p in lease if p.name != "ptx-regen"]
     problems = plan.plan_problems(without_regen, 480)
     assert any("ptx/generated/dense_kernels.ptx" in m and "a fresh machine lacks it" in m for m in problems), problems
     assert any("needs 'ptx-regen'" in m for m in problems)
-    regen_last = without_regen + [p for p in time_parts if p.name == "ptx-regen"]
+    regen_last = without_regen + [p for p in lease if p.name == "ptx-regen"]
     assert any("a fresh machine lacks it" in m for m in plan.plan_problems(regen_last, 480))
+
+
+def test_a_part_that_stands_for_another_meets_the_needs_on_it():
+    warm, needing = Part("b-warm", 1, ("python", "-c", "pass"), "", stands_for="b"), \
+        Part("x", 1, ("python", "-c", "pass"), "", needs=("b",))
+    assert plan.plan_problems([warm, needing], 10) == []
+    assert any("needs 'b'" in m for m in plan.plan_problems([needing, warm], 10))
+
+
+def test_a_refusal_whose_words_are_gone_from_its_script_is_caught():
+    every = plan.parts()
+    assert every["nccl-refusal"].says and plan.plan_problems([every["env"], every["build"], every["nccl-refusal"]],
+                                                             480) == []
+    moved = Part("r", 1, ("python", "distributed.py", "--x"), "", says="words distributed.py never says")
+    assert any("never says 'words distributed.py never says'" in m for m in plan.plan_problems([moved], 10))
+
+
+# ---------------------------------------------------------------------------------------
+# The build's limit: from its measurement
+# ---------------------------------------------------------------------------------------
+def _build_record(**seconds: dict[str, float]) -> dict:
+    return {"arch": "9.0", "stages": {name: {"seconds": {k: {"cpu_s": v, "wall_s": v} for k, v in s.items()}}
+                                      for name, s in seconds.items()}}
+
+
+def test_the_build_takes_its_slowest_source_and_its_link_or_its_work_over_the_cores():
+    record = _build_record(cuda={"cuda/units/tune.cu": 19.0, "cuda/binding.cpp": 25.0, "cuda/units/v1.cu": 3.0,
+                                 "link": 2.0},
+                           ptx={"ptx/loader.cpp": 17.0, "link": 1.0})
+    assert plan.build_estimate(record, cores=16) == (27.0, "cuda: cuda/binding.cpp 25 s + link 2 s")
+    seconds, how = plan.build_estimate(record, cores=1)  # one core: everything in turn
+    assert seconds == 67.0 and how == "67 s of compiling over 1 cores"
+
+
+def test_the_build_part_limit_comes_from_the_committed_measurement():
+    record = json.loads((ROOT / plan.BUILD_RECORD).read_text())
+    assert record["arch"] == plan.LEASE_ARCH and record["command"].startswith("python .ci/gpu.py --time-build")
+    seconds, _ = plan.build_estimate(record)
+    limit, why, problem = plan.build_limit()
+    assert problem is None and limit == math.ceil(plan.BUILD_MARGIN * seconds + plan.BUILD_LOAD_S)
+    assert plan.parts()["build"].limit_s == limit and plan.BUILD_RECORD in plan.parts()["build"].why
+    assert set(record["stages"]) >= {"dense_cpp_ext", "dense_cuda_ext", "dense_ptx_ext", "emulation"}
+
+
+def test_every_source_of_the_cuda_stage_is_in_the_measurement():
+    """A unit added to the cuda stage (cuda/units/) fails this until the build is measured again:
+    the limit would not know what it costs."""
+    import modes
+
+    sources = [s.as_posix() for s in modes.cuda_stage_sources()]
+    assert plan.unmeasured_sources(sources) == [], (
+        f"run: python .ci/gpu.py --time-build {plan.LEASE_ARCH} --json {plan.BUILD_RECORD}")
+    assert plan.unmeasured_sources([*sources, "cuda/units/gemm_v99.cu"]) == ["cuda/units/gemm_v99.cu"]
+
+
+def test_without_a_measurement_the_build_has_no_limit_to_trust(monkeypatch):
+    limit, why, problem = plan.build_limit("docs/results/no_such_build.json")
+    assert why == "no measurement" and "run python .ci/gpu.py --time-build 9.0" in problem
+    monkeypatch.setattr(plan, "BUILD_RECORD", "docs/results/no_such_build.json")
+    every = plan.parts()
+    assert any("the build's limit has no measurement" in m for m in plan.plan_problems([every["build"]], 600))
+
+
+def test_the_ninja_log_of_a_stage_is_read_per_source(tmp_path, monkeypatch):
+    """--time-build runs each compile of a build.ninja on its own (as ninja would, from
+    `ninja -t commands`), so that each source's seconds are its own."""
+    import shutil
+
+    if shutil.which("ninja") is None:
+        pytest.skip("ninja is not installed")
+    monkeypatch.setattr(plan, "ROOT", tmp_path)
+    (tmp_path / "a.c").write_text("int a(void) { return 1; }\n")
+    (tmp_path / "b.c").write_text("int b(void) { return 2; }\n")
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "build.ninja").write_text(
+        "rule compile\n  command = cc -c $in -o $out\nrule link\n  command = cc -shared $in -o $out\n"
+        f"build a.o: compile {tmp_path}/a.c\nbuild b.o: compile {tmp_path}/b.c\nbuild ab.so: link a.o b.o\n")
+    seconds = plan.ninja_one_at_a_time(build)
+    assert list(seconds) == ["a.c", "b.c", "link"] and (build / "ab.so").is_file()
+    assert all(s["cpu_s"] >= 0 and s["wall_s"] > 0 for s in seconds.values())
+
+
+# ---------------------------------------------------------------------------------------
+# What the plan reads without torch
+# ---------------------------------------------------------------------------------------
+def test_the_list_works_in_a_python_without_torch(tmp_path):
+    """versions() reads cuda/dense_kernels.h as text (cuda/catalog.py): --list runs where torch
+    cannot be imported, and names the lease's parts and limits."""
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('torch is not installed here')\n")
+    result = gpu_script("--list", env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "lease: " in result.stdout and "deadline 480 s" in result.stdout and "Traceback" not in result.stderr
+    listed = re.search(r"leaves out ptx items of versions \[([\d, ]+)\]", result.stdout)
+    catalog = load_script("cuda/catalog.py", "catalog_for_the_plan_test")
+    carried = plan._constant(ROOT / "tests" / "test_cuda.py", "PTX_VERSIONS")
+    assert listed and [int(v) for v in listed.group(1).split(", ")] == [
+        v.id for v in catalog.versions() if v.id not in carried]
+    check = subprocess.run([sys.executable, "-c", "import torch"], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                           capture_output=True, text=True)
+    assert check.returncode != 0  # the stand-in did stand in
+
+
+def test_the_grad_check_part_skips_until_grad_check_has_the_flag(tmp_path, monkeypatch):
+    monkeypatch.setattr(plan, "ROOT", tmp_path)
+    (tmp_path / "grad_check.py").write_text("p.add_argument('--device')\n")
+    assert "grad_check.py has no --dtype option yet" in plan.script_lacks("grad_check.py", "--dtype")()
+    (tmp_path / "grad_check.py").write_text("p.add_argument('--device')\np.add_argument('--dtype', choices=[])\n")
+    assert plan.script_lacks("grad_check.py", "--dtype")() is None
 
 
 @pytest.mark.parametrize("record, json_path, says", [
@@ -160,7 +315,7 @@ def test_the_dry_run_checks_every_selection():
 def test_the_gpu_tests_leave_out_slow_ones_and_items_the_ptx_stage_cannot_run():
     """pytest -m gpu would take in the slow multi-process tests; and tests/test_cuda.py's items
     that cross the ptx stage with a version it does not carry would each only skip."""
-    argv = next(p for p in selection("smoke") if "pytest" in p.argv).command()
+    argv = next(p for p in selection("lease") if "pytest" in p.argv).command()
 
     def collect(*args: str) -> set[str]:
         got = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
@@ -185,6 +340,9 @@ def repo(tmp_path, monkeypatch):
     root = tmp_path / "repo"
     (root / "docs" / "results").mkdir(parents=True)
     (root / "cuda").mkdir()
+    # the chapter that shows the records the runner tests write (a record no chapter shows is packed apart)
+    (root / "README.md").write_text("docs/results/good_h100.json docs/results/bad_h100.json docs/results/one.json "
+                                    "docs/results/old.json docs/results/cuda_gpu_h100.json\n")
     monkeypatch.setattr(plan, "ROOT", root)
     out = tmp_path / "out"
     out.mkdir()
@@ -231,6 +389,66 @@ def test_a_run_where_every_part_passes_exits_0(repo, capsys):
         assert tar.getnames() == ["docs/results/one.json"]
 
 
+def test_a_record_of_a_kind_no_chapter_shows_is_packed_apart(repo, capsys):
+    """records.tar.gz holds only records a chapter shows, by name or by kind (another card's
+    record of a kind shown): unpacked, they keep tests/test_records.py green."""
+    root, out = repo
+    (root / "docs" / "results" / "cuda_gpu_h100.json").write_text('{"device": "NVIDIA H100 80GB HBM3"}')
+
+    def card_record(name: str) -> tuple[str, ...]:
+        return ("python", "-c", f"open('docs/results/{name}', 'w').write('{{\"device\": \"NVIDIA H200\"}}')")
+
+    parts = [Part("same-kind", 20, card_record("cuda_gpu_{tag}.json"), "",
+                  records=("docs/results/cuda_gpu_{tag}.json",)),
+             Part("new-kind", 20, card_record("brand_new_{tag}.json"), "",
+                  records=("docs/results/brand_new_{tag}.json",))]
+    assert plan.run(parts, out, "h200", 100) == 0
+    with tarfile.open(out / "records.tar.gz") as tar:
+        assert tar.getnames() == ["docs/results/cuda_gpu_h200.json"]
+    with tarfile.open(out / "new-records.tar.gz") as tar:
+        assert tar.getnames() == ["docs/results/brand_new_h200.json"]
+    text = capsys.readouterr().out
+    assert "brand_new_h200.json (in new-records.tar.gz: no chapter shows its kind)" in text
+    assert text.strip().splitlines()[-1].endswith("1 record(s) in " + str(out / "records.tar.gz")
+                                                  + ", 1 in " + str(out / "new-records.tar.gz"))
+
+
+def test_a_missing_program_is_one_line_and_the_rest_still_run(repo, capsys):
+    root, out = repo
+    parts = [Part("sanitizer", 20, ("no-such-sanitizer", "--tool", "memcheck"), ""),
+             Part("next", 20, ("python", "-c", "print('ran')"), "")]
+    assert plan.run(parts, out, "h100", 100) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "ran" in lines and "Traceback" not in "\n".join(lines)
+    assert "FAILED: no-such-sanitizer is not on the PATH" in next(x for x in lines if x.startswith("sanitizer "))
+    assert lines[-1].startswith("FAILED: sanitizer, in ")
+
+
+def test_a_refusal_counts_only_with_its_words(repo, capsys):
+    """Exit status 2 is also argparse's for any usage error: the refusal must say its own words."""
+    root, out = repo
+    says = "needs one GPU per rank"
+    parts = [Part("right", 20, ("python", "-c", f"import sys; print('x: {says}: 2 ranks'); sys.exit(2)"), "",
+                  expect=2, says=says),
+             Part("wrong", 20, ("python", "-c", "import sys; print('x: error: bad flag'); sys.exit(2)"), "",
+                  expect=2, says=says)]
+    assert plan.run(parts, out, "h100", 100) == 1
+    table = {line.split()[0]: line for line in capsys.readouterr().out.strip().splitlines()[-3:-1]}
+    assert "passed" in table["right"]
+    assert f"FAILED (exit 2, but its output lacks {says!r})" in table["wrong"]
+
+
+def test_a_second_call_on_a_fresh_machine_is_refused_at_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(plan, "ROOT", tmp_path)
+    assert plan.not_built(["cpp", "cuda", "emulation"]) == ["cpp", "cuda"]
+    assert plan.build(["cpp", "cuda"], warm=True) == 1
+    assert "not built on this machine: cpp, cuda" in capsys.readouterr().err
+    for m in ("cpp", "cuda"):
+        (tmp_path / "build" / "jit" / f"dense_{m}_ext").mkdir(parents=True)
+        (tmp_path / "build" / "jit" / f"dense_{m}_ext" / f"dense_{m}_ext.so").write_bytes(b"")
+    assert plan.not_built(["cpp", "cuda", "emulation"]) == []
+
+
 def test_a_part_stops_at_its_limit_and_the_next_one_runs(repo, capsys, monkeypatch):
     root, out = repo
     monkeypatch.setattr(plan, "GRACE_S", 1)
@@ -274,7 +492,7 @@ def test_a_failed_build_fails_the_build_part(capsys):
 def test_without_a_gpu_running_is_one_clear_line(tmp_path):
     if plan.gpu_identity() is not None:
         pytest.skip("checks what a machine without a GPU says")
-    result = gpu_script("smoke", "--out", str(tmp_path))
+    result = gpu_script("lease", "--out", str(tmp_path))
     assert result.returncode == 2 and "needs a GPU" in result.stderr and "--dry-run" in result.stderr
     assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())
 
@@ -283,7 +501,7 @@ def test_without_a_gpu_running_is_one_clear_line(tmp_path):
 def test_mistakes_on_the_command_line_are_one_line_and_a_non_zero_status(tmp_path):
     unknown = gpu_script("everything", "--out", str(tmp_path))
     assert unknown.returncode == 2 and "unknown part or selection 'everything'" in unknown.stderr
-    short = gpu_script("smoke", "--deadline", "60", "--out", str(tmp_path))
+    short = gpu_script("lease", "--deadline", "60", "--out", str(tmp_path))
     assert short.returncode == 2 and "over the 60 s deadline" in short.stderr
     named = gpu_script("ptx", "--list")  # a part named alone brings what it needs
     assert named.returncode == 0
