@@ -8,8 +8,9 @@ A chapter marks where a table goes:
 
 Kinds: table (benchmark.py), roofline (benchmark.py --roofline), sweep (benchmark.py --sweep),
 run (distributed.py), allreduce, burst and step (distributed.py --bench), gpu_gemm, gpu_goals,
-gpu_ptx and ncu (cuda/bench_gpu.py), triton_gpu (tiles/bench_gpu.py). Each record names the
-command that wrote it. A GPU record's name carries its card (cuda_gpu_h100.json); a marker that
+gpu_small, gpu_grad, gpu_bf16, gpu_ptx and ncu (cuda/bench_gpu.py), triton_gpu (tiles/bench_gpu.py).
+Each record names the command that wrote it. A GPU record's name carries its card
+(cuda_gpu_h100.json); a marker that
 writes "{card}" in its place shows the newest record of that kind, whichever card took it, and
 names it under the table:
 
@@ -86,6 +87,8 @@ def renderers() -> dict[str, Callable[[dict], str]]:
             "triton_static": _script("tiles/compiler_report.py").table,
             "gpu_gemm": _script("cuda/bench_gpu.py").gemm_table, "gpu_goals": _script("cuda/bench_gpu.py").goals_table,
             "gpu_ptx": _script("cuda/bench_gpu.py").ptx_table, "ncu": _script("cuda/bench_gpu.py").ncu_table,
+            "gpu_small": _script("cuda/bench_gpu.py").small_table, "gpu_grad": _script("cuda/bench_gpu.py").grad_table,
+            "gpu_bf16": _script("cuda/bench_gpu.py").bf16_table,
             "counters": _script("cuda/counters.py").chapter_table,
             "triton_gpu": _script("tiles/bench_gpu.py").table}
 

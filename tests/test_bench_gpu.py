@@ -210,3 +210,33 @@ def test_an_elementwise_kernel_has_no_ffma_ratio_in_the_ncu_table(tmp_path):
     csv = ncu_csv(tmp_path, kernels=("dense_gemm_v1_nt_f32", "dense_sigmoid_grad_v2_f32"))
     table = bench_gpu.ncu_table({**bench_gpu.from_ncu(csv, "NVIDIA H200"), "shape": [2, 2, 2], "command": "c"})
     assert "| dense_gemm_v1_nt_f32 |" in table and table.splitlines()[3].endswith("| 1.5% | 60% | – |")
+
+
+def _ratio(speed: float) -> dict:
+    return {"speed": speed, "ci": [speed - 0.1, speed + 0.1]}
+
+
+def test_the_kernels_record_renders_as_the_chapters_would_show_it():
+    """cuda_kernels_<card>.json (small, grad, bf16) through docs/render.py's kinds gpu_small,
+    gpu_grad and gpu_bf16: every line, and what was not timed and why."""
+    render = load_script("docs/render.py", "render_for_bench_gpu")
+    row = {"forward_us": 100.0, "spread_us": 5.0, "gflops": 10.0, "of_cublas": _ratio(0.5), "of_reference": _ratio(0.6)}
+    table_at = {"shape": [32, 4096, 4096], "rounds": 15, "tf32": False, "failed": {"v25": "cudaError 98"},
+                "rows": [{"line": name, **row} for name in ("cuBLAS x·Wᵀ", "reference", "v12")]}
+    record = {"device": "NVIDIA H200", "gpu": {"sm_count": 132}, "torch": "2.11", "dtype": "float32", "date": "d",
+              "command": "python cuda/bench_gpu.py small grad bf16 --json docs/results/cuda_kernels_h200.json",
+              "small": table_at,
+              "grad": {"rounds": 15, "cols": 4096, "shapes": {"32": {"rows": 32, "failed": {}, "rel_errors": {},
+                                                                     "lines": [
+                  {"line": name, "us": 3.0, "spread_us": 0.1, "gb_per_s": 500.0, "of_torch": _ratio(1.2)}
+                  for name in ("torch: sigmoid backward + sum", "sigmoid-grad v3")]}}},
+              "bf16": {"tolerance": 0.01, "checked": {"v0": {"rel_error": 0.002, "ok": True},
+                                                      "v21": {"error": "cudaError 700", "ok": False}},
+                       "shapes": {"32×4096×4096": table_at}}}
+    kinds = render.renderers()
+    small, grad, bf16 = (kinds[k](record) for k in ("gpu_small", "gpu_grad", "gpu_bf16"))
+    assert "| v12 | 100 (5) | 10 | 50.0% (40.0–60.0%) | 60.0% |" in small and "Not timed: v25 (cudaError 98)." in small
+    assert "| 32 × 4096 | sigmoid-grad v3 | 3.0 (0.1) | 500 | 1.200 (1.100–1.300) |" in grad
+    assert "bfloat16, forward only, B=32 I=4096 O=4096, 15 rounds." in bf16
+    assert "Not timed (failed the float64 check, tolerance 0.01): v21 (cudaError 700)." in bf16
+    assert all("NVIDIA H200 (132 SMs" in text for text in (small, grad, bf16))
