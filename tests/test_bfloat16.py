@@ -4,8 +4,10 @@ torch.autocast as F.linear has it; mixed and integer types refused as before."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ import torch.nn.functional as F
 
 import grad_check as gc
 import modes
-from conftest import MODE_DEVICE
+from conftest import MODE_DEVICE, ROOT
 
 LOW = [pytest.param(torch.bfloat16, id="bfloat16"), pytest.param(torch.float16, id="float16")]
 
@@ -72,8 +74,8 @@ def assert_fuzz(mode, device, dtype, cases):
     for lead, in_f, out_f, bias, layout in cases:
         values, g = values_for(lead, in_f, out_f, bias, dtype, device)
         for name, verdict in zip(gc.TENSORS, judged(fn, values, g, dtype, layout)):
-            assert verdict.passed, f"{mode} {dtype} x{(*lead, in_f)} out={out_f} bias={bias} {layout}: " \
-                                   f"{name}: {verdict.detail()}"
+            where = f"{mode} {dtype} x{(*lead, in_f)} out={out_f} bias={bias} {layout}: {name}: {verdict.detail()}"
+            assert verdict.passed and verdict.of_bound <= 1 and verdict.linear_of_bound <= 1, where
 
 
 @pytest.mark.parametrize("mode, device", MODE_DEVICE)
@@ -98,7 +100,8 @@ def test_the_emulated_cuda_kernels_pass_on_odd_shapes(dtype):
     values, g = values_for((37,), 70, 33, True, dtype, "cpu")
     for v in emu.versions(dtype):
         for name, verdict in zip(gc.TENSORS, judged(emu.dense(v), values, g, dtype)):
-            assert verdict.passed, f"v{v} {name}: {verdict.detail()}"
+            assert verdict.passed and verdict.of_bound <= 1 and verdict.linear_of_bound <= 1, \
+                f"v{v} {name}: {verdict.detail()}"
 
 
 # ---------------------------------------------------------------------------
@@ -118,6 +121,7 @@ def test_an_accumulator_in_the_16_bit_type_fails_even_at_16_terms(dtype):
     values, g = values_for((8,), 16, 12, True, dtype, "cpu")
     output = judged(bfloat16_accumulator, values, g, dtype)[0]
     assert not output.passed and output.of_bound > 1 >= output.linear_of_bound, output.detail()
+    assert output.error <= output.allowed  # the comparison with nn.Linear alone would let it through
 
 
 def test_the_rule_allows_four_times_linears_error_and_a_floor_not_more():
@@ -247,3 +251,71 @@ def test_state_dict_in_bfloat16_moves_both_ways(mode, device):
     back = torch.nn.Linear(6, 3, device=device, dtype=torch.bfloat16)
     back.load_state_dict(layer.state_dict())
     assert torch.equal(back.weight, linear.weight) and torch.equal(back.bias, linear.bias)
+
+
+def test_a_type_a_mode_does_not_take_is_one_type_error_naming_the_modes_that_do():
+    x, w = torch.randn(3, 4).bfloat16(), torch.randn(2, 4).bfloat16()
+    with pytest.raises(TypeError, match=r"x has dtype torch.bfloat16; mode 'ptx' takes float32 and float64 "
+                                        r"\(bfloat16 runs in modes py, cpp, triton, cuda\)"):
+        modes.check_inputs(x, w, None, "ptx")
+
+
+# ---------------------------------------------------------------------------
+# The committed record of measured errors, and what chapter 1 says of it
+# ---------------------------------------------------------------------------
+
+RECORD = ROOT / "docs" / "results" / "errors_cpu.json"
+
+
+def record() -> dict:
+    return json.loads(RECORD.read_text())
+
+
+def relative(r: dict, tensor: str, dtype: str, rec: dict) -> float:
+    return r["errors"][tensor] / rec["scales"][dtype]["truth_max"][tensor]
+
+
+def test_the_record_is_measured_as_the_chapter_says():
+    rec = record()
+    assert rec["benchmark"] == "errors" and rec["dtypes"] == ["float32", "bfloat16", "float16"]
+    assert rec["command"] == "python grad_check.py all --error-table --json docs/results/errors_cpu.json"
+    measured = [r for r in rec["results"] if "errors" in r]
+    assert {r["variant"] for r in measured} >= {"nn.Linear", "py"}
+    for r in measured:
+        assert all(share <= 1 for share in r["of_bound"].values()), r  # every variant within the bound
+        if r["dtype"] != "float32":
+            assert all(r["passed"].values()), r                          # and passing the rule
+
+
+def test_py_errors_are_linears_to_the_last_digit():
+    rec = record()
+    for dtype in rec["dtypes"]:
+        py, linear = ({r["variant"]: r for r in rec["results"] if r["dtype"] == dtype}[v] for v in ("py", "nn.Linear"))
+        assert py["errors"] == linear["errors"], dtype
+
+
+def test_the_last_rounding_dominates_the_16_bit_bound_and_the_sums_float32s():
+    """Chapter 1: in bfloat16 and float16 the output's bound sits within a few u; in float32 the
+    sums' K·v term makes it over a thousand u, and the measured errors sit far below it."""
+    rec = record()
+    for dtype in ("bfloat16", "float16"):
+        scale = rec["scales"][dtype]
+        assert scale["bound_max"]["output"] / scale["truth_max"]["output"] < 3 * scale["unit_roundoff"]
+    f32 = rec["scales"]["float32"]
+    bound = f32["bound_max"]["output"] / f32["truth_max"]["output"]
+    assert bound > 1000 * f32["unit_roundoff"]
+    for r in (r for r in rec["results"] if r["dtype"] == "float32" and "errors" in r):
+        assert relative(r, "output", "float32", rec) < bound / 100, r["variant"]
+
+
+def test_the_outputs_error_comes_close_to_the_bound_and_the_gradients_do_not():
+    """docs/README.md: a worst case alone is a loose test for the gradients."""
+    linear = next(r for r in record()["results"] if r["variant"] == "nn.Linear" and r["dtype"] == "bfloat16")
+    assert linear["of_bound"]["output"] > 0.5
+    assert max(v for k, v in linear["of_bound"].items() if k != "output") < 0.5
+
+
+def test_chapter_1_shows_the_record_as_error_table_renders_it():
+    page = (ROOT / "py" / "README.md").read_text()
+    block = re.search(r"<!-- errors: docs/results/errors_cpu.json -->\n(.*?)\n<!-- end errors -->", page, re.S)
+    assert block and block.group(1) == gc.error_table(record())
