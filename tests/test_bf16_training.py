@@ -70,6 +70,8 @@ def test_bfloat16_autocast_computes_in_bfloat16_and_keeps_float32_weights_gradie
     # training and in evaluation (evaluation runs last: a float32 output there would show here)
     assert how.outputs == {("Dense", torch.bfloat16), ("Linear", torch.bfloat16)}
     assert how.grads == {torch.float32}
+    with training.autocast(how.config):  # the loss, as the loop computes it: autocast to float32
+        assert F.cross_entropy(torch.ones(4, 10, dtype=torch.bfloat16), torch.arange(4)).dtype == torch.float32
     assert float_dtypes(result["state"]) == {torch.float32}
     assert float_dtypes(how.opt.state_dict()["state"]) == {torch.float32}
     losses = [e["loss"] for e in result["epochs"]]
@@ -126,6 +128,13 @@ def test_a_runs_table_names_its_precision_and_a_float32_run_says_nothing_new():
     assert "mode py, hidden [16]" in table(record)
     record["config"].update(dtype="bfloat16", grad_dtype="bfloat16")
     assert "mode py, bfloat16 autocast, gradients summed in bfloat16, hidden [16]" in table(record)
+
+
+def test_the_ddp_hook_takes_float32_or_bfloat16_and_says_so_before_any_process_group():
+    from parallel.dp.ddp import ddp_with_our_ring
+
+    with pytest.raises(ValueError, match="grad_dtype must be one of torch.float32, torch.bfloat16"):
+        ddp_with_our_ring(nn.Linear(2, 2), grad_dtype=torch.float16)
 
 
 def test_dividing_in_float32_before_the_cast_rounds_once_where_dividing_in_bfloat16_rounds_twice():
