@@ -5,6 +5,8 @@ Check it:  python grad_check.py py
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch._functorch.utils import unwrap_dead_wrappers
@@ -23,16 +25,17 @@ class DenseFunction(torch.autograd.Function):
     def forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         if x.dim() == 2:
             z = x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t())
-        else:
-            # x of shape (*, in): matmul folds the leading dimensions into one batch, so a single
-            # GEMM does the work, and returns a tensor of its own. (Folding by hand with reshape
-            # and unfolding with view would return a view, and autograd forbids in-place ops on
-            # a view made inside a Function: `layer(x).add_(1)` would fail.)
-            z = torch.matmul(x, weight.t())
-            if bias is not None:
-                z = z + bias  # not add_: under vmap, a batched bias cannot be added into z in place
-        # In place: z is a fresh tensor never needed again, so y can reuse its memory.
-        return z.sigmoid_()
+            # In place: z is a fresh tensor never needed again, so y can reuse its memory.
+            return z.sigmoid_()
+        # x of shape (*, in): fold the leading dimensions into rows, so that one GEMM does the
+        # work with the bias inside it, as F.linear does. z is then rounded once: in bfloat16
+        # and float16, a GEMM followed by a separate bias add would round it twice. The sigmoid
+        # is taken out of place on the unfolded view, so that y is a tensor of its own: an
+        # in-place sigmoid would return the view, and autograd forbids in-place ops on a view
+        # made inside a Function (`layer(x).add_(1)` would fail).
+        x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+        z = x2 @ weight.t() if bias is None else torch.addmm(bias, x2, weight.t())
+        return torch.sigmoid(z.view(*x.shape[:-1], weight.shape[0]))
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:

@@ -319,3 +319,14 @@ def test_chapter_1_shows_the_record_as_error_table_renders_it():
     page = (ROOT / "py" / "README.md").read_text()
     block = re.search(r"<!-- errors: docs/results/errors_cpu.json -->\n(.*?)\n<!-- end errors -->", page, re.S)
     assert block and block.group(1) == gc.error_table(record())
+
+
+@pytest.mark.parametrize("dtype", LOW)
+@pytest.mark.parametrize("lead", [(5,), (3, 6), (2, 2, 3)], ids=["2-d", "3-d", "4-d"])
+def test_py_rounds_where_linear_rounds_whatever_the_rank(dtype, lead):
+    """Chapter 1: py runs the reference's own ops, so its answers are nn.Linear's bit for bit; for
+    x of any rank too (one GEMM with the bias inside it: z rounded once, not twice)."""
+    values, g = values_for(lead, 33, 4, True, dtype, "cpu")
+    got, linear = run(modes.dense("py"), values, g), run(gc.reference, values, g)
+    for name, a, e in zip(gc.TENSORS, got, linear):
+        assert torch.equal(a, e), name
