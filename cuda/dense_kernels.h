@@ -65,6 +65,8 @@ constexpr VersionInfo kVersionInfo[] = {
     {24, "bf16 f16", "a block of 8 warps, 64x32 warp tiles, a 3-stage cp.async pipeline, the epilogue fused"},
     {25, "f32", "TF32: mma.sync m16n8k8 on operands rounded by cvt.rna.tf32.f32 (10 bits of mantissa)"},
     {26, "f32", "split-TF32: each operand a TF32 big part and a TF32 remainder, three mma's for float32 accuracy"},
+    // Hopper (sm_90a): warpgroup MMA, TMA, mbarriers (cuda/tensor_cores/, the same chapter)
+    {31, "bf16 f16", "wgmma: one warpgroup, m64n128k16 on operands in shared memory named by matrix descriptors"},
 };
 constexpr int kVersionCount = sizeof(kVersionInfo) / sizeof(kVersionInfo[0]);
 constexpr int kVersions = 12;  // the CUDA-core progression, versions 1 to kVersions
@@ -152,6 +154,7 @@ constexpr Tile tile(int version, int element_bytes) {
     case 24: return {128, 128, 32, 8, 8};  // 8 warps of 64×32
     case 25:
     case 26: return {128, 128, 16, 8, 8};
+    case 31: return {64, 128, 64, 8, 8};   // one warpgroup
     default: return element_bytes == 4 ? Tile{128, 128, 8, 8, 8} : Tile{64, 64, 8, 4, 4};  // 256 threads
   }
 }

@@ -37,6 +37,7 @@
 // Standard headers first: the macros below (e.g. __noinline__) would break their attributes.
 #include <pthread.h>
 
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -44,6 +45,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -173,8 +175,12 @@ void cp_async(const void* shared_dst, const void* global_src, unsigned bytes);  
 
 namespace emu {
 
-// What a launch returns: 0, or kBarrierNeverReached (the block could not finish).
+// What a launch returns: 0, kBarrierNeverReached (the block could not finish), or
+// kProtocolError (a kernel broke a rule of an asynchronous instruction: hopper.h reports which).
 constexpr int kBarrierNeverReached = 2;
+constexpr int kProtocolError = 4;
+inline std::atomic<int> protocol_error{0};
+inline void report_protocol_error() { protocol_error.store(kProtocolError); }
 
 inline void check(int rc, const char* what) {
   if (rc != 0) {
@@ -222,11 +228,24 @@ struct AsyncCopies {
   std::vector<size_t> group_ends;    // committed groups: the end index of each in `copies`
 };
 
+// Four consecutive warps (128 threads), which the Hopper instructions (hopper.h) act on together.
+struct Warpgroup {
+  Barrier barrier;
+  alignas(16) unsigned char slot[128][32];
+};
+
 struct Block {
   Barrier barrier;
   std::vector<Warp> warps;
   std::vector<AsyncCopies> copies;  // per thread of the block
+  std::vector<Warpgroup> warpgroups;
+  std::atomic<bool> hopper{false};  // a Hopper instruction ran in this launch (hopper.h keeps its state)
 };
+// Set by hopper.h: what a new block of the launch starts from, what it must finish at its end
+// (TMA copies that land, wgmma's never waited for), and what the threads that cannot go on wait for.
+inline void (*hopper_block_start)(Block&) = nullptr;
+inline void (*hopper_thread_end)(Block&) = nullptr;
+inline void (*hopper_report_waits)(Block&) = nullptr;
 
 inline CUDA_EMU_PER_THREAD Block* current_block = nullptr;
 inline CUDA_EMU_PER_THREAD unsigned lane_id = 0, warp_id = 0;
@@ -389,8 +408,13 @@ class Pool {
       blockIdx = b;
       l.body(l.arg);
       finish_copies();
+      if (l.shared_block.hopper.load() && hopper_thread_end) hopper_thread_end(l.shared_block);
       // The block is over for everyone before the next one reuses its shared memory.
       l.shared_block.barrier.wait();
+      if (l.shared_block.hopper.load()) {  // one thread resets the Hopper state, then everyone goes on
+        if (i == 0 && hopper_block_start) hopper_block_start(l.shared_block);
+        l.shared_block.barrier.wait();
+      }
     }
   }
 
@@ -421,6 +445,7 @@ class Scheduler {
 #ifdef CUDA_EMU_COUNT
       if (!count::block_wanted()) continue;
 #endif
+      if (l.shared_block.hopper.load() && hopper_block_start) hopper_block_start(l.shared_block);
       for (unsigned i = 0; i < n; ++i) {
         fiber::prepare(fibers_[i].context, fibers_[i].stack, kStackBytes, &Scheduler::thread_body, this);
         fibers_[i].ready = true;
@@ -442,6 +467,18 @@ class Scheduler {
       CUDA_EMU_COUNT_HOOK(interval_end());
     }
     return 0;
+  }
+
+  // The running fiber waits in `waiting` until wake() releases it (hopper.h's mbarriers).
+  void suspend(std::vector<unsigned>& waiting) {
+    const unsigned me = current_;
+    waiting.push_back(me);
+    fibers_[me].ready = false;
+    fiber::switch_to(fibers_[me].context, self_);
+  }
+  void wake(std::vector<unsigned>& waiting) {
+    for (unsigned i : waiting) fibers_[i].ready = true;
+    waiting.clear();
   }
 
   // Called by a fiber at a barrier: the last to arrive releases the others and goes on.
@@ -471,6 +508,7 @@ class Scheduler {
     Scheduler& s = *static_cast<Scheduler*>(self);
     s.launch_->body(s.launch_->arg);
     finish_copies();
+    if (s.launch_->shared_block.hopper.load() && hopper_thread_end) hopper_thread_end(s.launch_->shared_block);
     Fiber& f = s.fibers_[s.current_];
     f.ready = false;
     f.done = true;
@@ -484,6 +522,7 @@ class Scheduler {
                  "__syncthreads, %u at a warp shuffle, %u have returned. A barrier that not every thread of "
                  "the block reaches hangs (or worse) on a GPU.\n",
                  blockIdx.x, blockIdx.y, blockIdx.z, n, at_sync, n - finished - at_sync, finished);
+    if (l.shared_block.hopper.load() && hopper_report_waits) hopper_report_waits(const_cast<Block&>(l.shared_block));
     return kBarrierNeverReached;
   }
 
@@ -519,10 +558,16 @@ int launch(dim3 grid, dim3 block, F&& fn) {
   l.shared_block.copies = std::vector<AsyncCopies>(n);
   for (unsigned w = 0; w < l.shared_block.warps.size(); ++w)
     l.shared_block.warps[w].barrier.init((w + 1) * 32 <= n ? 32 : n - w * 32);
-  const int status = executor().run(l, n);
+  l.shared_block.warpgroups = std::vector<Warpgroup>(n / 128);
+  for (auto& g : l.shared_block.warpgroups) g.barrier.init(128);
+  protocol_error.store(0);
+  if (hopper_block_start) hopper_block_start(l.shared_block);  // nothing left of an earlier launch
+  int status = executor().run(l, n);
   CUDA_EMU_COUNT_HOOK(launch_end());
   for (auto& w : l.shared_block.warps) w.barrier.destroy();
+  for (auto& g : l.shared_block.warpgroups) g.barrier.destroy();
   l.shared_block.barrier.destroy();
+  if (status == 0) status = protocol_error.load();
   return status;
 }
 
@@ -541,3 +586,4 @@ T __shfl_xor_sync(unsigned, T v, int mask) {
 }
 
 #include "warp_matrix.h"  // mma.sync, ldmatrix, cvt.rna.tf32 (needs the warps and barriers above)
+#include "hopper.h"       // wgmma, TMA, mbarrier

@@ -21,5 +21,6 @@
 #include "../units/tc_v24.cu"
 #include "../units/tc_v25.cu"
 #include "../units/tc_v26.cu"
+#include "../units/tc_v31.cu"
 #include "../units/tune.cu"
 #include "../units/elementwise.cu"
