@@ -31,14 +31,18 @@ rounding alone can cost nearly u·|y|); the gradients' stay well below, since th
 many terms would have to line up. So a stage is also judged against what nn.Linear achieves on
 the same inputs. For the output and for each gradient, a check passes when
 
-    max|stage − truth| ≤ 4·max|nn.Linear − truth| + 2u·max|truth|
+    max|stage − truth| ≤ 4·max|nn.Linear − truth| + 2u·max(size)
 
 and the stage stays within error_bound wherever nn.Linear does (where nn.Linear does not, the
 bound, not the stage, is wrong for those inputs). The truth is float64 arithmetic on the very
-values the layer received; the 2u term covers a tensor that nn.Linear happens to get exactly
-right. Each line shows both errors, their ratio and how much of the bound the stage uses. NaN
-and ±inf must fall where nn.Linear's do. On a GPU the reference's cuBLAS is asked to accumulate
-in float32 (no reduced-precision reductions), as the rule assumes.
+values the layer received. The size of an element is the size of what it is made of (|y| for
+the output; for a gradient, the sum of the absolute values of its reduction's terms, as
+magnitudes() computes it): rounding every term to the type can move an element by u times that,
+which, where the terms cancel, is far more than u times the element. So the 2u term covers a
+tensor that nn.Linear happens to get almost exactly right. Each line shows both errors, their
+ratio and how much of the bound the stage uses. NaN and ±inf must fall where nn.Linear's do. On
+a GPU the reference's cuBLAS is asked to accumulate in float32 (no reduced-precision
+reductions), as the rule assumes.
 
 --error-table measures, at one shape, each mode's and nn.Linear's errors against the float64
 truth in float32, bfloat16 and float16 (the cuda mode through the CPU emulation of its kernels
@@ -103,7 +107,7 @@ EMULATE_HINT = "; without a GPU the kernels run on the CPU: python grad_check.py
 UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 LOW_PRECISION = (torch.bfloat16, torch.float16)  # judged by the rule in the docstring, not by gradcheck
 FACTOR = 4.0  # a stage's error may be up to FACTOR times nn.Linear's...
-FLOOR = 2.0   # ... plus FLOOR·u·max|truth|
+FLOOR = 2.0   # ... plus FLOOR·u times the largest size of what an element is made of (magnitudes)
 TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 TABLE_SHAPE = (32, 1024, 64)  # --error-table's default B, I, O: a reduction long enough to count
 TENSORS = ("output", "grad x", "grad weight", "grad bias")
@@ -219,6 +223,19 @@ def error_bound(x: Tensor, weight: Tensor, bias: Tensor | None, grad_out: Tensor
     return [ey.reshape(*x.shape[:-1], out_f), dx, dw] + ([db] if bias is not None else [])
 
 
+def magnitudes(x: Tensor, weight: Tensor, bias: Tensor | None, grad_out: Tensor) -> list[Tensor]:
+    """The size of what each element of [output, grad x, grad weight, grad bias] is made of, in
+    float64: |y|, then the sums of the absolute terms of each reduction, |dz|·|W|, |dz|ᵀ·|x| and
+    Σ_rows |dz|. Rounding every term costs up to u times this, however much the terms cancel."""
+    k_in, out_f = weight.shape[1], weight.shape[0]
+    x2, w = x.detach().double().reshape(-1, k_in), weight.detach().double()
+    z = x2 @ w.t() + (0 if bias is None else bias.detach().double())
+    y = torch.sigmoid(z)
+    dz = (grad_out.detach().double().reshape(-1, out_f) * y * (1 - y)).abs()
+    sizes = [y.reshape(*x.shape[:-1], out_f), (dz @ w.abs()).reshape(x.shape), dz.t() @ x2.abs()]
+    return sizes + ([dz.sum(0)] if bias is not None else [])
+
+
 @dataclass
 class Judged:
     """One tensor judged by the rule: its error, nn.Linear's, what the rule allows, and how much of
@@ -243,15 +260,17 @@ class Judged:
         if self.of_bound > 1:
             bound += f" (nn.Linear's {self.linear_of_bound:.2f})"
         return (f"max |err| {self.error:.2e}, nn.Linear's {self.linear_error:.2e}, ratio {self.ratio:.2f} "
-                f"(allowed {self.allowed:.2e}: {FACTOR:g}× + {FLOOR:g}u·max|truth|); {bound}")
+                f"(allowed {self.allowed:.2e}: {FACTOR:g}× + {FLOOR:g}u·size); {bound}")
 
 
-def judge(actual: Tensor, linear: Tensor, exact: Tensor, dtype: torch.dtype, bound: Tensor | None = None) -> Judged:
+def judge(actual: Tensor, linear: Tensor, exact: Tensor, dtype: torch.dtype, bound: Tensor | None = None,
+          size: Tensor | None = None) -> Judged:
     """The rule of the docstring for one tensor: ``actual`` (the stage's), ``linear`` (nn.Linear's
     on the same inputs, in the same type) against ``exact`` (the float64 truth). NaN and ±inf must
     be where nn.Linear has them; the errors are taken where nn.Linear and the truth are finite.
     With ``bound`` (error_bound's), the stage must also stay within it, unless nn.Linear does not
-    (then the bound, not the stage, is wrong for these inputs)."""
+    (then the bound, not the stage, is wrong for these inputs). ``size`` (magnitudes') sets the
+    floor of 2u; without it, |exact| does."""
     if actual.dtype != linear.dtype or actual.shape != linear.shape:
         return Judged(False, problem=f"{dtype_name(actual.dtype)} {tuple(actual.shape)}, "
                       f"nn.Linear gives {dtype_name(linear.dtype)} {tuple(linear.shape)}")
@@ -268,7 +287,8 @@ def judge(actual: Tensor, linear: Tensor, exact: Tensor, dtype: torch.dtype, bou
     if t.numel() == 0:
         return Judged(True, 0.0, 0.0, 0.0, 0.0, 0.0)
     error, linear_error = (a - t).abs(), (lin - t).abs()
-    allowed = FACTOR * linear_error.max().item() + FLOOR * UNIT_ROUNDOFF[dtype] * t.abs().max().item()
+    scale = t.abs() if size is None else size.detach().cpu().double()[finite]
+    allowed = FACTOR * linear_error.max().item() + FLOOR * UNIT_ROUNDOFF[dtype] * scale.max().item()
     of_bound = linear_of_bound = 0.0
     if bound is not None:
         e = bound.detach().cpu().double()[finite]
@@ -304,11 +324,11 @@ def low_precision_checks(mode: str, fn: modes.DenseFn, batch: int, in_f: int, ou
         return
     with float32_accumulation():
         linear = forward_backward(reference, inputs, grad_out)
-    bounds = error_bound(*[t.cpu() for t in inputs[:2]], None if inputs[2] is None else inputs[2].cpu(),
-                         grad_out.cpu(), dtype)
-    for label, a, lin, t, e in zip(TENSORS[:3] + (TENSORS[3:] if bias else ()), got, linear,
-                                   truth(inputs, grad_out), bounds):
-        verdict = judge(a, lin, t, dtype, e)
+    cpu = [None if t is None else t.cpu() for t in inputs]
+    bounds, sizes = error_bound(*cpu, grad_out.cpu(), dtype), magnitudes(*cpu, grad_out.cpu())
+    for label, a, lin, t, e, m in zip(TENSORS[:3] + (TENSORS[3:] if bias else ()), got, linear,
+                                      truth(inputs, grad_out), bounds, sizes):
+        verdict = judge(a, lin, t, dtype, e, m)
         yield Check(mode, f"{label} {name} vs float64 truth", verdict.passed, verdict.detail())
 
 
@@ -623,6 +643,7 @@ def measure_errors(variants: dict[str, modes.DenseFn], batch: int, in_f: int, ou
         inputs, grad_out = draw(batch, in_f, out_f, True, dtype, seed, device)
         exact = truth(inputs, grad_out)
         bound = error_bound(*[t.cpu() for t in inputs], grad_out.cpu(), dtype)
+        sizes = magnitudes(*[t.cpu() for t in inputs], grad_out.cpu())
         with float32_accumulation():
             linear = forward_backward(reference, inputs, grad_out)
         scales[name] = {"truth_max": dict(zip(TENSORS, (t.abs().max().item() for t in exact))),
@@ -642,8 +663,8 @@ def measure_errors(variants: dict[str, modes.DenseFn], batch: int, in_f: int, ou
                 results.append({"variant": variant, "dtype": name, "error": f"{type(e).__name__}: {text}"})
                 continue
             entry: dict = {"variant": variant, "dtype": name, "errors": {}, "of_bound": {}, "ratio_to_linear": {}}
-            for label, a, lin, t, e in zip(TENSORS, got, linear, exact, bound):
-                verdict = judge(a, lin, t, dtype, e)
+            for label, a, lin, t, e, m in zip(TENSORS, got, linear, exact, bound, sizes):
+                verdict = judge(a, lin, t, dtype, e, m)
                 entry["errors"][label] = verdict.error
                 entry["of_bound"][label] = verdict.of_bound
                 entry["ratio_to_linear"][label] = verdict.ratio
@@ -711,7 +732,7 @@ def error_table(record: dict) -> str:
     notes = [f"Each cell: the largest error of a tensor's elements against the float64 truth, over the "
              f"largest |truth|; gradients: the worst of x, weight and bias. × nn.Linear's error: the largest "
              f"ratio over the four tensors; the rule allows {record['rule']['factor']:g}× plus "
-             f"{record['rule']['floor_unit_roundoffs']:g}u of the largest |truth|."]
+             f"{record['rule']['floor_unit_roundoffs']:g}u of the largest size (`grad_check.magnitudes`)."]
     notes += [f"Not measured: {m} ({why})." for m, why in record.get("not_measured", {}).items()]
     notes += [f"{f}." for f in failures]
     footer = benchmark.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}", f"seed {record['seed']}")

@@ -47,9 +47,10 @@ def judged(fn, values, grad_out, dtype, layout="contiguous") -> list[gc.Judged]:
     got = run(fn, values, grad_out, layout)
     linear = run(gc.reference, values, grad_out)
     exact = gc.truth(values, grad_out)
-    bound = gc.error_bound(*[None if t is None else t.cpu() for t in values], grad_out.cpu(), dtype)
+    cpu = [None if t is None else t.cpu() for t in values]
+    bound, sizes = gc.error_bound(*cpu, grad_out.cpu(), dtype), gc.magnitudes(*cpu, grad_out.cpu())
     assert all(a.dtype == dtype for a in got)
-    return [gc.judge(a, lin, t, dtype, e) for a, lin, t, e in zip(got, linear, exact, bound)]
+    return [gc.judge(a, lin, t, dtype, e, m) for a, lin, t, e, m in zip(got, linear, exact, bound, sizes)]
 
 
 def fuzz_cases(n: int, seed: int) -> list[tuple]:
@@ -187,8 +188,9 @@ def test_autocast_gives_linears_type_and_float32_gradients(mode, device, dtype, 
     assert [t.dtype for t in got[1:]] == [t.dtype for t in linear[1:]] == [torch.float32] * 3
     exact = gc.truth([x, w, b], g)
     bound = gc.error_bound(x.cpu(), w.cpu(), b.cpu(), g.cpu(), dtype, rounded=True)
-    for name, a, lin, t, e in zip(gc.TENSORS, got, linear, exact, bound):
-        verdict = gc.judge(a, lin, t, dtype, e)
+    sizes = gc.magnitudes(x.cpu(), w.cpu(), b.cpu(), g.cpu())
+    for name, a, lin, t, e, m in zip(gc.TENSORS, got, linear, exact, bound, sizes):
+        verdict = gc.judge(a, lin, t, dtype, e, m)
         assert verdict.passed, f"{name}: {verdict.detail()}"
 
 

@@ -69,10 +69,12 @@ def test_matches_linear_plus_sigmoid_in_16_bits(mode, device, shape_x, out_f, dt
     y, grads = forward_backward(modes.dense(mode), ts, grad_out)
     y_ref, grads_ref = forward_backward(reference, ts, grad_out)
     exact, grads_exact = forward_backward(reference, [t.double() for t in ts], grad_out.double())
-    bounds = grad_check.error_bound(*[t.detach().cpu() for t in ts], grad_out.cpu(), dtype)
+    cpu = [t.detach().cpu() for t in ts]
+    bounds, sizes = grad_check.error_bound(*cpu, grad_out.cpu(), dtype), grad_check.magnitudes(*cpu, grad_out.cpu())
     assert y.dtype == dtype and [g.dtype for g in grads] == [dtype] * 3
-    for name, a, e, t, b in zip(grad_check.TENSORS, [y, *grads], [y_ref, *grads_ref], [exact, *grads_exact], bounds):
-        verdict = grad_check.judge(a, e, t, dtype, b)
+    for name, a, e, t, b, m in zip(grad_check.TENSORS, [y, *grads], [y_ref, *grads_ref], [exact, *grads_exact],
+                                   bounds, sizes):
+        verdict = grad_check.judge(a, e, t, dtype, b, m)
         assert verdict.passed, f"{name}: {verdict.detail()}"
 
 

@@ -173,7 +173,7 @@ def test_grad_check_all_in_bfloat16_judges_every_mode_that_takes_it(capsys):
         elif reason is None:
             for name in ("output", "grad x", "grad weight", "grad bias"):
                 assert re.search(rf"^PASS  {mode:<6}  {name} bfloat16 vs float64 truth +max \|err\| \S+, "
-                                 rf"nn.Linear's \S+, ratio \d+\.\d\d \(allowed \S+: 4× \+ 2u·max\|truth\|\); "
+                                 rf"nn.Linear's \S+, ratio \d+\.\d\d \(allowed \S+: 4× \+ 2u·size\); "
                                  rf"\d\.\d\d of the bound$", out, re.M), (mode, name, out)
     assert "gradcheck" not in out  # no finite differences in 16 bits
     assert "all checks passed" in out and "bfloat16, cpu)" in out
