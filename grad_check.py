@@ -450,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None and not args.error_table:
         parser.error("--json goes with --error-table")
     dtype = getattr(torch, args.dtype)
+    if args.fast_gradcheck and dtype in LOW_PRECISION:
+        parser.error(f"--fast-gradcheck: there is no gradcheck in {args.dtype} (the checks compare with the float64 "
+                     "truth); drop it, or check in float32 or float64")
     if args.error_table:
         if args.emulate or args.kernel is not None or args.fast_gradcheck or args.dtype != "float32":
             parser.error("--error-table measures float32, bfloat16 and float16 itself: drop --dtype, --emulate, "

@@ -394,6 +394,7 @@ def test_a_stage_that_fails_to_build_is_a_line_with_the_compilers_message(argv, 
     (["grad_check.py", "ptx", "--dtype", "float16"], "mode 'ptx' does not take float16: it takes float32 and float64"),
     (["benchmark.py", "-m", "ptx", "--dtype", "bfloat16"], "mode 'ptx' does not take bfloat16: it takes float32 and"),
     (["grad_check.py", "py", "--dtype", "int8"], "invalid choice: 'int8'"),
+    (["grad_check.py", "py", "--dtype", "float16", "--fast-gradcheck"], "there is no gradcheck in float16"),
     (["benchmark.py", "--dtype", "int8"], "invalid choice: 'int8'"),
 ])
 def test_a_type_or_table_flag_given_wrongly_is_one_line(argv, message):
