@@ -1,7 +1,9 @@
 """Nsight Compute's memory counters without a GPU: the CUDA chapter's kernels run in the CPU
-emulation with every load and store observed, and their warp requests counted as ncu counts them:
-global load/store requests and 32-byte sectors, shared-memory requests, wavefronts and bank
-conflicts (cuda/emulate/counters.cpp says how, and what the model leaves out).
+emulation with every load, store and cp.async observed, and their warp requests counted as ncu
+counts them on sm_80 and newer: global load/store requests and 32-byte sectors, cp.async copies
+(LDGSTS) as a kind of their own, shared-memory requests and wavefronts, and the excessive
+wavefronts (those beyond one per phase: what bank conflicts cost). cuda/emulate/counters.cpp says
+how, and what the model leaves out.
 
 The kernels' source is unchanged: a separate build of the emulation (GCC's -fsanitize=kernel-address
 instrumentation, its callbacks defined by the counters) observes them. The plain emulation
@@ -9,15 +11,18 @@ instrumentation, its callbacks defined by the counters) observes them. The plain
 
 Blocks of a GEMM are independent and its interior blocks alike: by default only the first, second
 and last block along each grid dimension run, the second standing for every interior one, and the
-counts are scaled to the whole grid (the table says how many blocks ran). --full runs every block.
+counts are scaled to the whole grid (the table says how many blocks ran); the backward's
+elementwise kernel is sampled along its columns only (SAMPLE_ELEMENTWISE). --full runs every block.
 
 Examples:
   python cuda/counters.py                                  # chapter 4's ncu table, 2048³, float32
+  python cuda/counters.py --shape 4096 4096 4096           # the same kernels at the timed shape
   python cuda/counters.py --shape 256 256 256 --kernels 5:nt 7:nt 10:nt
   python cuda/counters.py --shape 32 4096 4096 --kernels 9:nt 12:nt tune4:nt --sm-count 132
   python cuda/counters.py --shape 65 129 33 --kernels 3:tn --dtype float64 --full
   python cuda/counters.py --shape 4096 64 1 --kernels grad:1 grad:2 grad:3   # the backward's kernel
-  python cuda/counters.py --planted                        # the four patterns with known counts
+  python cuda/counters.py --shape 256 256 64 --kernels 8:nn 8:tn   # cp.async copies (LDGSTS)
+  python cuda/counters.py --planted                        # the six patterns with known counts
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,27 +47,37 @@ if str(ROOT) not in sys.path:  # cli.py, benchmark.py, from any working director
 
 import cli  # noqa: E402
 
-# The ncu metric each count stands for (cuda/emulate/counters.cpp's Metric, in that order).
+# What each count is (cuda/emulate/counters.cpp's Metric, in that order): ncu's metric of the same
+# quantity, or, where ncu has no such metric, the model's own name (no "__" in it).
 METRICS = (
     "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
     "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
     "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum",  # cp.async (LDGSTS): its global side
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum",
     "smsp__inst_executed_op_shared_ld.sum",
     "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
-    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+    "excessive_wavefronts_mem_shared_op_ld",  # wavefronts beyond one per phase
     "smsp__inst_executed_op_shared_st.sum",
     "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
-    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
+    "excessive_wavefronts_mem_shared_op_st",
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum",  # cp.async: its shared side
+    "excessive_wavefronts_mem_shared_op_ldgsts",
     "blocks_run",
     "blocks_stood_for",
 )
+# ncu's hardware counter of bank conflicts, which the tables set beside the excessive wavefronts
+# as a second comparison: it is not the same quantity (it also counts what is not a conflict
+# between the addresses of one request; KNOWN_DIFFERENCES below).
+BANK_CONFLICT_COUNTERS = {kind: f"l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{kind}.sum"
+                          for kind in ("ld", "st")}
 # The kernels of chapter 4's ncu table (docs/results/ncu_gemm_h200.json): every version's
 # forward, and v1's and v2's GEMM of the gradient of x.
 NCU_RECORD = ROOT / "docs" / "results" / "ncu_gemm_h200.json"
 LAYOUTS = ("nt", "nn", "tn")
 DTYPES = {"float32": 4, "float64": 8}
-PLANTED = ("coalesced", "column-major", "stride-32", "broadcast")
+PLANTED = ("coalesced", "column-major", "stride-32", "broadcast", "cp.async", "cp.async-one-bank")
 FLAGS = ["-std=c++17", "-O3", "-fno-tree-vectorize", "-pthread", "-fPIC", "-fvisibility=hidden", f"-I{HERE}",
          "-DCUDA_EMU_COUNT"]
 # GCC's names for the callbacks (clang's kernel-address instrumentation is set up differently).
@@ -70,6 +86,9 @@ INSTRUMENT = ["-fsanitize=kernel-address", "--param", "asan-instrumentation-with
 KPLAIN, KBIAS_SIGMOID = 0, 1
 
 _lib: ctypes.CDLL | None = None
+# The counters keep one set of counts in the library: a count (reset, launches, read) is taken by
+# one thread at a time. Each thread's own emulated shared memory is found by the library itself.
+_counting = threading.Lock()
 
 
 def compiler() -> str:
@@ -90,8 +109,8 @@ def unavailable_reason() -> str | None:
 
 
 def _sources() -> list[Path]:
-    return sorted([*HERE.glob("*.h"), *(HERE / "kernels").glob("*.cuh"), *(HERE / "units").glob("*.cu"),
-                   *(HERE / "emulate").glob("*.h"), *(HERE / "emulate").glob("*.cpp")])
+    return sorted([*HERE.glob("*.h"), *(HERE / "kernels").glob("*.cuh"), *(HERE / "tensor_cores").glob("*.cuh"),
+                   *(HERE / "units").glob("*.cu"), *(HERE / "emulate").glob("*.h"), *(HERE / "emulate").glob("*.cpp")])
 
 
 def library_path() -> Path:
@@ -116,7 +135,7 @@ def build() -> Path:
     if reason:
         raise RuntimeError(f"the counting build {reason}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    print(f"building the instrumented emulation in {out.parent.relative_to(ROOT)} (about 10 s)...",
+    print(f"building the instrumented emulation in {out.parent.relative_to(ROOT)} (about a minute on 2 cores)...",
           file=sys.stderr, flush=True)
     tmp = out.parent / f"tmp{os.getpid()}"
     tmp.mkdir(exist_ok=True)
@@ -166,16 +185,33 @@ class Counts:
     grid_blocks: int
 
     def get(self, short: str) -> float:
-        return self.metrics[next(m for m in METRICS if short in m)]
+        """The count whose name holds `short` as a whole part ("requests_pipe_lsu_mem_global_op_ld"
+        is the loads', not the LDGSTS')."""
+        return self.metrics[metric(short)]
 
     def per_request(self, kind: str) -> float | None:
-        """Sectors per global request, kind 'ld' or 'st'."""
+        """Sectors per global request, kind 'ld', 'st' or 'ldgsts'."""
         req = self.metrics[f"l1tex__t_requests_pipe_lsu_mem_global_op_{kind}.sum"]
         return self.metrics[f"l1tex__t_sectors_pipe_lsu_mem_global_op_{kind}.sum"] / req if req else None
 
 
-def _begin(lib: ctypes.CDLL, sample: bool, *buffers) -> None:
-    if lib.cnt_reset(int(sample)) != 0:
+def metric(short: str) -> str:
+    """The one name of METRICS that holds `short`, followed by its end or by ".sum"."""
+    found = [m for m in METRICS if re.search(re.escape(short) + r"(\.sum)?$", m)]
+    if len(found) != 1:
+        raise KeyError(f"{short!r} names {len(found)} of the counts, not one")
+    return found[0]
+
+
+# The grid dimensions (bit 0: x, 1: y, 2: z) whose interior blocks do the same work, and so may be
+# sampled: a GEMM's tiles along x and y and its slices of K along z (equal but for the last); the
+# backward's elementwise kernel only along its columns (x): its blocks along y take the rows in
+# bands of 32 by turns, so that some of them may take one band more than others.
+SAMPLE_GEMM, SAMPLE_ELEMENTWISE = 0b111, 0b001
+
+
+def _begin(lib: ctypes.CDLL, sampled_dims: int, *buffers) -> None:
+    if lib.cnt_reset(sampled_dims) != 0:
         raise RuntimeError("the counters could not find the shared-memory range of their own library")
     for t in buffers:
         if t is not None and t.numel():
@@ -225,14 +261,15 @@ def count_gemm(version: int, layout: str, m: int, n: int, k: int, element_bytes:
     code = DTYPE_CODES[element_bytes]
     size = lib.emu_gemm_workspace(version, code, m, n, k, sm_count)
     work = torch.empty(max(size, 0), dtype=dtype)
-    _begin(lib, sample, a, b, c, bias, work)
-    rc = lib.emu_gemm(version, layout.encode(), code, a.data_ptr(), b.data_ptr(), c.data_ptr(),
-                      None if bias is None else bias.data_ptr(), m, n, k, KBIAS_SIGMOID if forward else KPLAIN,
-                      sm_count, work.data_ptr() if size > 0 else None)
-    if rc != 0:
-        raise RuntimeError(f"the emulated GEMM v{version} {layout} returned {rc}")
     reduce = f"dense_splitk_reduce_{'f32' if element_bytes == 4 else 'f64'}"
-    return _read(lib, [kernel_name(version, layout, element_bytes), reduce])
+    with _counting:
+        _begin(lib, SAMPLE_GEMM if sample else 0, a, b, c, bias, work)
+        rc = lib.emu_gemm(version, layout.encode(), code, a.data_ptr(), b.data_ptr(), c.data_ptr(),
+                          None if bias is None else bias.data_ptr(), m, n, k, KBIAS_SIGMOID if forward else KPLAIN,
+                          sm_count, work.data_ptr() if size > 0 else None)
+        if rc != 0:
+            raise RuntimeError(f"the emulated GEMM v{version} {layout} returned {rc}")
+        return _read(lib, [kernel_name(version, layout, element_bytes), reduce])
 
 
 def count_sigmoid_grad(version: int, rows: int, cols: int, element_bytes: int = 4, sm_count: int = 132,
@@ -247,13 +284,15 @@ def count_sigmoid_grad(version: int, rows: int, cols: int, element_bytes: int = 
     dz, db = torch.empty(rows, cols, dtype=dtype), torch.empty(cols, dtype=dtype)
     size = lib.emu_sigmoid_grad_workspace(version, rows, cols, sm_count)
     work = torch.empty(max(size, 0), dtype=dtype)
-    _begin(lib, sample, grad, y, dz, db, work)
-    rc = lib.emu_sigmoid_grad(version, DTYPE_CODES[element_bytes], 0, grad.data_ptr(), y.data_ptr(), dz.data_ptr(),
-                              db.data_ptr(), rows, cols, sm_count, work.data_ptr() if size > 0 else None)
-    if rc != 0:
-        raise RuntimeError(f"the emulated sigmoid-grad v{version} returned {rc}")
     suffix = "f32" if element_bytes == 4 else "f64"
-    return _read(lib, [f"dense_sigmoid_grad_v{version}_{suffix}", f"dense_bias_grad_v3_{suffix}"])
+    with _counting:
+        _begin(lib, SAMPLE_ELEMENTWISE if sample else 0, grad, y, dz, db, work)
+        rc = lib.emu_sigmoid_grad(version, DTYPE_CODES[element_bytes], 0, grad.data_ptr(), y.data_ptr(),
+                                  dz.data_ptr(), db.data_ptr(), rows, cols, sm_count,
+                                  work.data_ptr() if size > 0 else None)
+        if rc != 0:
+            raise RuntimeError(f"the emulated sigmoid-grad v{version} returned {rc}")
+        return _read(lib, [f"dense_sigmoid_grad_v{version}_{suffix}", f"dense_bias_grad_v3_{suffix}"])
 
 
 def count_planted(which: str) -> Counts:
@@ -262,9 +301,10 @@ def count_planted(which: str) -> Counts:
 
     lib = library()
     src, dst = torch.randn(32 * 32), torch.empty(32)
-    _begin(lib, False, src, dst)
-    lib.cnt_planted(PLANTED.index(which), src.data_ptr(), dst.data_ptr())
-    return _read(lib, [which])[0]
+    with _counting:
+        _begin(lib, 0, src, dst)
+        lib.cnt_planted(PLANTED.index(which), src.data_ptr(), dst.data_ptr())
+        return _read(lib, [which])[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,9 +327,13 @@ def _num(x: float | None) -> str:
     return f"{x:.2g}" if abs(x) >= 1e4 else f"{x:.4g}" if x != int(x) else f"{int(x)}"
 
 
+NOT_MEASURED = "not measured yet"  # ncu's record holds the kernel, but not this metric
+
+
 def rows(record: dict) -> list[dict]:
     """The table's rows: each kernel's counts, beside ncu's from the record `compare` names (read
-    now, not copied into the counts' record) where it holds the same kernel at the same shape."""
+    now, not copied into the counts' record) where it holds the same kernel at the same shape.
+    An ncu number is None where that record lacks the kernel or the metric; `in_ncu` says which."""
     ncu = {}
     if record.get("compare") and record["dtype"] == "float32":
         ncu = ncu_metrics(json.loads((ROOT / record["compare"]).read_text()), tuple(record["shape"]))
@@ -299,39 +343,56 @@ def rows(record: dict) -> list[dict]:
         theirs = ncu.get(r.kernel, {})
         t_req = theirs.get("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum")
         t_sect = theirs.get("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum")
-        out.append({
+        row = {
             "kernel": r.kernel,
             "blocks": f"{int(r.metrics['blocks_run'])} of {r.grid_blocks}",
-            "ld_requests": r.metrics[METRICS[0]],
+            "ld_requests": r.get("requests_pipe_lsu_mem_global_op_ld"),
             "ld_sectors_per_request": r.per_request("ld"),
             "st_sectors_per_request": r.per_request("st"),
-            "shared_ld_requests": r.metrics[METRICS[4]],
-            "shared_ld_conflicts": r.metrics[METRICS[6]],
-            "shared_st_requests": r.metrics[METRICS[7]],
-            "shared_st_conflicts": r.metrics[METRICS[9]],
+            "ldgsts_requests": r.get("requests_pipe_lsu_mem_global_op_ldgsts"),
+            "ldgsts_sectors_per_request": r.per_request("ldgsts"),
+            "ldgsts_wavefronts": r.get("data_pipe_lsu_wavefronts_mem_shared_op_ldgsts"),
+            "ldgsts_excessive": r.get("excessive_wavefronts_mem_shared_op_ldgsts"),
+            "in_ncu": r.kernel in ncu,
             "ncu_ld_sectors_per_request": t_sect / t_req if t_req else None,
-            "ncu_shared_ld_conflicts": theirs.get(METRICS[6]),
-            "ncu_shared_st_conflicts": theirs.get(METRICS[9]),
-        })
+        }
+        for kind in ("ld", "st"):
+            row[f"shared_{kind}_requests"] = r.get(f"inst_executed_op_shared_{kind}")
+            row[f"shared_{kind}_wavefronts"] = r.get(f"data_pipe_lsu_wavefronts_mem_shared_op_{kind}")
+            row[f"shared_{kind}_excessive"] = r.get(f"excessive_wavefronts_mem_shared_op_{kind}")
+            row[f"ncu_shared_{kind}_wavefronts"] = theirs.get(metric(f"data_pipe_lsu_wavefronts_mem_shared_op_{kind}"))
+            row[f"ncu_shared_{kind}_conflicts"] = theirs.get(BANK_CONFLICT_COUNTERS[kind])
+        out.append(row)
     return out
+
+
+def _pair(row: dict, key: str) -> str:
+    """"loads, stores" of one quantity; for ncu's, what its record lacks said as such."""
+    ld, st = row[key.format("ld")], row[key.format("st")]
+    if key.startswith("ncu_") and ld is None and st is None:
+        return NOT_MEASURED if row["in_ncu"] else "–"
+    return f"{_num(ld)}, {_num(st)}"
 
 
 def table(record: dict) -> str:
     table_rows = rows(record)
-    with_ncu = any(r["ncu_ld_sectors_per_request"] is not None for r in table_rows)
+    with_ncu = any(r["in_ncu"] for r in table_rows)
     head = ["kernel", "blocks run", "global load requests", "sectors / request (loads)", "(stores)",
-            "shared loads", "bank conflicts (loads)", "shared stores", "bank conflicts (stores)"]
+            "LDGSTS requests", "sectors / request (LDGSTS)", "shared loads, stores",
+            "shared wavefronts (loads, stores)", "excessive wavefronts (loads, stores)",
+            "LDGSTS shared wavefronts (excessive)"]
     if with_ncu:
-        head += ["ncu: sectors / request", "ncu: conflicts (loads, stores)"]
+        head += ["ncu: sectors / request", "ncu: shared wavefronts (loads, stores)",
+                 "ncu: bank-conflict counter (loads, stores)"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for r in table_rows:
         cells = [r["kernel"], r["blocks"], _num(r["ld_requests"]), _num(r["ld_sectors_per_request"]),
-                 _num(r["st_sectors_per_request"]), _num(r["shared_ld_requests"]), _num(r["shared_ld_conflicts"]),
-                 _num(r["shared_st_requests"]), _num(r["shared_st_conflicts"])]
+                 _num(r["st_sectors_per_request"]), _num(r["ldgsts_requests"]), _num(r["ldgsts_sectors_per_request"]),
+                 _pair(r, "shared_{}_requests"), _pair(r, "shared_{}_wavefronts"), _pair(r, "shared_{}_excessive"),
+                 f"{_num(r['ldgsts_wavefronts'])} ({_num(r['ldgsts_excessive'])})"]
         if with_ncu:
-            cells += [_num(r["ncu_ld_sectors_per_request"]),
-                      f"{_num(r['ncu_shared_ld_conflicts'])}, {_num(r['ncu_shared_st_conflicts'])}"
-                      if r["ncu_shared_ld_conflicts"] is not None else "–"]
+            cells += [_num(r["ncu_ld_sectors_per_request"]), _pair(r, "ncu_shared_{}_wavefronts"),
+                      _pair(r, "ncu_shared_{}_conflicts")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -344,34 +405,41 @@ def conditions(record: dict) -> str:
             f"`{record['command']}`")
 
 
-# Rows where the model and ncu disagree, and why (cuda/README.md tells the reader). The test
-# (tests/test_counters.py) checks that these rows still differ and that every other row agrees.
+# Where the excessive wavefronts and ncu's hardware bank-conflict counter disagree, and why
+# (cuda/README.md tells the reader). The test (tests/test_counters.py) checks that these rows
+# still differ and that every other row agrees. The counter is not the quantity the model counts:
+# on v3's stores, 32 consecutive words a warp, no two lanes share a bank, yet the counter counts.
 KNOWN_DIFFERENCES = {
-    ("dense_gemm_v3_nt_f32", "st"): "store conflicts: ncu counts some, the addresses have none",
-    ("dense_gemm_v4_nt_f32", "st"): "store conflicts: ncu counts some, the addresses have none",
-    ("dense_gemm_v5_nt_f32", "st"): "store conflicts: ncu counts some, the addresses have none",
+    ("dense_gemm_v3_nt_f32", "st"): "bank-conflict counter on stores: ncu counts some, the addresses make none",
+    ("dense_gemm_v4_nt_f32", "st"): "bank-conflict counter on stores: ncu counts some, the addresses make none",
+    ("dense_gemm_v5_nt_f32", "st"): "bank-conflict counter on stores: ncu counts some, the addresses make none",
 }
-ZERO = 0.01  # conflicts under 1% of requests count as none
+ZERO = 0.01  # excessive wavefronts (or conflicts) under 1% of the requests count as none
+CLOSE = 0.10  # sectors per request and wavefronts agree within 10%
+
+
+def _close(mine: float | None, theirs: float | None) -> bool | None:
+    if mine is None or theirs is None:
+        return None
+    return abs(mine - theirs) <= CLOSE * abs(theirs)
 
 
 def agreement(row: dict) -> dict[str, bool | None]:
     """Whether the emulated counts agree with ncu's on one row (None: ncu has no number):
-    sectors per global load request within 10%; bank conflicts (loads, stores) both under 1% of the
-    requests, or both above it and within a factor of 2."""
-    out: dict[str, bool | None] = {}
-    mine, theirs = row["ld_sectors_per_request"], row["ncu_ld_sectors_per_request"]
-    out["sectors"] = None if theirs is None or mine is None else abs(mine - theirs) <= 0.10 * theirs
+    "sectors", sectors per global load request within 10%; "ld_wavefronts", "st_wavefronts", the
+    shared wavefronts within 10%; "ld_counter", "st_counter", the excessive wavefronts against ncu's
+    bank-conflict counter: both under 1% of the requests, or both above it and within a factor of 2."""
+    out: dict[str, bool | None] = {"sectors": _close(row["ld_sectors_per_request"], row["ncu_ld_sectors_per_request"])}
     for kind in ("ld", "st"):
-        ours, ncu, requests = row[f"shared_{kind}_conflicts"], row[f"ncu_shared_{kind}_conflicts"], row[
-            f"shared_{kind}_requests"]
+        out[f"{kind}_wavefronts"] = _close(row[f"shared_{kind}_wavefronts"], row[f"ncu_shared_{kind}_wavefronts"])
+        ours, ncu = row[f"shared_{kind}_excessive"], row[f"ncu_shared_{kind}_conflicts"]
+        base = max(row[f"shared_{kind}_requests"], 1.0)
         if ncu is None:
-            out[kind] = None
-            continue
-        base = max(requests, 1.0)
-        if ours < ZERO * base or ncu < ZERO * base:
-            out[kind] = ours < ZERO * base and ncu < ZERO * base
+            out[f"{kind}_counter"] = None
+        elif ours < ZERO * base or ncu < ZERO * base:
+            out[f"{kind}_counter"] = ours < ZERO * base and ncu < ZERO * base
         else:
-            out[kind] = ncu / 2 <= ours <= 2 * ncu
+            out[f"{kind}_counter"] = ncu / 2 <= ours <= 2 * ncu
     return out
 
 
@@ -380,28 +448,39 @@ def render(record: dict) -> str:
     return table(record) + "\n\n" + conditions(record)
 
 
+def _verdict(row: dict) -> str:
+    if not row["in_ncu"]:
+        return "–"
+    v = agreement(row)
+
+    def say(*keys: str) -> str:
+        if all(v[k] is None for k in keys):
+            return NOT_MEASURED
+        return ", ".join("–" if v[k] is None else "yes" if v[k] else "no" for k in keys)
+
+    return (f"sectors {say('sectors')}; wavefronts {say('ld_wavefronts', 'st_wavefronts')}; "
+            f"counter {say('ld_counter', 'st_counter')}")
+
+
 def chapter_table(record: dict) -> str:
-    """The chapter's shorter table (docs/render.py's "counters" marker): what ncu's table shows,
-    counted, beside ncu's number, and whether the two agree (see agreement)."""
-    lines = ["| kernel | sectors / request (loads): counted, ncu | bank conflicts (loads, stores): counted | ncu | "
-             "agree |", "|---|---:|---:|---:|---|"]
+    """The chapter's shorter table (docs/render.py's "counters" marker): sectors per load request
+    and shared wavefronts, counted beside ncu's; the excessive wavefronts beside ncu's hardware
+    bank-conflict counter, a different quantity (KNOWN_DIFFERENCES); and whether they agree."""
+    lines = ["| kernel | sectors / request (loads): counted, ncu | shared wavefronts (loads, stores): counted | "
+             "ncu | excessive wavefronts (loads, stores) | ncu's bank-conflict counter | agree (sectors; "
+             "wavefronts; counter) |", "|---|---:|---:|---:|---:|---:|---|"]
     for r in rows(record):
-        ncu = r["ncu_ld_sectors_per_request"]
-        verdict = agreement(r)
-        agree = "–" if ncu is None else ", ".join(
-            f"{name} {'yes' if verdict[key] else 'no'}" for key, name in (("sectors", "sectors"), ("ld", "loads"),
-                                                                          ("st", "stores")))
-        theirs = "–" if r["ncu_shared_ld_conflicts"] is None else \
-            f"{_num(r['ncu_shared_ld_conflicts'])}, {_num(r['ncu_shared_st_conflicts'])}"
-        lines.append(f"| {r['kernel']} | {_num(r['ld_sectors_per_request'])}, {_num(ncu)} | "
-                     f"{_num(r['shared_ld_conflicts'])}, {_num(r['shared_st_conflicts'])} | {theirs} | {agree} |")
+        cells = [r["kernel"], f"{_num(r['ld_sectors_per_request'])}, {_num(r['ncu_ld_sectors_per_request'])}",
+                 _pair(r, "shared_{}_wavefronts"), _pair(r, "ncu_shared_{}_wavefronts"),
+                 _pair(r, "shared_{}_excessive"), _pair(r, "ncu_shared_{}_conflicts"), _verdict(r)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + conditions(record)
 
 
 GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions
 
 
-def parse_kernel(text: str, versions: range) -> tuple[int, str]:
+def parse_kernel(text: str, versions: list[int] | range) -> tuple[int, str]:
     """"8:nt" -> (8, "nt"): a GEMM version and layout; "tune4:nt" -> (104, "nt"): autotuning
     candidate 4 (float32 only); "grad:3" -> (3, "grad"): the backward's elementwise kernel (M×N is
     then its rows × columns; K is unused)."""
@@ -421,12 +500,34 @@ def parse_kernel(text: str, versions: range) -> tuple[int, str]:
         return v, "grad"
     v = int(match.group(1))
     if v not in versions:
-        raise ValueError(f"no version {v}: the versions are {versions[0]} to {versions[-1]} (cuda/dense_kernels.h)")
+        raise ValueError(f"no version {v} for this type: the versions are {', '.join(map(str, versions))} "
+                         "(cuda/dense_kernels.h)")
     return v, match.group(2)
 
 
-def default_kernels(versions: range) -> list[tuple[int, str]]:
-    return [(v, "nt") for v in versions] + [(1, "nn"), (2, "nn")]
+def default_kernels(versions: list[int] | range) -> list[tuple[int, str]]:
+    """Every version's forward (chapter 4's progression), v1's and v2's GEMM of the gradient of x
+    (ncu's record has them), and the backward's elementwise kernel in each of its versions (at M×N,
+    the forward's output)."""
+    return [(v, "nt") for v in versions] + [(1, "nn"), (2, "nn")] + [(v, "grad") for v in GRAD_VERSIONS]
+
+
+def memory_bytes(kernels: list[tuple[int, str]], m: int, n: int, k: int, element_bytes: int, sm_count: int,
+                 lib: ctypes.CDLL | None = None) -> int:
+    """The most memory one of `kernels` holds while it is counted (they run one at a time): its
+    operands, output and bias, and the workspace its launch asks for (split-K's partial products,
+    as many as it has slices; the backward's partial column sums). Without `lib` the workspaces
+    are left out: a lower bound, known before the build."""
+    most = 0
+    for v, layout in kernels:
+        if layout == "grad":  # grad and y in, dz and db out (count_sigmoid_grad)
+            elements = 3 * m * n + n
+            work = lib.emu_sigmoid_grad_workspace(v, m, n, sm_count) if lib else 0
+        else:
+            elements = m * k + n * k + m * n + (n if layout == "nt" else 0)
+            work = lib.emu_gemm_workspace(v, DTYPE_CODES[element_bytes], m, n, k, sm_count) if lib else 0
+        most = max(most, element_bytes * (elements + max(work, 0)))  # workspaces: of the accumulator, here T
+    return most
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -437,19 +538,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", type=size, nargs=3, metavar=("M", "N", "K"), default=[2048, 2048, 2048],
                         help="C is M×N, the reduction K (default 2048 2048 2048, ncu's record)")
     parser.add_argument("--kernels", nargs="+", metavar="V:LAYOUT",
-                        help="e.g. 5:nt 7:nt 2:nn (default: every version's nt, and 1:nn 2:nn)")
+                        help="e.g. 5:nt 7:nt 2:nn grad:3 (default: every version's nt, 1:nn 2:nn, and grad:1 "
+                             "grad:2 grad:3)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--sm-count", type=size, default=132, help="the SMs of the device assumed (v9's split)")
+    parser.add_argument("--sm-count", type=size, default=132,
+                        help="the SMs of the device assumed (v9's and v12's slices of K, the backward's v3)")
     parser.add_argument("--full", action="store_true", help="run every block instead of a sample")
-    parser.add_argument("--planted", action="store_true", help="count the four planted patterns instead")
+    parser.add_argument("--planted", action="store_true", help="count the six planted patterns instead")
     parser.add_argument("--compare", metavar="PATH", default=str(NCU_RECORD.relative_to(ROOT)),
                         help="an ncu record to set beside (default: %(default)s; 'none' for none)")
     parser.add_argument("--json", metavar="PATH", help="also write the counts as a record")
     args = parser.parse_args(argv)
 
-    versions = emulated.versions()[1:]
+    import torch
+
+    versions = emulated.versions(getattr(torch, args.dtype))[1:]  # those built for the type
     try:
-        kernels = [parse_kernel(t, versions) for t in args.kernels] if args.kernels else default_kernels(versions)
+        kernels = [parse_kernel(t, versions) for t in args.kernels] if args.kernels else default_kernels(
+            emulated.catalog.cuda_core_versions())
     except ValueError as e:
         raise cli.UserError(str(e)) from None
     if args.dtype != "float32" and any(v >= TUNE_BASE for v, _ in kernels):
@@ -461,25 +567,34 @@ def main(argv: list[str] | None = None) -> int:
         compare = os.path.relpath(Path(args.compare).resolve(), ROOT)
     m, n, k = args.shape
     eb = DTYPES[args.dtype]
-    # A, B, C, bias and the largest split-K workspace (at most C once per SM).
-    cli.check_memory(eb * (m * k + n * k + m * n * (1 + args.sm_count) + n), what=f"M={m} N={n} K={k}")
+    what = f"M={m} N={n} K={k}"
+    if not args.planted:  # (without the workspaces first: too large a shape is refused before the build)
+        cli.check_memory(memory_bytes(kernels, m, n, k, eb, args.sm_count), what=what)
     if not built() and unavailable_reason():
         raise cli.UserError(f"cannot count: the instrumented build {unavailable_reason()}")
     try:
-        library()
+        lib = library()
     except RuntimeError as e:
         raise cli.UserError(str(e).splitlines()[0]) from None
 
     if args.planted:
-        print("| pattern | sectors / request (loads) | shared requests (ld+st) | bank conflicts per request |")
-        print("|---|---:|---:|---:|")
+        print("| pattern | requests (loads, stores, LDGSTS) | sectors / request (loads, LDGSTS) | "
+              "shared requests (loads, stores) | shared wavefronts (loads, stores, LDGSTS) | excessive |")
+        print("|---|---:|---:|---:|---:|---:|")
         for which in PLANTED:
             c = count_planted(which)
-            sreq = c.get("inst_executed_op_shared_ld") + c.get("inst_executed_op_shared_st")
-            conf = c.get("bank_conflicts_pipe_lsu_mem_shared_op_ld") + c.get("bank_conflicts_pipe_lsu_mem_shared_op_st")
+
+            def each(fmt: str, kinds: tuple[str, ...] = ("ld", "st", "ldgsts"), c: Counts = c) -> str:
+                return ", ".join(_num(c.get(fmt.format(kind))) for kind in kinds)
+
             # (every pattern also stores one coalesced value per lane: its request has 4 sectors)
-            print(f"| {which} | {_num(c.per_request('ld'))} | {_num(sreq)} | {_num(conf / sreq if sreq else None)} |")
+            print(f"| {which} | {each('requests_pipe_lsu_mem_global_op_{}')} | "
+                  f"{_num(c.per_request('ld'))}, {_num(c.per_request('ldgsts'))} | "
+                  f"{each('inst_executed_op_shared_{}', ('ld', 'st'))} | "
+                  f"{each('data_pipe_lsu_wavefronts_mem_shared_op_{}')} | "
+                  f"{each('excessive_wavefronts_mem_shared_op_{}')} |")
         return 0
+    cli.check_memory(memory_bytes(kernels, m, n, k, eb, args.sm_count, lib), what=what)
 
     start = time.perf_counter()
     results: list[Counts] = []

@@ -1,5 +1,5 @@
 // The instrumented half of the memory counters (cuda/emulate/counters.cpp says how they work):
-// the chapter's kernels exactly as the plain emulation builds them, plus four planted patterns
+// the chapter's kernels exactly as the plain emulation builds them, plus six planted patterns
 // whose counts are known by hand, for the tests (tests/test_counters.py). cuda/counters.py
 // compiles this file with -DCUDA_EMU_COUNT -fsanitize=kernel-address.
 #include "emulate/emulate.cpp"
@@ -11,8 +11,15 @@ namespace {
 //   1  column-major:   lane i reads in[i * 32]               (32 sectors per request: a row apart)
 //   2  stride-32:      lane i writes and reads s[i * 32]     (one bank, 32 words: 31 conflicts)
 //   3  broadcast:      lane 0 writes s[0], every lane reads it (one word: no conflict)
+//   4  cp.async:       lane i copies in[4i .. 4i+3] to s[4i ..] (16 bytes, sm_80's LDGSTS): one
+//                      request of 512 neighbouring bytes, 16 sectors; its destinations, in four
+//                      phases of 8 lanes, each fill the 32 banks once: 4 wavefronts, none excessive
+//   5  cp.async, one bank: lane i copies in[4i .. 4i+3] to s[32i ..]: the same 16 sectors, but the
+//                      8 lanes of a phase all write banks 0-3: 8 wavefronts a phase, 32 in all, 28
+//                      excessive
+// Every pattern ends with each lane storing one float to out[i]: a 4-sector store request.
 void planted(int which, const float* in, float* out) {
-  __shared__ float s[32 * 32];
+  alignas(16) __shared__ float s[32 * 32];
   const unsigned i = threadIdx.x;
   float v = 0;
   if (which == 0) v = in[i];
@@ -21,6 +28,9 @@ void planted(int which, const float* in, float* out) {
   // (s[i / 32], which is s[0] in a warp: GCC leaves an access at an index it knows uninstrumented,
   // so it would not be counted; every index in the chapter's kernels depends on threadIdx too)
   if (which == 3 && i % 32 == 0) s[i / 32] = 1;
+  if (which == 4) cp_async16(&s[4 * i], &in[4 * i]);
+  if (which == 5) cp_async16(&s[32 * i], &in[4 * i]);
+  cp_async_wait_all();  // (the copies land here, uncounted: the emulator's side of the hardware)
   __syncthreads();
   if (which == 2) v = s[i * 32];
   if (which == 3) v = s[i / 32];

@@ -1,6 +1,6 @@
-// Nsight Compute's memory counters, counted on the CPU: what the emulated threads load and store,
-// grouped into warp requests, then the 32-byte sectors of each global request and the wavefronts
-// and bank conflicts of each shared one.
+// Nsight Compute's memory counters, counted on the CPU: what the emulated threads load, store and
+// copy, grouped into warp requests, then the 32-byte sectors of each global request and the
+// wavefronts of each shared one.
 //
 // Two translation units make one library (cuda/counters.py builds it):
 //   counted.cpp   the kernels and the emulator, compiled with GCC's -fsanitize=kernel-address and
@@ -14,23 +14,30 @@
 // in the chapter's kernels depends on threadIdx.
 //
 // The model, per block-wide interval (from one __syncthreads to the next):
-//   - each thread's accesses to shared memory (the emu_shared section) or to a buffer the caller
-//     registered (global memory) are listed in program order; anything else (the stack, the
-//     emulator's own data) is ignored;
+//   - each thread's accesses to shared memory (this library's thread-local block) or to a buffer
+//     the caller registered (global memory) are listed in program order; anything else (the
+//     stack, the emulator's own data) is ignored;
+//   - a cp.async (sm_80's LDGSTS: global to shared without registers) is one access of its own
+//     kind, listed where it is issued (the emulator tells emu::count::cp_async); the bytes the
+//     emulator moves when the copy completes are not instrumented;
 //   - nvcc turns scalar shared accesses that cover an aligned 16- (or 8-) byte chunk into one
 //     LDS.128 / STS.128 (it can prove the alignment of shared arrays, not of global pointers): a
 //     thread's same-kind scalar shared accesses that cover a chunk are merged into one access at
 //     the place of the first (cuda/static_report.py's census of LDS widths is the check);
 //   - a warp's request is the i-th access of each of its lanes (lanes run the same instructions
-//     where they do not diverge); lanes whose i-th access differs in space, direction or width
-//     make separate requests;
-//   - global: sectors = distinct 32-byte sectors the lanes touch;
+//     where they do not diverge); lanes whose i-th access differs in space, kind (load, store,
+//     copy) or width make separate requests;
+//   - global: sectors = distinct 32-byte sectors the lanes touch (a copy's source);
 //   - shared: 32 banks of 4 bytes. A request of 4-byte (or narrower) accesses is one phase of 32
 //     lanes, 8-byte accesses two phases of 16, 16-byte four phases of 8 (as the hardware splits
-//     them). A phase takes as many wavefronts as the most distinct 4-byte words any one bank must
-//     deliver (lanes reading the same word share it: a broadcast); conflicts = wavefronts − phases.
-// Blocks: with sampling on, only the first, second and last index along each grid dimension run,
-// the second standing for every interior one (its counts multiplied by n − 2).
+//     them; a copy's destination alike). A phase takes as many wavefronts as the most distinct
+//     4-byte words any one bank must deliver (lanes reading the same word share it: a broadcast).
+//     One wavefront per phase is the ideal; the rest are the excessive wavefronts, which is what
+//     bank conflicts cost. (ncu's hardware counter l1tex__data_bank_conflicts_* is another number:
+//     on v3's stores, 32 consecutive words a warp, it counts some where the addresses make none.)
+// Blocks: along each grid dimension the caller samples, only the first, second and last index run,
+// the second standing for every interior one (its counts multiplied by n − 2): right where the
+// interior blocks along it do the same work, which the caller knows of its kernel.
 #include <dlfcn.h>
 #include <link.h>
 
@@ -49,17 +56,19 @@
 namespace emu::count {
 namespace {
 
+enum Op : uint8_t { kLoad, kStore, kCopy };  // kCopy: a cp.async, from global `addr` to shared `dst`
 struct Access {
-  uintptr_t addr;
+  uintptr_t addr, dst;
   uint32_t size;
-  bool store, shared;
+  Op op;
+  bool shared;  // (a copy is listed as global: its request is an LDGSTS, its source global memory)
 };
 
 // Per launch, in the order of the metric names in cuda/counters.py (METRICS).
 enum Metric {
-  kGldRequests, kGldSectors, kGstRequests, kGstSectors,
-  kSldRequests, kSldWavefronts, kSldConflicts, kSstRequests, kSstWavefronts, kSstConflicts,
-  kBlocksRun, kBlocksStoodFor, kMetrics
+  kGldRequests, kGldSectors, kGstRequests, kGstSectors, kCopyRequests, kCopySectors,
+  kSldRequests, kSldWavefronts, kSldExcessive, kSstRequests, kSstWavefronts, kSstExcessive,
+  kCopyWavefronts, kCopyExcessive, kBlocksRun, kBlocksStoodFor, kMetrics
 };
 struct Launch {
   double m[kMetrics] = {};
@@ -70,7 +79,8 @@ struct State {
   std::vector<std::vector<Access>> streams;              // per thread of the running block
   std::vector<Launch> launches;
   unsigned grid[3] = {1, 1, 1}, threads = 0;
-  bool sample = true, recording = false;
+  unsigned sampled = 7;  // the grid dimensions sampled (bit d: dimension d); 0: every block runs
+  bool recording = false;
   double weight = 1;  // how many blocks the running one stands for
   bool busy = false;  // guards against counting the counters' own accesses
 };
@@ -80,16 +90,18 @@ State& state() {
 }
 
 // Shared memory: this library's thread-local block (cuda_emu.h makes every __shared__ array
-// thread-local in the counting build). Its address, for the calling thread, from dlinfo; its size
-// from the PT_TLS segment of the library's program headers.
+// thread-local in the counting build). Each OS thread has its own block, so its bounds are found
+// per thread, the first time that thread counts: its address from dlinfo, its size from the
+// PT_TLS segment of the library's program headers.
 thread_local volatile char tls_anchor;  // written first: the block exists before dlinfo asks for it
-uintptr_t shared_begin = 0, shared_end = 0;
-void find_shared() {
+thread_local uintptr_t shared_begin = 0, shared_end = 0;
+bool find_shared() {
+  if (shared_end > shared_begin) return true;
   tls_anchor = 1;
   Dl_info info;
-  if (!dladdr(reinterpret_cast<void*>(&find_shared), &info)) return;
+  if (!dladdr(reinterpret_cast<void*>(&find_shared), &info)) return false;
   void* self = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
-  if (self == nullptr) return;
+  if (self == nullptr) return false;
   void* block = nullptr;
   size_t modid = 0;
   if (dlinfo(self, RTLD_DI_TLS_DATA, &block) == 0 && dlinfo(self, RTLD_DI_TLS_MODID, &modid) == 0 && block) {
@@ -109,6 +121,7 @@ void find_shared() {
     shared_end = shared_begin + find.size;
   }
   dlclose(self);
+  return shared_end > shared_begin;
 }
 bool is_shared(uintptr_t a) { return a >= shared_begin && a < shared_end; }
 bool is_global(const State& s, uintptr_t a) {
@@ -117,15 +130,20 @@ bool is_global(const State& s, uintptr_t a) {
   return false;
 }
 
+void push(const Access& a) {
+  State& s = state();
+  s.busy = true;
+  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  if (t < s.streams.size()) s.streams[t].push_back(a);
+  s.busy = false;
+}
+
 void record(uintptr_t addr, uint32_t size, bool store) {
   State& s = state();
   if (!s.recording || s.busy) return;
   const bool shared = is_shared(addr);
   if (!shared && !is_global(s, addr)) return;
-  s.busy = true;
-  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  if (t < s.streams.size()) s.streams[t].push_back({addr, size, store, shared});
-  s.busy = false;
+  push({addr, 0, size, store ? kStore : kLoad, shared});
 }
 
 // nvcc's vectorisation of shared accesses: scalar accesses of one thread, one direction and one
@@ -135,7 +153,7 @@ struct Keyed {
   size_t index;
   bool operator<(const Keyed& o) const { return key < o.key || (key == o.key && index < o.index); }
 };
-uint64_t key_of(uintptr_t a, uint32_t size, bool store) { return (uint64_t(a) << 6) | (uint64_t(size) << 1) | store; }
+uint64_t key_of(uintptr_t a, uint32_t size, Op op) { return (uint64_t(a) << 6) | (uint64_t(size) << 1) | (op == kStore); }
 
 void vectorise_shared(std::vector<Access>& stream) {
   static std::vector<Keyed> sorted;  // (reused: this runs once per thread and interval)
@@ -143,13 +161,13 @@ void vectorise_shared(std::vector<Access>& stream) {
   static std::vector<size_t> parts;
   sorted.clear();
   for (size_t i = 0; i < stream.size(); ++i)
-    if (stream[i].shared && stream[i].size < 16) sorted.push_back({key_of(stream[i].addr, stream[i].size, stream[i].store), i});
+    if (stream[i].shared && stream[i].size < 16) sorted.push_back({key_of(stream[i].addr, stream[i].size, stream[i].op), i});
   if (sorted.size() < 2) return;
   std::sort(sorted.begin(), sorted.end());
   gone.assign(stream.size(), 0);
   // the first access at or after `from`, not yet merged, to this address with this width and direction
-  auto next = [&](uintptr_t a, uint32_t size, bool store, size_t from) -> long {
-    const uint64_t k = key_of(a, size, store);
+  auto next = [&](uintptr_t a, uint32_t size, Op op, size_t from) -> long {
+    const uint64_t k = key_of(a, size, op);
     for (auto it = std::lower_bound(sorted.begin(), sorted.end(), Keyed{k, from}); it != sorted.end() && it->key == k; ++it)
       if (!gone[it->index]) return long(it->index);
     return -1;
@@ -164,7 +182,7 @@ void vectorise_shared(std::vector<Access>& stream) {
       bool whole = true;
       for (uintptr_t a = chunk; a < chunk + width && whole; a += x.size) {
         if (a == x.addr) continue;
-        const long j = next(a, x.size, x.store, i + 1);
+        const long j = next(a, x.size, x.op, i + 1);
         if (j < 0) whole = false;
         else parts.push_back(size_t(j));
       }
@@ -187,47 +205,74 @@ size_t distinct(uintptr_t* v, size_t n) {
   return size_t(std::unique(v, v + n) - v);
 }
 
-// One request: the accesses of the lanes that take part (at most 32, each at most 16 bytes).
-void account(const Access* const* lanes, const unsigned* lane_ids, size_t count, Launch& l, double weight) {
+// The distinct 32-byte sectors of one global request (a copy's: of its sources).
+double sectors(const Access* const* lanes, size_t count) {
+  uintptr_t buf[32 * 5];
+  size_t n = 0;
+  for (size_t i = 0; i < count; ++i)
+    for (uintptr_t s = lanes[i]->addr / 32; s <= (lanes[i]->addr + lanes[i]->size - 1) / 32 && n < 32 * 5; ++s)
+      buf[n++] = s;
+  return double(distinct(buf, n));
+}
+
+// The wavefronts of one shared request at the lanes' shared addresses (a copy's destination), and
+// its phases: the ideal, one wavefront each.
+struct Wavefronts {
+  double wavefronts = 0, phases = 0;
+};
+Wavefronts shared_wavefronts(const Access* const* lanes, const unsigned* lane_ids, size_t count) {
   const Access& a0 = *lanes[0];
   uintptr_t buf[32 * 5];
-  // region global-request
-  if (!a0.shared) {
-    size_t n = 0;
-    for (size_t i = 0; i < count; ++i)
-      for (uintptr_t s = lanes[i]->addr / 32; s <= (lanes[i]->addr + lanes[i]->size - 1) / 32 && n < 32 * 5; ++s) buf[n++] = s;
-    l.m[a0.store ? kGstRequests : kGldRequests] += weight;
-    l.m[a0.store ? kGstSectors : kGldSectors] += weight * double(distinct(buf, n));
-    return;
-  }
-  // endregion
+  Wavefronts out;
   // region shared-request
   // Phases: 32 lanes for <= 4 bytes, 16 for 8, 8 for 16.
   const unsigned per_phase = a0.size <= 4 ? 32 : a0.size == 8 ? 16 : 8;
-  double wavefronts = 0, phases = 0;
   for (unsigned p = 0; p < 32 / per_phase; ++p) {
     size_t n = 0;
     for (size_t i = 0; i < count; ++i) {
       if (lane_ids[i] / per_phase != p) continue;
-      for (uintptr_t w = lanes[i]->addr / 4; w <= (lanes[i]->addr + lanes[i]->size - 1) / 4 && n < 32 * 5; ++w) buf[n++] = w;
+      const uintptr_t a = lanes[i]->op == kCopy ? lanes[i]->dst : lanes[i]->addr;
+      for (uintptr_t w = a / 4; w <= (a + lanes[i]->size - 1) / 4 && n < 32 * 5; ++w) buf[n++] = w;
     }
     if (n == 0) continue;
     const size_t words = distinct(buf, n);  // each distinct word once (lanes reading one word share it)
     unsigned per_bank[32] = {};
     unsigned most = 1;
     for (size_t i = 0; i < words; ++i) most = std::max(most, ++per_bank[buf[i] % 32]);
-    wavefronts += double(most);
-    phases += 1;
+    out.wavefronts += double(most);
+    out.phases += 1;  // the ideal: every bank delivers each word it holds in one wavefront
   }
   // endregion
-  l.m[a0.store ? kSstRequests : kSldRequests] += weight;
-  l.m[a0.store ? kSstWavefronts : kSldWavefronts] += weight * wavefronts;
-  l.m[a0.store ? kSstConflicts : kSldConflicts] += weight * (wavefronts - phases);
+  return out;
+}
+
+// One request: the accesses of the lanes that take part (at most 32, each at most 16 bytes).
+void account(const Access* const* lanes, const unsigned* lane_ids, size_t count, Launch& l, double weight) {
+  const Access& a0 = *lanes[0];
+  if (a0.op == kCopy) {  // LDGSTS: a global request for the sources, shared wavefronts for the destinations
+    const Wavefronts w = shared_wavefronts(lanes, lane_ids, count);
+    l.m[kCopyRequests] += weight;
+    l.m[kCopySectors] += weight * sectors(lanes, count);
+    l.m[kCopyWavefronts] += weight * w.wavefronts;
+    l.m[kCopyExcessive] += weight * (w.wavefronts - w.phases);
+    return;
+  }
+  const bool store = a0.op == kStore;
+  if (!a0.shared) {
+    l.m[store ? kGstRequests : kGldRequests] += weight;
+    l.m[store ? kGstSectors : kGldSectors] += weight * sectors(lanes, count);
+    return;
+  }
+  const Wavefronts w = shared_wavefronts(lanes, lane_ids, count);
+  l.m[store ? kSstRequests : kSldRequests] += weight;
+  l.m[store ? kSstWavefronts : kSldWavefronts] += weight * w.wavefronts;
+  l.m[store ? kSstExcessive : kSldExcessive] += weight * (w.wavefronts - w.phases);
 }
 
 }  // namespace
 
 void launch_begin(unsigned gx, unsigned gy, unsigned gz, unsigned threads) {
+  find_shared();  // (this OS thread's block: a launch runs on the thread that asked for it)
   State& s = state();
   s.grid[0] = gx, s.grid[1] = gy, s.grid[2] = gz;
   s.threads = threads;
@@ -240,8 +285,9 @@ bool block_wanted() {
   State& s = state();
   const unsigned idx[3] = {blockIdx.x, blockIdx.y, blockIdx.z};
   double weight = 1;
-  for (int d = 0; d < 3 && s.sample; ++d) {
+  for (int d = 0; d < 3; ++d) {
     const unsigned i = idx[d], n = s.grid[d];
+    if (!(s.sampled >> d & 1u)) continue;
     if (i == 0 || i + 1 == n) continue;        // the first and the last stand for themselves
     if (i == 1) weight *= double(n - 2);       // the second for every interior index
     else return false;
@@ -274,7 +320,7 @@ void interval_end() {
         for (unsigned i = first; i < lanes; ++i) {
           if (done[i] || k >= lane_stream[i].size()) continue;
           const Access& b = lane_stream[i][k];
-          if (b.shared != a.shared || b.store != a.store || b.size != a.size) continue;
+          if (b.shared != a.shared || b.op != a.op || b.size != a.size) continue;
           group[count] = &b;
           ids[count++] = i;
           done[i] = true;
@@ -289,10 +335,13 @@ void interval_end() {
 
 void launch_end() { state().recording = false; }
 
-// A cp.async as issued: for now counted as what it moves, a global load and a shared store.
+// A cp.async as issued: one LDGSTS access of the issuing thread, counted as ncu counts LDGSTS
+// (op_ldgsts), neither a global load nor a shared store.
 void cp_async(const void* shared_dst, const void* global_src, unsigned bytes) {
-  record(reinterpret_cast<uintptr_t>(global_src), bytes, false);
-  record(reinterpret_cast<uintptr_t>(shared_dst), bytes, true);
+  State& s = state();
+  const auto src = reinterpret_cast<uintptr_t>(global_src), dst = reinterpret_cast<uintptr_t>(shared_dst);
+  if (!s.recording || s.busy || !is_global(s, src) || !is_shared(dst)) return;
+  push({src, dst, bytes, kCopy, false});
 }
 
 }  // namespace emu::count
@@ -315,13 +364,12 @@ CNT_API void __asan_before_dynamic_init(const char*) {}
 CNT_API void __asan_after_dynamic_init() {}
 
 // The C interface (cuda/counters.py).
-CNT_API int cnt_reset(int sample) {
+CNT_API int cnt_reset(int sampled_dims) {
   auto& s = emu::count::state();
-  if (emu::count::shared_end == 0) emu::count::find_shared();
   s.globals.clear();
   s.launches.clear();
-  s.sample = sample != 0;
-  return emu::count::shared_end > emu::count::shared_begin ? 0 : 1;  // 1: shared memory not found
+  s.sampled = unsigned(sampled_dims) & 7u;
+  return emu::count::find_shared() ? 0 : 1;  // 1: this thread's shared memory not found
 }
 CNT_API int64_t cnt_shared_bytes() { return int64_t(emu::count::shared_end - emu::count::shared_begin); }
 CNT_API void cnt_add_global(const void* p, int64_t bytes) {
