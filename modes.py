@@ -529,10 +529,12 @@ def _jit_build(name: str, sources: Sequence[Path], build_dir: Path, cflags: Sequ
 # Used by setup.py and by the JIT loader alike. Nothing here asks for a GPU: what a build
 # needs is a CUDA build of torch and nvcc.
 
-# The GPUs the chapters target: sm_80 (A100, the oldest with cp.async, which GEMM v8 and v9
-# use) and sm_90 (H100, H200), plus sm_90's PTX, which the driver of a newer GPU compiles for
-# itself when the extension loads. TORCH_CUDA_ARCH_LIST, when set, replaces this list.
-DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
+# The GPUs the chapters target: sm_80 (A100, the oldest with cp.async and mma.sync's bfloat16,
+# which GEMM v8, v9 and v21-v26 use), with its PTX, which the driver of a newer GPU compiles for
+# itself when the extension loads, and sm_90a (H100, H200: "a" for the Hopper-only instructions of
+# v31-v35, wgmma, TMA, setmaxnreg, which no PTX of another architecture can carry).
+# TORCH_CUDA_ARCH_LIST, when set, replaces this list (without 9.0a, the Hopper versions do not run).
+DEFAULT_CUDA_ARCHS = "8.0+PTX;9.0a"
 # Headers of CUDA's maths libraries that torch's CUDA headers include. A toolkit may lack them
 # (a minimal one, without cuBLAS); the nvidia-* pip wheels a CUDA torch depends on ship them.
 LIBRARY_HEADERS = ("cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h")
@@ -548,7 +550,7 @@ class CudaBuild:
     """How this machine builds the GPU stages: see cuda_build()."""
 
     home: Path                   # the toolkit: bin/nvcc, include/cuda_runtime_api.h, lib64/libcudart.so
-    archs: str                   # e.g. "8.0;9.0+PTX", and where it came from
+    archs: str                   # e.g. "8.0+PTX;9.0a", and where it came from
     nvcc_flags: tuple[str, ...]  # -gencode flags (none when TORCH_CUDA_ARCH_LIST decides)
     cxx_flags: tuple[str, ...]   # -idirafter <nvidia wheel include/> where the toolkit lacks a header
 

@@ -630,6 +630,12 @@ def ninja_one_at_a_time(build_dir: Path) -> dict[str, dict[str, float]]:
     return seconds
 
 
+def lease_arch(compute_cap: str) -> str:
+    """The architecture a lease builds for, from nvidia-smi's compute capability: "9.0" is built as
+    "9.0a", the code of the Hopper-only instructions (wgmma, TMA) that v31-v35 need."""
+    return compute_cap + "a" if compute_cap == "9.0" else compute_cap
+
+
 def time_build(arch: str) -> dict:
     """Build what the build part builds, from scratch, in folders of their own under
     build/time-build/, with each stage's own flags (the loader's: modes.load_extension writes the
@@ -975,7 +981,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out {out}: no such folder")
     # Built for this card alone (half the nvcc time of the default list), by every part alike:
     # the architectures are part of the build's flags, so a part with others would build again.
-    env = {"TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST") or gpu[1]}
+    env = {"TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST") or lease_arch(gpu[1])}
     title = (f"{' '.join(args.names) or DEFAULT} on {gpu[0]} (records tagged {device_tag(gpu[0])}, built for "
              f"{env['TORCH_CUDA_ARCH_LIST']}), deadline {deadline} s")
     return run(selected, out.resolve(), device_tag(gpu[0]), deadline, env, title)

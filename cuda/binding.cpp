@@ -17,6 +17,7 @@ class RuntimeKernels final : public dense::Kernels {
         C.mutable_data_ptr(), bias ? bias->const_data_ptr() : nullptr, M, N, K, epilogue, sm_count, workspace,
         stream)));
   }
+  int arch() const override { return dense_kernels::device_arch(); }
   void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
                     int64_t cols, int sm_count, void* workspace, cudaStream_t stream) override {
     C10_CUDA_CHECK(static_cast<cudaError_t>(dense_kernels::launch_sigmoid_grad(

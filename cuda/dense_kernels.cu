@@ -20,11 +20,81 @@
   fn<<<dim3((geo).grid.x, (geo).grid.y, (geo).grid.z), dim3((geo).block.x, (geo).block.y, (geo).block.z), 0, \
        stream>>>(__VA_ARGS__)
 #define DENSE_LAUNCH_STATUS() static_cast<int>(cudaGetLastError())
+#define DENSE_DEVICE_ARCH() dense_kernels::device_arch()
+// With dynamic shared memory: above 48 KiB a kernel must be allowed it first.
+#define DENSE_LAUNCH_SMEM(fn, geo, bytes, ...)                                                                     \
+  (cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), \
+   fn<<<dim3((geo).grid.x, (geo).grid.y, (geo).grid.z), dim3((geo).block.x, (geo).block.y, (geo).block.z), (bytes),  \
+        stream>>>(__VA_ARGS__))
+#define DENSE_TENSOR_MAP_2D(map, elem_bytes, base, dim0, dim1, stride_bytes, box0, box1) \
+  encode_tensor_map_2d((map), (elem_bytes), (base), (dim0), (dim1), (stride_bytes), (box0), (box1))
 #define DENSE_INVALID static_cast<int>(cudaErrorInvalidValue)
 // An entry this build left out (a unit not compiled in): the runtime's "no kernel image" error.
 #define DENSE_NOT_BUILT static_cast<int>(cudaErrorNoKernelImageForDevice)
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include "kernels/hopper_instructions.cuh"  // CUtensorMap
+
+// cuTensorMapEncodeTiled, reached through the runtime's driver entry point (no -lcuda): a 2-D
+// tensor of dim0 × dim1 elements (dim0 contiguous), rows stride_bytes apart, copied in boxes of
+// box0 × box1 into 128B-swizzled shared memory, zeros outside the tensor. 0, or a cudaError_t.
+namespace {
+int encode_tensor_map_2d(CUtensorMap* map, int elem_bytes, const void* base, uint64_t dim0, uint64_t dim1,
+                         uint64_t stride_bytes, uint32_t box0, uint32_t box1) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return static_cast<int>(cudaErrorNotSupported);
+  const CUtensorMapDataType type = elem_bytes == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const cuuint64_t dims[2] = {dim0, dim1}, strides[1] = {stride_bytes};
+  const cuuint32_t box[2] = {box0, box1}, element_strides[2] = {1, 1};
+  // (a 16-bit box is copied as bytes: bfloat16 and float16 alike)
+  const CUresult r = encode(map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? 0 : static_cast<int>(cudaErrorInvalidValue);
+}
+}  // namespace
+
 #include "kernels/launch.cuh"
+
+// Writes 1 where this build's code for the device is sm_90a's (the Hopper versions' instructions).
+__global__ void dense_sm90a_probe(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+int dense_kernels::device_arch() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const int arch = 10 * major + minor;
+  if (arch != 90) return arch;
+  static int hopper_built[64] = {};  // per device: 0 unknown, 1 yes, 2 no (asked once)
+  int& known = hopper_built[device % 64];
+  if (known == 0) {
+    int* flag = nullptr;
+    int found = 0;
+    if (cudaMalloc(&flag, sizeof(int)) == cudaSuccess) {
+      dense_sm90a_probe<<<1, 1>>>(flag);
+      if (cudaMemcpy(&found, flag, sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess) found = 0;
+      cudaFree(flag);
+    }
+    cudaGetLastError();  // a failed probe leaves no error behind for the next launch
+    known = found ? 1 : 2;
+  }
+  return known == 1 ? 90 : 0;
+}
 
 // The autotuning candidates for cuda/bench_gpu.py candidates, which calls these through ctypes in
 // the loaded extension (the cuda stage's own library: the same runtime, context and streams).
@@ -51,7 +121,7 @@ DENSE_EXPORT int dense_gemm_launch(int version, const char* layout, int dtype, c
 DENSE_EXPORT int64_t dense_gemm_workspace(int version, int dtype, int64_t M, int64_t N, int64_t K, int sm_count) {
   if (!dense_kernels::valid_dtype(dtype)) return -1;
   const auto t = static_cast<dense_kernels::DType>(dtype);
-  if (version == 0) version = dense_kernels::choose_version(M, N, K, t, sm_count);
+  if (version == 0) version = dense_kernels::choose_version(M, N, K, t, sm_count, dense_kernels::device_arch(), true);
   return dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(t), M, N, K, sm_count);
 }
 

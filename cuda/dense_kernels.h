@@ -67,6 +67,8 @@ constexpr VersionInfo kVersionInfo[] = {
     {26, "f32", "split-TF32: each operand a TF32 big part and a TF32 remainder, three mma's for float32 accuracy"},
     // Hopper (sm_90a): warpgroup MMA, TMA, mbarriers (cuda/tensor_cores/, the same chapter)
     {31, "bf16 f16", "wgmma: one warpgroup, m64n128k16 on operands in shared memory named by matrix descriptors"},
+    {32, "bf16 f16", "TMA: tiles copied by the copy engine, 128B-swizzled, into a ring of 4 stages with mbarriers"},
+    {33, "bf16 f16", "warp specialization: a producer warpgroup issues TMA, two consumers wgmma m64n256k16, setmaxnreg"},
 };
 constexpr int kVersionCount = sizeof(kVersionInfo) / sizeof(kVersionInfo[0]);
 constexpr int kVersions = 12;  // the CUDA-core progression, versions 1 to kVersions
@@ -154,7 +156,9 @@ constexpr Tile tile(int version, int element_bytes) {
     case 24: return {128, 128, 32, 8, 8};  // 8 warps of 64×32
     case 25:
     case 26: return {128, 128, 16, 8, 8};
-    case 31: return {64, 128, 64, 8, 8};   // one warpgroup
+    case 31:
+    case 32: return {64, 128, 64, 8, 8};   // one warpgroup
+    case 33: return {128, 256, 64, 8, 16};  // (threads(): 3 warpgroups, one of them the producer)
     default: return element_bytes == 4 ? Tile{128, 128, 8, 8, 8} : Tile{64, 64, 8, 4, 4};  // 256 threads
   }
 }
@@ -169,7 +173,23 @@ struct WarpTileOf {
   static constexpr WarpTile w = warp_tile(Version, Bytes);
   static constexpr int BM = w.BM, BN = w.BN, BK = w.BK, WM = w.WM, WN = w.WN, TM = w.TM, TN = w.TN, MINB = w.MINB;
 };
+// Hopper's versions that take their operands through TMA: their entries take the operands' tensor
+// maps (made by the launcher) instead of pointers, and dynamic shared memory of tma_smem_bytes.
+constexpr bool uses_tma(int version) { return version >= 32 && version <= 35; }
+// Versions whose kernels run on sm_90a only (elsewhere they refuse to launch, and version 0 does
+// not choose them).
+constexpr bool needs_sm90a(int version) { return version >= 31 && version <= 35; }
+// The dynamic shared memory of a TMA version: its ring of stages, 16 bytes of mbarriers a stage,
+// and 1024 bytes to round the start up to the swizzles' period.
+constexpr int tma_stages(int version) { return 4; }
+constexpr int tma_stage_bytes(int version) {
+  return version == 33 ? (128 + 256) * 64 * 2 : (64 + 128) * 64 * 2;
+}
+constexpr size_t tma_smem_bytes(int version) {
+  return size_t(tma_stages(version)) * (tma_stage_bytes(version) + 16) + 1024;
+}
 constexpr int threads(int version, int element_bytes) {
+  if (version == 33) return 384;
   return (tile(version, element_bytes).BM / tile(version, element_bytes).TM) *
          (tile(version, element_bytes).BN / tile(version, element_bytes).TN);
 }
@@ -262,28 +282,44 @@ struct Choice {
 }  // namespace dense_kernels
 #include "gemm_choice.h"  // kChoices: the table
 namespace dense_kernels {
+// An entry is usable on a device of compute capability `arch` (90 for sm_90) when its version
+// runs there, and, for a TMA version, when the operands suit TMA (tma_compatible).
+constexpr bool usable(int version, int arch, bool tma_ok) {
+  return (!needs_sm90a(version) || arch == 90) && (!uses_tma(version) || tma_ok);
+}
 constexpr bool valid_choices() {
   for (const Choice& c : kChoices)
     if (!(c.version != 0 && version_builds(c.version, c.dtype)) && !(is_tune(c.version) && c.dtype == kF32))
       return false;
-  for (int t = 0; t < kDTypes; ++t)  // every type, and every class of shape, has its entry
+  for (int t = 0; t < kDTypes; ++t)  // every type and class of shape has an entry usable everywhere
     for (ShapeClass shape : {kFillsGpu, kSmallBatch}) {
       bool found = false;
-      for (const Choice& c : kChoices) found = found || (c.dtype == t && c.shape == shape);
+      for (const Choice& c : kChoices) found = found || (c.dtype == t && c.shape == shape && usable(c.version, 0, false));
       if (!found) return false;
     }
   return true;
 }
 static_assert(valid_choices(), "gemm_choice.h names a version not built for its type (or a candidate for "
-                               "another type than float32), or leaves a type and class of shape without an entry");
+                               "another type than float32), or leaves a type and class of shape without an entry "
+                               "that runs on every GPU");
 
-// Version 0: the table's entry for the class of this shape on a device of sm_count SMs (queried
-// by the caller, never a constant).
-inline int choose_version(int64_t M, int64_t N, int64_t K, DType dtype, int sm_count) {
+// TMA copies rows whose start and stride are multiples of 16 bytes: the operands' pointers, and
+// their rows along the contiguous dimension (K, or M or N for an operand stored along it).
+inline bool tma_compatible(const char* layout, const void* A, const void* B, int64_t M, int64_t N, int64_t K,
+                           int element_bytes) {
+  const bool ta = layout[0] == 't', tb = layout[1] == 't';
+  const int64_t a_row = (ta ? M : K) * element_bytes, b_row = (tb ? K : N) * element_bytes;
+  return reinterpret_cast<uintptr_t>(A) % 16 == 0 && reinterpret_cast<uintptr_t>(B) % 16 == 0 && a_row % 16 == 0 &&
+         b_row % 16 == 0;
+}
+
+// Version 0: the table's first entry for the class of this shape that is usable here, on a device
+// of sm_count SMs and compute capability arch (both queried by the caller, never constants).
+inline int choose_version(int64_t M, int64_t N, int64_t K, DType dtype, int sm_count, int arch, bool tma_ok) {
   const ShapeClass shape = shape_class(M, N, K, acc_bytes(dtype), sm_count);
   for (const Choice& c : kChoices)
-    if (c.shape == shape && c.dtype == dtype) return c.version;
-  return 0;  // unreachable: valid_choices() holds an entry for every type and class
+    if (c.shape == shape && c.dtype == dtype && usable(c.version, arch, tma_ok)) return c.version;
+  return 0;  // unreachable: valid_choices() holds an entry usable everywhere for every type and class
 }
 
 inline Geometry gemm_geometry(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
@@ -386,5 +422,9 @@ int launch_gemm(int version, const char* layout, int dtype, const void* A, const
                 int64_t M, int64_t N, int64_t K, int epilogue, int sm_count, void* workspace, Stream stream);
 int launch_sigmoid_grad(int version, int dtype, bool x4, const void* g, const void* y, void* dz, void* db, int64_t rows,
                         int64_t cols, int sm_count, void* workspace, Stream stream);
+// The current device's compute capability as the Hopper versions see it: 90 on sm_90 when this
+// build holds their sm_90a code (which a build for "9.0" alone does not), else its real value
+// (80, 89...) or 0 for 9.0 without that code. choose_version and the launchers take this.
+int device_arch();
 
 }  // namespace dense_kernels

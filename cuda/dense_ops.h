@@ -26,6 +26,9 @@ class Kernels {
   virtual void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
                             int64_t cols, int sm_count, void* workspace, cudaStream_t stream) = 0;
   virtual int grad_version() const { return dense_kernels::kDefaultGradVersion; }
+  // The device's compute capability as choose_version takes it (dense_kernels::device_arch); a
+  // stage without the Hopper versions says 0.
+  virtual int arch() const { return 0; }
 };
 
 // The kernels' element type (dense_kernels::DType) of a tensor the checks have let through.
@@ -55,7 +58,10 @@ inline void run_gemm(Kernels& k, int version, const char* layout, const at::Tens
                      cudaStream_t stream) {
   const int sms = sm_count();
   const dense_kernels::DType dtype = kernel_dtype(A);
-  if (version == 0) version = dense_kernels::choose_version(M, N, K, dtype, sms);
+  if (version == 0)
+    version = dense_kernels::choose_version(
+        M, N, K, dtype, sms, k.arch(),
+        dense_kernels::tma_compatible(layout, A.const_data_ptr(), B.const_data_ptr(), M, N, K, int(A.element_size())));
   const int64_t elements =
       dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(dtype), M, N, K, sms);
   at::Tensor work = elements > 0 ? at::empty({elements}, acc_options(A)) : at::Tensor();

@@ -124,6 +124,9 @@ def load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     lib.emu_gemm.restype = lib.emu_sigmoid_grad.restype = i32
     lib.emu_gemm_workspace.restype = lib.emu_sigmoid_grad_workspace.restype = i64
     lib.emu_has_entry.argtypes, lib.emu_has_entry.restype = [i32, i32, i32, i32], i32
+    lib.emu_resolve_version.argtypes = [i32, ctypes.c_char_p, i32, p, p, i64, i64, i64, i32]
+    lib.emu_resolve_version.restype = i32
+    lib.emu_uses_tma.argtypes, lib.emu_uses_tma.restype = [i32], i32
     return lib
 
 
@@ -163,10 +166,18 @@ def gemm(version: int, layout: str, a: Tensor, b: Tensor, c: Tensor, bias: Tenso
     lib = lib or library()
     # the split-K workspace, allocated by the caller as cuda/dense_ops.h does on the GPU
     code = dtype_code(a.dtype)
+    # version 0's choice depends on the operands' alignment (TMA): made once, for the workspace too
+    version = lib.emu_resolve_version(version, layout.encode(), code, _ptr(a), _ptr(b), m, n, k, sm_count)
     size = lib.emu_gemm_workspace(version, code, m, n, k, sm_count)
     work = torch.empty(max(size, 0), dtype=acc_dtype(a.dtype))
     rc = lib.emu_gemm(version, layout.encode(), code, _ptr(a), _ptr(b), _ptr(c), _ptr(bias),
                       m, n, k, epilogue, sm_count, _ptr(work) if size > 0 else None)
+    if rc == INVALID and lib.emu_uses_tma(version):
+        contiguous = {"nt": "K", "nn": "K and N", "tn": "M and N"}.get(layout, "K")
+        raise ValueError(f"GEMM version {version} takes its operands through TMA, which copies rows of whole 16-byte "
+                         f"multiples from 16-byte-aligned tensors: {contiguous} must be multiples of "
+                         f"{16 // a.element_size()} for {a.dtype} in layout {layout!r} (version 0 chooses another "
+                         f"version where they are not)")
     _raise_for(rc, f"emulated GEMM version {version} for layout {layout!r} and dtype {a.dtype}")
 
 

@@ -1,22 +1,27 @@
-"""Napkin maths and static evidence for every GEMM version, for sm_90, without a GPU.
+"""Napkin maths and static evidence for every GEMM version, for sm_90 and sm_80, without a GPU.
 
-For each GEMM entry point found in the compiled kernels (dense_gemm_v{N}_{nt|nn|tn}_{f32|f64}, and
-the autotuning candidates dense_gemm_tune{I}_{nt|nn|tn}_f32, in a table of their own):
+For each GEMM entry point found in the compiled kernels (dense_gemm_v{N}_{nt|nn|tn}_{f32|f64|bf16|f16},
+and the autotuning candidates dense_gemm_tune{I}_{nt|nn|tn}_f32, in a table of their own):
   * FLOPs and global-memory bytes per output tile (from TILES below) and the arithmetic
-    intensity they give;
-  * registers, shared memory and spills from ptxas (-v), and the launch bounds (.maxntid);
-  * the occupancy these allow on an H100/H200 (the CUDA occupancy rules, `occupancy()`);
+    intensity they give; for the tensor-core versions also the mma's and ldmatrix's per k-step;
+  * registers, shared memory, spills and stack frame from ptxas (-v), and the launch bounds (.maxntid);
+  * the occupancy these allow (the CUDA occupancy rules, `occupancy()`, of each architecture);
   * from the SASS (cuobjdump -sass; optional) the instruction mix of the innermost loop
-    that does multiply-adds: FFMA/DFMA against shared (LDS) and global (LDG) loads by width.
+    that multiplies: FFMA/DFMA or the tensor cores' HMMA, shared loads (LDS, ldmatrix's LDSM),
+    global loads (LDG) and cp.async (LDGSTS) by width.
+Every architecture asked for (--arch; by default those the cuda stage is built for,
+modes.DEFAULT_CUDA_ARCHS, the newest first) gets registers, spills, stack, shared memory, blocks per
+SM and the main loop's tensor-core instructions for every entry; the first gets the full analysis.
 GPU timings (GFLOP/s, % of cuBLAS) join the table when benchmark.py records are given.
 
 Examples:
-  python cuda/static_report.py                                  # print the table, write nothing
+  python cuda/static_report.py                                  # print the tables, write nothing
   python cuda/static_report.py --json /tmp/static.json          # also write the JSON
-  python cuda/static_report.py --no-sass                        # ptxas figures only
-  python cuda/static_report.py --sass dense_gemm_v6_nt_f32      # one kernel's SASS, nothing else
-(The committed table, cuda/README.md's "The static figures", is docs/results/cuda_static_sm90.json
-rendered by docs/render.py; the record holds the command that wrote it, docs/README.md lists them all.)
+  python cuda/static_report.py --arch sm_90 --no-sass           # one architecture, ptxas figures only
+  python cuda/static_report.py --sass dense_gemm_v24_nt_bf16    # one kernel's SASS, nothing else
+(The committed tables, cuda/README.md's "The static figures" and the tensor-core chapter's, are
+docs/results/cuda_static_sm90.json rendered by docs/render.py; the record holds the command that
+wrote it, docs/README.md lists them all.)
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,17 +49,20 @@ import cli  # noqa: E402
 
 # The cuda stage's translation units (cuda/dense.py builds the same list), one per GEMM version.
 DEFAULT_SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda" / "units").glob("*.cu"))
-GEMM = re.compile(r"^dense_gemm_v(\d+)_(nt|nn|tn)_(f32|f64)$")
+GEMM = re.compile(r"^dense_gemm_v(\d+)_(nt|nn|tn)_(f32|f64|bf16|f16)$")
 TUNE = re.compile(r"^dense_gemm_tune(\d+)_(nt|nn|tn)_(f32|f64)$")  # the autotuning candidates
 
 # ---------------------------------------------------------------------------------------
-# The one table to keep in step with the kernels: per version and dtype, the block's output
+# The one table to keep in step with the kernels: per version and element type, the block's output
 # tile (BM×BN), each thread's register tile (TM×TN), and whether operands are staged in
 # shared memory. Threads per block = BM·BN/(TM·TN); the report checks that against each
 # kernel's __launch_bounds__ and warns when they disagree (the table is then stale).
 # A version that allocates dynamic shared memory (extern __shared__, which ptxas cannot see)
 # adds "dynamic_shared": {"f32": bytes, "f64": bytes}; it counts towards the occupancy.
+# bfloat16 and float16 take float32's tiles (dense_kernels::tile() is given the accumulator's size).
 # ---------------------------------------------------------------------------------------
+_V11 = (128, 128, 8, 16, True)
+_V12 = (32, 128, 4, 8, True)
 TILES: dict[int, dict] = {
     1: {"idea": "naive, uncoalesced: one thread per output, a warp's lanes walk down a column",
         "f32": (32, 8, 1, 1, False), "f64": (32, 8, 1, 1, False)},
@@ -77,12 +86,47 @@ TILES: dict[int, dict] = {
          "f32": (128, 128, 8, 8, True), "f64": (64, 64, 4, 4, True)},
     # The warp-tiled versions: TM×TN is a lane's outputs, all its pieces together (WM/8 × WN/4).
     11: {"idea": "warp tiling in pieces (SGEMM_CUDA's kernel 10), one template",
-         "f32": (128, 128, 8, 16, True), "f64": (64, 64, 4, 8, True)},
+         "f32": _V11, "f64": (64, 64, 4, 8, True), "bf16": _V11, "f16": _V11},
     # v12 splits K until every SM holds its MINB blocks (dense_kernels::skinny_slices).
     12: {"idea": "skinny batches: 32-row tiles, K split over every SM",
-         "f32": (32, 128, 4, 8, True), "f64": (32, 128, 4, 8, True), "split_k": "skinny", "bk": 16,
-         "min_blocks": {"f32": 4, "f64": 2}},
+         "f32": _V12, "f64": _V12, "bf16": _V12, "f16": _V12, "split_k": "skinny", "bk": 16,
+         "min_blocks": {"f32": 4, "f64": 2, "bf16": 4, "f16": 4}},
+    # The tensor-core versions (cuda/tensor_cores/). TM×TN counts a lane's float32 accumulators
+    # (WM·WN/32; a lane holds them in pieces of 4, one per m16n8 tile). Also: the k-step BK, the
+    # warp tile WM×WN, the mma's shape, how many mma's one product takes (split-TF32: three), and
+    # where the fragments come from: global memory, ldmatrix (16-bit tiles) or plain shared loads.
+    21: {"idea": "mma.sync m16n8k16, one warp a 16×8 tile, fragments from global memory",
+         "bf16": (32, 16, 2, 2, False), "f16": (32, 16, 2, 2, False),
+         "bk": 16, "warp": (16, 8), "mma": "m16n8k16", "fragments": "global"},
+    22: {"idea": "64×64 tiles in shared memory, fragments by ldmatrix.x4",
+         "bf16": (64, 64, 8, 4, True), "f16": (64, 64, 8, 4, True),
+         "bk": 64, "warp": (32, 32), "mma": "m16n8k16", "fragments": "ldmatrix"},
+    23: {"idea": "the same tiles XOR-swizzled",
+         "bf16": (64, 64, 8, 4, True), "f16": (64, 64, 8, 4, True),
+         "bk": 64, "warp": (32, 32), "mma": "m16n8k16", "fragments": "ldmatrix"},
+    24: {"idea": "8 warps of 64×32, a 3-stage cp.async ring, the epilogue fused",
+         "bf16": (128, 128, 8, 8, True), "f16": (128, 128, 8, 8, True),
+         "bk": 32, "warp": (64, 32), "mma": "m16n8k16", "fragments": "ldmatrix"},
+    25: {"idea": "TF32: mma.sync m16n8k8 after cvt.rna.tf32",
+         "f32": (128, 128, 8, 8, True), "bk": 16, "warp": (64, 32), "mma": "m16n8k8", "fragments": "lds"},
+    26: {"idea": "split-TF32: three mma's on big and small parts",
+         "f32": (128, 128, 8, 8, True), "bk": 16, "warp": (64, 32), "mma": "m16n8k8", "fragments": "lds",
+         "products": 3},
+    # Hopper: "warp" is the warpgroup's tile; the operands stay in shared memory (no fragments).
+    # Built for sm_90a only ("needs"): compiled for another architecture its kernels are a trap.
+    31: {"idea": "wgmma: one warpgroup, m64n128k16 on operands in shared memory",
+         "bf16": (64, 128, 8, 8, True), "f16": (64, 128, 8, 8, True),
+         "bk": 64, "warp": (64, 128), "mma": "m64n128k16", "fragments": "shared", "needs": "sm_90a"},
 }
+DTYPES = ("f32", "f64", "bf16", "f16")  # dense_kernels::kDTypeNames
+ELEMENT_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2}  # dense_kernels::dtype_bytes
+ACC_BYTES = {"f32": 4, "f64": 8, "bf16": 4, "f16": 4}  # dense_kernels::acc_bytes: the tiles' size
+
+
+def is_tensor_core(version: int) -> bool:
+    """Whether TILES describes `version` as a tensor-core version (it names an mma shape)."""
+    return "mma" in TILES.get(version, {})
+
 
 # The autotuning candidates, v11's template at other shapes (float32 only): (BM, BN, BK, WM, WN, TM,
 # TN, MINB), read from their one list in cuda/dense_kernels.h.
@@ -91,13 +135,14 @@ TUNE_CANDIDATES: list[tuple[int, ...]] = [c.shape for c in cli.load_file("cuda/c
 
 
 # ---------------------------------------------------------------------------------------
-# Occupancy. The limits of compute capability 9.0 (H100 and H200 alike) are those of the
-# CUDA C++ Programming Guide, "Technical Specifications per Compute Capability", and the
-# Hopper Tuning Guide (228 KiB shared memory per SM, at most 227 KiB per block); the rules
-# (per-warp register allocation in units of 256, registers split over 4 sub-partitions,
-# 1 KiB reserved shared memory per block, 128-byte shared allocation unit) are those of
-# cuda_occupancy.h, the calculator shipped in the toolkit's include/ folder, which
-# tests/test_static.py compiles and compares against.
+# Occupancy. The limits of compute capability 9.0 (H100 and H200 alike) and 8.0 (A100) are those
+# of the CUDA C++ Programming Guide, "Technical Specifications per Compute Capability", and the
+# Hopper and Ampere Tuning Guides (per SM 228 KiB of shared memory, at most 227 KiB per block, on
+# 9.0; 164 KiB and 163 KiB on 8.0); the rules (per-warp register allocation in units of 256,
+# registers split over 4 sub-partitions, 1 KiB reserved shared memory per block, 128-byte shared
+# allocation unit, named barriers counted from 9.0 on) are those of cuda_occupancy.h, the
+# calculator shipped in the toolkit's include/ folder, which tests/test_static.py compiles and
+# compares against for both.
 # ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Device:
@@ -117,7 +162,7 @@ class Device:
     shared_per_block_optin: int = 227 * 1024   # dynamic, after cudaFuncSetAttribute
     shared_reserved_per_block: int = 1024
     shared_allocation_unit: int = 128
-    barriers_per_block_slot: int = 2           # named barriers available: 2 per block slot
+    barriers_per_block_slot: int = 2           # named barriers available: 2 per block slot (0: not a limit)
     # Only for v9's napkin maths (its slices depend on it; the kernels query the real device):
     # an H100 SXM and an H200 have 132 SMs, an H100 PCIe 114 (--sms).
     sm_count: int = 132
@@ -129,6 +174,30 @@ class Device:
 
 
 H100 = Device()
+# An A100: registers and warps as on 9.0, less shared memory, 108 SMs; cuda_occupancy.h counts
+# named barriers against occupancy only from compute capability 9.0 on.
+A100 = Device(name="A100 (compute capability 8.0)", compute_capability="8.0", shared_per_sm=164 * 1024,
+              shared_per_block_optin=163 * 1024, barriers_per_block_slot=0, sm_count=108,
+              sources=("CUDA C++ Programming Guide: Technical Specifications per Compute Capability (8.0)",
+                       "NVIDIA Ampere Tuning Guide: shared memory capacity per SM 164 KB, 163 KB per thread block",
+                       "cuda_occupancy.h (CUDA toolkit include/): allocation granularities and sub-partitions"))
+# sm_90a: an H100's rules, and the code of the versions that need Hopper's own instructions.
+DEVICES = {"sm_90": H100, "sm_80": A100, "sm_90a": H100}
+
+
+def stage_archs(modes_py: Path = ROOT / "modes.py") -> tuple[str, ...]:
+    """The architectures the cuda stage is built for, modes.DEFAULT_CUDA_ARCHS ("8.0;9.0+PTX"), as
+    ptxas names them, the newest first: ("sm_90", "sm_80"). Read from the file's text, since
+    importing modes imports torch."""
+    m = re.search(r'^DEFAULT_CUDA_ARCHS = "([^"]+)"', modes_py.read_text(), re.M)
+    if not m:
+        raise ValueError(f"{modes_py} has no DEFAULT_CUDA_ARCHS = \"...\" line")
+    archs = ["sm_" + a.split("+")[0].strip().replace(".", "") for a in m.group(1).split(";") if a.strip()]
+    return tuple(sorted(archs, key=lambda a: -int(re.sub(r"\D", "", a))))
+
+
+# The report's default architectures, the first analysed in full.
+ARCHS = stage_archs()
 
 
 def _round_up(x: int, unit: int) -> int:
@@ -165,7 +234,8 @@ def occupancy(registers: int, threads: int, static_shared: int = 0, dynamic_shar
     shared = _round_up(static_shared + dynamic_shared + d.shared_reserved_per_block, d.shared_allocation_unit)
     per_block_limit = (d.shared_per_block_optin if optin else d.shared_per_block) + d.shared_reserved_per_block
     limits["shared"] = 0 if shared > per_block_limit else d.shared_per_sm // shared
-    limits["barriers"] = (d.max_blocks_per_sm * d.barriers_per_block_slot) // barriers if barriers else math.inf
+    limits["barriers"] = (d.max_blocks_per_sm * d.barriers_per_block_slot) // barriers \
+        if barriers and d.barriers_per_block_slot else math.inf
     blocks = int(min(limits.values()))
     limited_by = [k for k, v in limits.items() if v == blocks]
     return {"blocks_per_sm": blocks, "warps_per_sm": blocks * warps,
@@ -177,26 +247,52 @@ def occupancy(registers: int, threads: int, static_shared: int = 0, dynamic_shar
 # ---------------------------------------------------------------------------------------
 # Napkin maths per output tile
 # ---------------------------------------------------------------------------------------
-def napkin(bm: int, bn: int, tm: int, tn: int, staged: bool, element_bytes: int, k: int, slices: int = 1) -> dict:
+def napkin(bm: int, bn: int, tm: int, tn: int, staged: bool, element_bytes: int, k: int, slices: int = 1,
+           acc_bytes: int | None = None, loads_per_k: int | None = None) -> dict:
     """FLOPs and global bytes of one BM×BN output tile over a K-long reduction.
 
     Staged operands: the block loads each of its BM rows of A and BN columns of B once, so
     (BM+BN)·K elements. Unstaged (v1, v2): every thread loads its own row and column, so
-    2·BM·BN·K elements are requested (caches may serve repeats; the instructions ask anyway).
+    2·BM·BN·K elements are requested (caches may serve repeats; the instructions ask anyway);
+    `loads_per_k` overrides both (v21: each warp loads its own WM rows and WN columns).
     Plus the BM·BN outputs written once. Per thread and per k, TM+TN operands are read for
     TM·TN multiply-adds: the register-level reuse that the SASS ratio below should show.
-    Split-K (v9) over S > 1 slices: the slices partition K, so FLOPs and operand bytes of the
+    Split-K (v9, v12) over S > 1 slices: the slices partition K, so FLOPs and operand bytes of the
     tile are unchanged; each slice writes a BM×BN partial product and the reduce reads the S
-    partials back and writes the output once: (2S+1)·BM·BN output-side elements instead of BM·BN.
+    partials back and writes the output once: 2S·BM·BN partial elements (of acc_bytes, the
+    accumulator's size: float32 for the 16-bit types) besides the BM·BN outputs.
     """
     if slices < 1:
         raise ValueError("slices must be at least 1")
     flops = 2 * bm * bn * k
-    loads = (bm + bn) * k if staged else 2 * bm * bn * k
-    outputs = bm * bn if slices == 1 else (2 * slices + 1) * bm * bn
-    nbytes = (loads + outputs) * element_bytes
+    loads = loads_per_k * k if loads_per_k is not None else (bm + bn) * k if staged else 2 * bm * bn * k
+    partials = 0 if slices == 1 else 2 * slices * bm * bn
+    nbytes = (loads + bm * bn) * element_bytes + partials * (acc_bytes or element_bytes)
     return {"k": k, "slices": slices, "flops_per_tile": flops, "bytes_per_tile": nbytes,
             "flop_per_byte": flops / nbytes, "fma_per_operand_load": tm * tn / (tm + tn)}
+
+
+def mma_shape(mma: str) -> tuple[int, int, int]:
+    """(m, n, k) of an mma shape's name: m16n8k16 -> (16, 8, 16), m64n128k16 -> (64, 128, 16)."""
+    m = re.fullmatch(r"m(\d+)n(\d+)k(\d+)", mma)
+    if not m:
+        raise ValueError(f"not an mma shape: {mma!r} (e.g. m16n8k16)")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def mma_napkin(bm: int, bn: int, bk: int, wm: int, wn: int, mma: str, products: int = 1,
+               fragments: str = "ldmatrix") -> dict:
+    """A tensor-core block's work per k-step of BK, per warp (per warpgroup for wgmma): the
+    mma's (its WM×WN tile is (WM/m)·(WN/n) tiles of the mma's m×n, each BK/k mma's deep,
+    `products` mma's a product: split-TF32 takes 3) and, where fragments come by ldmatrix.x4
+    (a 16×16 piece of 16-bit elements each), WM/16 of them for A and WN/16 for B per 16 of k.
+    The static HMMA and LDSM counts of the main loop's SASS should be these (one k-step a pass)."""
+    m, n, k = mma_shape(mma)
+    mmas = (wm // m) * (wn // n) * (bk // k) * products
+    ldsm = (wm // 16 + wn // 16) * (bk // 16) if fragments == "ldmatrix" else 0
+    return {"mma": mma, "k_step": bk, "warp_tile": [wm, wn], "warps": (bm // wm) * (bn // wn),
+            "fragments": fragments, "products": products, "mma_per_k_step": mmas, "ldmatrix_x4_per_k_step": ldsm,
+            "flop_per_mma": 2 * m * n * k}
 
 
 # v9's choice of slices, as dense_kernels::splitk_slices (cuda/dense_kernels.h) makes it; the
@@ -348,7 +444,8 @@ class Instr:
     args: str
 
 
-LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+# An opcode may hold lower-case letters: wgmma's HGMMA.64x128x16.F32.BF16.
+LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][\w.]*)\s*([^;]*);")
 
 
 def parse_sass(text: str) -> dict[str, list[Instr]]:
@@ -443,27 +540,55 @@ def mix(code: list[Instr]) -> dict:
     return out
 
 
+def is_mma(op: str) -> bool:
+    """A tensor-core mma: mma.sync's HMMA.16816.F32.BF16 (bfloat16), HMMA.16816.F32 (float16),
+    HMMA.1688.F32.TF32 (tf32), or wgmma's HGMMA (sm_90a). Not HFMA2.MMA, which is a
+    half-precision FMA (see is_fma)."""
+    return op.split(".")[0] in ("HMMA", "HGMMA")
+
+
+# The opcodes a census names in full: the tensor cores' mma's, ldmatrix (LDSM.16.M88.4; .MT88 with
+# .trans), cp.async (LDGSTS) with its commit (LDGDEPBAR) and wait (DEPBAR); on sm_90a wgmma's
+# HGMMA with its WARPGROUP fences, and TMA's UTMALDG.
+CENSUS = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "LDGDEPBAR", "DEPBAR", "WARPGROUP", "UTMALDG")
+
+
+def census(code: list[Instr]) -> dict[str, int]:
+    """The tensor-core and cp.async instructions by full opcode, with their counts (static)."""
+    out: dict[str, int] = {}
+    for i in code:
+        if i.op.split(".")[0] in CENSUS:
+            out[i.op] = out.get(i.op, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def inner_loop(code: list[Instr]) -> dict | None:
-    """The innermost loop that does multiply-adds, and its instruction mix.
+    """The innermost loop that multiplies, and its instruction mix.
 
     Method: each backward branch (a BRA to a lower address) closes a loop spanning its target
-    to itself. Keep the loops that contain FFMA/DFMA; drop those that contain another such
-    loop; of the rest take the one with the most multiply-adds (v1's unrolled main loop
-    rather than its remainder). Counts are static: each instruction in the address range
-    once, nested loops (e.g. a tile-loading loop inside the k loop) included once.
+    to itself. Keep the loops that contain FFMA/DFMA or HMMA; drop those that contain another
+    such loop; of the rest take the one with the most of them (v1's unrolled main loop rather
+    than its remainder). Counts are static: each instruction in the address range once, nested
+    loops (e.g. a tile-loading loop inside the k loop) included once. Besides mix(): `mma`, the
+    HMMA count, `ldsm`, the ldmatrix count, and `census`, those and cp.async's by full opcode.
     """
+    def multiplies(op: str) -> bool:
+        return is_fma(op) or is_mma(op)
+
     spans = []
     for start, end in loops(code):
         body = [i for i in code if start <= i.addr <= end]
-        if any(is_fma(i.op) for i in body):
+        if any(multiplies(i.op) for i in body):
             spans.append((start, end, body))
     inner = [s for s in spans if not any(o is not s and s[0] <= o[0] and o[1] <= s[1] and (o[0], o[1]) != (s[0], s[1])
                                          for o in spans)]
     if not inner:
         return None
-    start, end, body = max(inner, key=lambda s: (sum(is_fma(i.op) for i in s[2]), -(s[1] - s[0])))
+    start, end, body = max(inner, key=lambda s: (sum(multiplies(i.op) for i in s[2]), -(s[1] - s[0])))
     nested = sum(1 for a, b in loops(code) if start <= a and b <= end and (a, b) != (start, end))
-    return {"start": f"{start:#06x}", "end": f"{end:#06x}", "nested_loops": nested, **mix(body)}
+    return {"start": f"{start:#06x}", "end": f"{end:#06x}", "nested_loops": nested, **mix(body),
+            "mma": sum(is_mma(i.op) for i in body), "ldsm": sum(i.op.startswith("LDSM") for i in body),
+            "census": census(body)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -475,32 +600,29 @@ class Report:
     candidates: list[dict] = field(default_factory=list)
     other_kernels: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    archs: dict[str, dict] = field(default_factory=dict)  # per architecture: compact figures of every entry
 
 
 def compile_sources(sources: list[Path], arch: str, workdir: Path) -> tuple[str, str, list[str]]:
-    """nvcc -ptx then ptxas -v for each source: (all PTX, all ptxas output, cubin paths)."""
+    """nvcc -ptx then ptxas -v for each source, the units side by side (one job per core):
+    (all PTX, all ptxas output, cubin paths), in the order of `sources`."""
     nvcc, ptxas = find_tool("nvcc"), find_tool("ptxas")
     if nvcc is None or ptxas is None:
         raise SystemExit("nvcc and ptxas (the CUDA toolkit) are needed: nothing can be compiled without them")
-    ptx_all, log_all, cubins = [], [], []
-    for n, src in enumerate(sources):
-        ptx, cubin = workdir / f"k{n}.ptx", workdir / f"k{n}.cubin"
+
+    def one(n: int, src: Path) -> tuple[str, str, str]:
+        ptx, cubin = workdir / f"{arch}_k{n}.ptx", workdir / f"{arch}_k{n}.cubin"
         run([nvcc, "-ptx", "-O3", "-std=c++17", f"-arch={arch}", str(src), "-o", str(ptx)], f"nvcc -ptx {src}")
         log = run([ptxas, f"-arch={arch}", "-v", str(ptx), "-o", str(cubin)], f"ptxas {src}")
-        ptx_all.append(ptx.read_text())
-        log_all.append(log.stdout + log.stderr)
-        cubins.append(str(cubin))
-    return "\n".join(ptx_all), "\n".join(log_all), cubins
+        return ptx.read_text(), log.stdout + log.stderr, str(cubin)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(sources), os.cpu_count() or 1))) as pool:
+        done = list(pool.map(one, range(len(sources)), sources))
+    return "\n".join(d[0] for d in done), "\n".join(d[1] for d in done), [d[2] for d in done]
 
 
-def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = True,
-          device: Device = H100) -> tuple[Report, dict]:
-    """Compile, disassemble and tabulate. Returns the report and a description of the tools."""
-    cuobjdump, why_not = sass_tools() if sass else (None, "not asked for (--no-sass)")
-    tools = {"nvcc": tool_version(find_tool("nvcc") or "nvcc") if find_tool("nvcc") else None,
-             "ptxas": tool_version(find_tool("ptxas")) if find_tool("ptxas") else None,
-             "cuobjdump": tool_version(cuobjdump) if cuobjdump else None,
-             "sass": {"available": cuobjdump is not None, "reason": why_not or None}}
+def analyse(sources: list[Path], arch: str, k: int, cuobjdump: str | None, device: Device) -> Report:
+    """Compile for one architecture, disassemble and tabulate every entry, with `device`'s rules."""
     report = Report()
     with tempfile.TemporaryDirectory() as tmp:
         ptx, log, cubins = compile_sources(sources, arch, Path(tmp))
@@ -510,7 +632,8 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
                 functions.update(parse_sass(disassemble(Path(cubin), cuobjdump)))
     usage, bounds = parse_ptxas(log), launch_bounds(ptx)
     if not any(GEMM.match(n) for n in usage):
-        raise SystemExit(f"no dense_gemm_v*_{{nt,nn,tn}}_{{f32,f64}} entry found in {', '.join(map(str, sources))}")
+        raise SystemExit(f"no dense_gemm_v*_{{nt,nn,tn}}_{{{','.join(DTYPES)}}} entry found in "
+                         f"{', '.join(map(str, sources))}")
     for name in sorted(usage, key=lambda n: (GEMM.match(n) is None and TUNE.match(n) is None, *(_sort_key(n)))):
         u = usage[name]
         m = GEMM.match(name) or TUNE.match(name)
@@ -519,6 +642,7 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
         if m:
             number, layout, dtype = int(m.group(1)), m.group(2), m.group(3)
             rec.update(layout=layout, dtype=dtype)
+            entry = TILES.get(number, {}) if m.re is GEMM else {}
             if m.re is TUNE:
                 rec["candidate"] = number
                 shape = TUNE_CANDIDATES[number] if number < len(TUNE_CANDIDATES) and dtype == "f32" else None
@@ -528,22 +652,34 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
                 what = f"candidate {number} {dtype} in TUNE_CANDIDATES"
             else:
                 rec["version"] = number
-                tile = TILES.get(number, {}).get(dtype)
-                rec["idea"] = TILES.get(number, {}).get("idea")
+                tile = entry.get(dtype)
+                rec["idea"] = entry.get("idea")
+                if "needs" in entry:  # elsewhere its kernels are a trap: figures, but not of the version's code
+                    rec["needs"] = entry["needs"]
                 what = f"v{number} {dtype} in TILES"
             if tile is None:
                 report.warnings.append(f"{name}: no entry for {what} (cuda/static_report.py)")
             else:
                 bm, bn, tm, tn, staged = tile
                 rec["tile"] = {"bm": bm, "bn": bn, "tm": tm, "tn": tn, "staged_in_shared": staged}
-                split = TILES.get(number, {}).get("split_k") if m.re is GEMM else None
+                split = entry.get("split_k")
                 slices = 1
                 if split == "skinny":
-                    slices = skinny_slices(SPLITK_BATCH, k, k, bm, bn, TILES[number]["bk"],
-                                           TILES[number]["min_blocks"][dtype], device.sm_count)
+                    slices = skinny_slices(SPLITK_BATCH, k, k, bm, bn, entry["bk"], entry["min_blocks"][dtype],
+                                           device.sm_count)
                 elif split:
                     slices = splitk_slices(SPLITK_BATCH, k, k, bm, bn, device.sm_count)
-                rec["napkin"] = napkin(bm, bn, tm, tn, staged, 4 if dtype == "f32" else 8, k, slices)
+                mma = None
+                if "mma" in entry:
+                    wm, wn = entry["warp"]
+                    rec["tile"].update(bk=entry["bk"], wm=wm, wn=wn)
+                    mma = mma_napkin(bm, bn, entry["bk"], wm, wn, entry["mma"], entry.get("products", 1),
+                                     entry["fragments"])
+                loads = mma["warps"] * (mma["warp_tile"][0] + mma["warp_tile"][1]) \
+                    if mma and entry["fragments"] == "global" else None
+                rec["napkin"] = napkin(bm, bn, tm, tn, staged, ELEMENT_BYTES[dtype], k, slices, ACC_BYTES[dtype], loads)
+                if mma:  # a lane's accumulators are not a register tile of FMAs: the mma's are the ratio
+                    rec["napkin"].update(fma_per_operand_load=None, tensor_cores=mma)
                 if slices > 1:
                     rec["napkin"]["slices_at"] = {"batch": SPLITK_BATCH, "in": k, "out": k, "sm_count": device.sm_count}
                 expected = bm * bn // (tm * tn)
@@ -574,9 +710,50 @@ def build(sources: list[Path], arch: str = "sm_90", k: int = 4096, sass: bool = 
             if m:
                 rec["inner_loop"] = inner_loop(code)
                 rec["calls"] = calls(code)
+                rec["census"] = census(code)  # the whole kernel's
             else:  # the backward's kernels and the second passes: the whole kernel's mix
                 rec["mix"] = mix(code)
         (report.other_kernels if not m else report.kernels if m.re is GEMM else report.candidates).append(rec)
+    return report
+
+
+# The figures every architecture gets for every entry (Report.archs), beside the first one's full records.
+COMPACT = ("registers", "spill_stores", "spill_loads", "stack_bytes", "shared_bytes", "threads", "blocks_per_sm",
+           "occupancy_limited_by")
+
+
+def compact(rec: dict) -> dict:
+    """One entry's figures on one architecture: ptxas's, the occupancy, and where there is SASS
+    the main loop's multiplies (FFMA/DFMA, HMMA), ldmatrix's and the census of the tensor-core and
+    cp.async instructions, in the loop and in the whole kernel."""
+    out = {x: rec.get(x) for x in COMPACT}
+    if loop := rec.get("inner_loop"):
+        out["loop"] = {"fma": loop["fma"], "mma": loop["mma"], "ldsm": loop["ldsm"], "census": loop["census"]}
+    if "census" in rec:
+        out["census"] = rec["census"]
+    return out
+
+
+def build(sources: list[Path], archs: tuple[str, ...] = ARCHS, k: int = 4096, sass: bool = True,
+          devices: dict[str, Device] | None = None) -> tuple[Report, dict]:
+    """Compile, disassemble and tabulate for each architecture. The report holds the first
+    architecture's full records, and every architecture's compact figures (Report.archs).
+    Returns the report and a description of the tools."""
+    devices = {**DEVICES, **(devices or {})}
+    cuobjdump, why_not = sass_tools() if sass else (None, "not asked for (--no-sass)")
+    tools = {"nvcc": tool_version(find_tool("nvcc") or "nvcc") if find_tool("nvcc") else None,
+             "ptxas": tool_version(find_tool("ptxas")) if find_tool("ptxas") else None,
+             "cuobjdump": tool_version(cuobjdump) if cuobjdump else None,
+             "sass": {"available": cuobjdump is not None, "reason": why_not or None}}
+    report: Report | None = None
+    for arch in archs:
+        got = analyse(sources, arch, k, cuobjdump, devices[arch])
+        if report is None:
+            report = got
+        report.warnings += [w for w in got.warnings if w not in report.warnings]
+        every = got.kernels + got.candidates + got.other_kernels
+        report.archs[arch] = {"device": asdict(devices[arch]), "entries": {r["name"]: compact(r) for r in every}}
+    assert report is not None, "no architecture given"
     return report, tools
 
 
@@ -584,7 +761,7 @@ def _sort_key(name: str) -> tuple:
     m = GEMM.match(name) or TUNE.match(name)
     if not m:
         return (0, name, 0)
-    return (m.re is TUNE, int(m.group(1)), m.group(3), ("nt", "nn", "tn").index(m.group(2)))
+    return (m.re is TUNE, int(m.group(1)), DTYPES.index(m.group(3)), ("nt", "nn", "tn").index(m.group(2)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -619,11 +796,22 @@ def _mix_cell(loop: dict | None, sep: str = " : ") -> str:
     return f"{loop['fma']}{sep}{widths(loop['lds'])}{sep}{widths(loop['ldg'])}{cp_async}"
 
 
+def uses_tensor_cores(rec: dict) -> bool:
+    """A GEMM record of a tensor-core version: TILES says so, or its main loop has HMMA's."""
+    return "tensor_cores" in rec.get("napkin", {}) or bool((rec.get("inner_loop") or {}).get("mma"))
+
+
+def _dtype_order(dt: str) -> int:
+    return DTYPES.index(dt) if dt in DTYPES else len(DTYPES)
+
+
 def table(record: dict) -> str:
-    """One row per version and dtype; registers for the three layouts, the rest for nt (forward)."""
+    """One row per CUDA-core version and dtype; registers for the three layouts, the rest for nt
+    (forward). The tensor-core versions have a table of their own (tensor_core_table)."""
     by = {}
     for k in record["kernels"]:
-        by.setdefault((k["version"], k["dtype"]), {})[k["layout"]] = k
+        if not uses_tensor_cores(k):
+            by.setdefault((k["version"], k["dtype"]), {})[k["layout"]] = k
     times = {(t["version"], t["dtype"]): t for t in record.get("timings", [])}
     sass = record["tools"]["sass"]["available"]
     timed = " GFLOP/s | % of cuBLAS |" if times else ""
@@ -631,7 +819,7 @@ def table(record: dict) -> str:
             f"nt/nn/tn (bound by) | inner loop FMA:LDS:LDG |{timed}",
             "|---|---|---|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if times else "")]
     rows = []
-    for (v, dt), lay in sorted(by.items()):
+    for (v, dt), lay in sorted(by.items(), key=lambda kv: (kv[0][0], _dtype_order(kv[0][1]))):
         nt = lay.get("nt") or next(iter(lay.values()))
         tile = nt.get("tile")
         tile_cell = f"{tile['bm']}×{tile['bn']} ({tile['tm']}×{tile['tn']})" if tile else "?"
@@ -659,7 +847,8 @@ def table(record: dict) -> str:
             split.setdefault(k["version"], set()).add((k["dtype"], k["napkin"]["slices"]))
             at = k["napkin"]["slices_at"]
     if split:
-        each = "; ".join(f"v{v} " + ", ".join(f"{s} slices ({dt})" for dt, s in sorted(split[v]))
+        each = "; ".join(f"v{v} " + ", ".join(f"{s} slices ({dt})" for dt, s in
+                                              sorted(split[v], key=lambda x: _dtype_order(x[0])))
                          for v in sorted(split))
         notes.append(f"Split-K: FLOP/B includes the partial products ({each}), the slices taken at "
                      f"B={at['batch']}, I=O={at['in']} on {at['sm_count']} SMs.")
@@ -678,7 +867,8 @@ def table(record: dict) -> str:
 def chapter_table(record: dict) -> str:
     """The chapter's version of table(): float32 rows, without the backward's kernels (the script
     prints all of them; a chapter's tables count against its word budget)."""
-    kept = {**record, "kernels": [k for k in record["kernels"] if k["dtype"] == "f32"], "other_kernels": []}
+    kept = {**record, "kernels": [k for k in record["kernels"] if k["dtype"] == "f32" and not uses_tensor_cores(k)],
+            "other_kernels": []}
     text = table(kept)
     return text + "\n\nfloat64 rows and the backward's kernels: `python cuda/static_report.py`."
 
@@ -716,14 +906,101 @@ def _candidates_table(record: dict) -> list[str]:
     return rows
 
 
+def _arch_entries(record: dict) -> dict[str, dict]:
+    """{architecture: {entry name: compact figures}}, lowest architecture first: the record's
+    per-architecture figures, or for a record without them its own (one architecture's) records."""
+    found = {a: x["entries"] for a, x in record.get("archs", {}).items()} or \
+        {record["arch"]: {r["name"]: compact(r) for r in
+                          record["kernels"] + record.get("candidates", []) + record.get("other_kernels", [])}}
+    return dict(sorted(found.items(), key=lambda kv: int(re.sub(r"\D", "", kv[0]) or 0)))
+
+
+def _loop_cell(loop: dict | None) -> str:
+    """A main loop in a few words: multiply-adds, the tensor-core and cp.async instructions by
+    their SASS names, and plain shared and global loads as count×bits."""
+    if not loop:
+        return "–"
+    def widths(d: dict) -> str:
+        return "+".join(f"{n}×{w}" for w, n in sorted(d.items(), key=lambda kv: int(kv[0])))
+    parts = [f"{loop['fma']} FFMA"] if loop["fma"] else []
+    parts += [f"{n} {op}" for op, n in loop.get("census", {}).items() if op.startswith(("HMMA", "LDSM", "LDGSTS"))]
+    parts += [f"{name} {widths(loop[key])}" for name, key in (("LDS", "lds"), ("LDG", "ldg")) if loop[key]]
+    return ", ".join(parts)
+
+
+def tensor_core_table(record: dict) -> str:
+    """The tensor-core versions, after the CUDA-core versions built for bfloat16 and float16 (their
+    baseline): one row per version and element type; registers and blocks per SM on each
+    architecture of the record, for the three layouts; shared memory, spills and stack frame
+    (the most of any layout and architecture); the main loop's instructions per pass (one k-step)
+    for nt on the record's first architecture, and its HMMA count on each."""
+    entries = _arch_entries(record)
+    archs = list(entries)
+    by: dict[tuple[int, str], dict] = {}
+    elsewhere: dict[str, set] = {}  # versions built for an architecture the record does not have
+    for k in record["kernels"]:
+        if k.get("needs") and k["needs"] not in archs:
+            elsewhere.setdefault(k["needs"], set()).add(k["version"])
+        elif uses_tensor_cores(k) or k["dtype"] in ("bf16", "f16"):
+            by.setdefault((k["version"], k["dtype"]), {})[k["layout"]] = k
+    if not by:
+        return "No tensor-core or 16-bit GEMM entries in this record."
+    sass = record["tools"]["sass"]["available"]
+    per_arch = " | ".join(f"regs nt/nn/tn {a}" for a in archs)
+    blocks_head = " | ".join(f"blocks/SM {a}" for a in archs)
+    head = [f"| v | dtype | tile BM×BN×BK (warp) | threads | FLOP/B | {per_arch} | smem B | spills, stack B | "
+            f"{blocks_head} | HMMA per pass {'/'.join(archs)} | main loop per pass, nt, {record['arch']} |",
+            "|---|---|---|---:|---:|" + "---:|" * len(archs) + "---:|---:|" + "---:|" * len(archs) + "---:|---|"]
+    rows = []
+    for (v, dt), lay in sorted(by.items(), key=lambda kv: (kv[0][0], _dtype_order(kv[0][1]))):
+        nt = lay.get("nt") or next(iter(lay.values()))
+        names = [lay[x]["name"] if x in lay else None for x in ("nt", "nn", "tn")]
+        t = nt.get("tile")
+        if t and "bk" in t:
+            tile_cell = f"{t['bm']}×{t['bn']}×{t['bk']} ({t['wm']}×{t['wn']})"
+        elif t:
+            tile_cell = f"{t['bm']}×{t['bn']} ({t['tm']}×{t['tn']})"
+        else:
+            tile_cell = "?"
+        ai = f"{nt['napkin']['flop_per_byte']:.2f}" if nt.get("napkin") else "?"
+
+        def each(arch: str, key: str, names: list = names) -> str:
+            return "/".join(str(entries[arch][n][key]) if n in entries[arch] and entries[arch][n].get(key) is not None
+                            else "–" for n in names)
+        figures = [entries[a][n] for a in archs for n in names if n in entries[a]]
+        smem = {lay[x]["shared_bytes"] for x in lay}
+        smem = str(smem.pop()) if len(smem) == 1 else "/".join(str(lay[x]["shared_bytes"]) if x in lay else "–"
+                                                               for x in ("nt", "nn", "tn"))
+        spills = max((f["spill_stores"] or 0) + (f["spill_loads"] or 0) for f in figures)
+        stack = max(f["stack_bytes"] or 0 for f in figures)
+        hmma = "/".join(str(entries[a].get(nt["name"], {}).get("loop", {}).get("mma", "–")) for a in archs) \
+            if sass else "no SASS"
+        loop = _loop_cell(nt.get("inner_loop")) if sass else "no SASS"
+        rows.append(f"| {v} | {dt} | {tile_cell} | {nt['threads']} | {ai} | "
+                    + " | ".join(each(a, "registers") for a in archs)
+                    + f" | {smem} | {spills}, {stack} | " + " | ".join(each(a, "blocks_per_sm") for a in archs)
+                    + f" | {hmma} | {loop} |")
+    devices = {a: record.get("archs", {}).get(a, {}).get("device", record["device"])["name"] for a in archs}
+    notes = ["", f"{', '.join(f'{a} ({devices[a]})' for a in archs)}, ptxas {record['tools']['ptxas']}, "
+                 f"K={record['k']} for FLOP/B, {record['date']}: `{record['command']}`",
+             "Static counts: a pass's loads include the element-by-element path taken where a tile is not "
+             "16-byte aligned, beside cp.async's; smem B per layout nt/nn/tn where they differ."]
+    for arch, versions in sorted(elsewhere.items()):
+        notes.append(f"{', '.join(f'v{v}' for v in sorted(versions))}: {arch} only, "
+                     f"`python cuda/static_report.py --arch {arch}`.")
+    if not sass:
+        notes.append(f"SASS columns left out: {record['tools']['sass']['reason']}.")
+    return "\n".join(head + rows + notes)
+
+
 OTHER_ORDER = ("dense_sigmoid_grad_v1", "dense_sigmoid_grad_v1_x4", "dense_sigmoid_grad_v2", "dense_sigmoid_grad_v3",
                "dense_bias_grad_v3", "dense_splitk_reduce")
 
 
 def _other_table(record: dict) -> list[str]:
     """The kernels that are not GEMMs (the backward's sigmoid-grad versions, the two second
-    passes): one row per kernel, f32/f64 side by side; memory and shuffle instructions counted
-    over the whole kernel (static counts, loops once)."""
+    passes): one row per kernel, its element types side by side; memory and shuffle instructions
+    counted over the whole kernel (static counts, loops once)."""
     by: dict[str, dict] = {}
     for k in record.get("other_kernels", []):
         base, _, dt = k["name"].rpartition("_")
@@ -731,9 +1008,10 @@ def _other_table(record: dict) -> list[str]:
     if not by:
         return []
     sass = record["tools"]["sass"]["available"]
+    types = sorted({dt for lay in by.values() for dt in lay}, key=_dtype_order)
 
     def pair(lay: dict, f) -> str:
-        return "/".join(f(lay[dt]) if dt in lay else "–" for dt in ("f32", "f64"))
+        return "/".join(f(lay[dt]) if dt in lay else "–" for dt in types)
 
     def occ(k: dict) -> str:
         return f"{k['blocks_per_sm']} ({100 * k['occupancy']:.0f}%)" if k.get("occupancy") is not None else "?"
@@ -746,8 +1024,8 @@ def _other_table(record: dict) -> list[str]:
                 for name, key in (("LDG", "ldg"), ("STG", "stg"), ("LDS", "lds"), ("STS", "sts")) if mx[key]]
         return ", ".join(cell + ([f"SHFL {mx['shfl']}"] if mx["shfl"] else []))
 
-    rows = ["", "The backward's kernels and the two second passes (f32/f64; instructions over the whole kernel, "
-            "f32, count×bits):", "",
+    rows = ["", f"The backward's kernels and the two second passes ({'/'.join(types)}; instructions over the whole "
+            "kernel, f32, count×bits):", "",
             "| kernel | threads | regs | smem B | spills | blocks/SM (occupancy) | memory and shuffle instructions |",
             "|---|---:|---:|---:|---:|---|---|"]
     order = {n: i for i, n in enumerate(OTHER_ORDER)}
@@ -783,24 +1061,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--source", action="append", metavar="FILE",
                         help=f"CUDA file(s) with the entry points (default: {' '.join(DEFAULT_SOURCES)})")
-    parser.add_argument("--arch", default="sm_90", help="target architecture (the occupancy rules are sm_90's)")
+    parser.add_argument("--arch", action="append", choices=sorted(DEVICES), metavar="ARCH",
+                        help=f"target architecture, repeatable, the first analysed in full (default: "
+                             f"{' '.join(ARCHS)}; known: {', '.join(sorted(DEVICES))})")
     parser.add_argument("-k", type=int, default=4096, help="reduction length for the per-tile napkin maths")
-    parser.add_argument("--sms", type=int, default=H100.sm_count,
-                        help="SM count for v9's and v12's slices in the napkin maths "
-                             "(H100 SXM/H200: 132, H100 PCIe: 114)")
+    parser.add_argument("--sms", type=int,
+                        help="SM count for v9's and v12's slices in the napkin maths (default: the first "
+                             "architecture's device: H100 SXM/H200 132 (H100 PCIe: 114), A100 108)")
     parser.add_argument("--no-sass", action="store_true", help="skip the SASS (cuobjdump) columns")
     parser.add_argument("--sass", action="append", metavar="KERNEL",
                         help="print this kernel's SASS (e.g. dense_gemm_v6_nt_f32; repeatable) instead of the table")
     parser.add_argument("--timings", nargs="*", default=[], metavar="JSON",
                         help="benchmark.py records of the cuda mode (one per --kernel N) to join into the table")
     args = parser.parse_args(argv)
-    if args.arch != "sm_90":
-        parser.error("the occupancy rules here are those of sm_90 (H100/H200); only --arch sm_90 is supported")
+    archs = tuple(dict.fromkeys(args.arch or ARCHS))
+    if unknown := [a for a in archs if a not in DEVICES]:  # modes.DEFAULT_CUDA_ARCHS names a new one
+        parser.error(f"no occupancy rules for {', '.join(unknown)} here (known: {', '.join(sorted(DEVICES))})")
     if args.k < 1:
         parser.error("-k must be at least 1")
-    if args.sms < 1:
+    if args.sms is not None and args.sms < 1:
         parser.error("--sms must be at least 1")
-    device = dataclasses.replace(H100, sm_count=args.sms)
+    # --sms is the first architecture's (the napkin maths are computed for it)
+    devices = {archs[0]: dataclasses.replace(DEVICES[archs[0]], sm_count=args.sms)} if args.sms else {}
     sources = [ROOT / s if not Path(s).is_absolute() else Path(s) for s in (args.source or DEFAULT_SOURCES)]
     for s in sources:
         if not s.is_file():
@@ -811,19 +1093,19 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no such timings file: {t}")
     joined = timings(args.timings)  # before the compile: a bad file fails fast
     if args.sass:
-        return print_sass(sources, args.arch, args.sass)
+        return print_sass(sources, archs[0], args.sass)
     if not args.no_sass and sass_tools()[0] is None:
         print(f"note: {sass_tools()[1]}; the SASS columns are left out", file=sys.stderr)
 
-    report, tools = build(sources, args.arch, args.k, sass=not args.no_sass, device=device)
-    record = {"arch": args.arch, "k": args.k, "device": asdict(device), "tools": tools,
+    report, tools = build(sources, archs, args.k, sass=not args.no_sass, devices=devices)
+    record = {"arch": archs[0], "k": args.k, "device": report.archs[archs[0]]["device"], "tools": tools,
               "sources": [os.path.relpath(s, ROOT) for s in sources],
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "command": " ".join(["python cuda/static_report.py", *(sys.argv[1:] if argv is None else argv)]),
               "kernels": report.kernels, "candidates": report.candidates, "other_kernels": report.other_kernels,
               "timings": joined,
-              "warnings": report.warnings}
-    status = cli.publish(table(record) + "\n\n" + candidates_table(record),
+              "warnings": report.warnings, "archs": report.archs}
+    status = cli.publish(table(record) + "\n\n" + candidates_table(record) + "\n\n" + tensor_core_table(record),
                          [(json_path, cli.json_writer(record, indent=1))])
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)

@@ -44,6 +44,17 @@ def tolerance(version: int, dtype: torch.dtype) -> dict:
     return dict(atol=3e-2, rtol=1e-2) if version in TF32_VERSIONS else TOL[dtype]
 
 
+def uses_tma(version: int) -> bool:
+    return bool(emu.library().emu_uses_tma(version))
+
+
+def tma_rows(layout: str, m: int, n: int, k: int, dtype: torch.dtype) -> bool:
+    """Whether TMA can copy these operands' rows: their contiguous dimensions whole 16-byte multiples."""
+    per = 16 // torch.empty(0, dtype=dtype).element_size()
+    a_row, b_row = (m if layout[0] == "t" else k), (k if layout[1] == "t" else n)
+    return a_row % per == 0 and b_row % per == 0
+
+
 # Every version with every element type it is built for (cuda/dense_kernels.h's kVersionInfo).
 CASES = [(v, d) for v in VERSIONS for d in emu.DTYPES if v in emu.versions(d)]
 CASE_IDS = [f"{v}-{emu.DTYPE_NAMES[d]}" for v, d in CASES]
@@ -73,6 +84,10 @@ def test_every_gemm_layout_and_epilogue_matches_torch(version, dtype):
             a = torch.randn((k, m) if layout[0] == "t" else (m, k), generator=g, dtype=dtype)
             b = torch.randn((n, k) if layout[1] == "t" else (k, n), generator=g, dtype=dtype)
             bias = torch.randn(n, generator=g, dtype=dtype)
+            if uses_tma(version) and not tma_rows(layout, m, n, k, dtype):
+                with pytest.raises(ValueError, match="through TMA, which copies rows of whole 16-byte multiples"):
+                    run_gemm(version, layout, a, b, bias, emu.KPLAIN, m, n, k)
+                continue
             for epilogue, bi in ((emu.KPLAIN, None), (emu.KBIAS_SIGMOID, bias), (emu.KBIAS_SIGMOID, None)):
                 got = run_gemm(version, layout, a, b, bi, epilogue, m, n, k).double()
                 torch.testing.assert_close(got, reference(layout, a, b, bi, epilogue), **tolerance(version, dtype),
@@ -82,9 +97,10 @@ def test_every_gemm_layout_and_epilogue_matches_torch(version, dtype):
 @pytest.mark.parametrize("version, dtype", CASES, ids=CASE_IDS)
 def test_nan_and_inf_give_torchs_nan_pattern(version, dtype):
     """sigmoid(F.linear(...)) of NaN is NaN, of ±inf 0 or 1, of inf − inf NaN: the same here."""
-    x = torch.randn(19, 23, dtype=torch.float64)
-    w = torch.randn(29, 23, dtype=torch.float64)
-    b = torch.randn(29, dtype=torch.float64)
+    # (rows of 24 and 32: whole 16-byte multiples in every type, as the TMA versions need)
+    x = torch.randn(19, 24, dtype=torch.float64)
+    w = torch.randn(32, 24, dtype=torch.float64)
+    b = torch.randn(32, dtype=torch.float64)
     x[0, 3], x[1, :] = float("nan"), float("inf")
     x[2, 5], x[3, 0] = float("inf"), float("-inf")
     w[4, 1], b[5], b[6] = float("nan"), float("inf"), float("-inf")
@@ -99,10 +115,12 @@ def test_nan_and_inf_give_torchs_nan_pattern(version, dtype):
 def test_forward_and_backward_against_nn_linear_every_version():
     g = torch.Generator().manual_seed(1)
     for version, dtype in [(0, d) for d in emu.DTYPES] + CASES:
-        x = torch.randn(3, 11, 13, generator=g, dtype=dtype, requires_grad=True)  # (*, in) input
-        w = torch.randn(9, 13, generator=g, dtype=dtype, requires_grad=True)
-        b = torch.randn(9, generator=g, dtype=dtype, requires_grad=True)
-        grad = torch.randn(3, 11, 9, generator=g, dtype=dtype)
+        # odd features, but whole 16-byte rows for the versions that take their operands through TMA
+        fin, fout = (16, 24) if uses_tma(version) else (13, 9)
+        x = torch.randn(3, 11, fin, generator=g, dtype=dtype, requires_grad=True)  # (*, in) input
+        w = torch.randn(fout, fin, generator=g, dtype=dtype, requires_grad=True)
+        b = torch.randn(fout, generator=g, dtype=dtype, requires_grad=True)
+        grad = torch.randn(3, 11, fout, generator=g, dtype=dtype)
         y = emu.dense(version)(x, w, b)
         ours = [y, *torch.autograd.grad(y, (x, w, b), grad)]
         x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
@@ -123,12 +141,12 @@ def test_forward_and_backward_against_nn_linear_every_version():
                 torch.testing.assert_close(o.double(), r, **tolerance(version, dtype),
                                            msg=lambda s, v=version, d=dtype: f"v{v} {d}: {s}")
         # an empty batch: y is empty, grad weight is zero, grad bias is zero
-        x0 = torch.zeros(0, 13, dtype=dtype, requires_grad=True)
-        w0 = torch.randn(9, 13, dtype=dtype, requires_grad=True)
-        b0 = torch.randn(9, dtype=dtype, requires_grad=True)
+        x0 = torch.zeros(0, fin, dtype=dtype, requires_grad=True)
+        w0 = torch.randn(fout, fin, dtype=dtype, requires_grad=True)
+        b0 = torch.randn(fout, dtype=dtype, requires_grad=True)
         y0 = emu.dense(version)(x0, w0, b0)
         y0.sum().backward()
-        assert y0.shape == (0, 9) and torch.equal(w0.grad, torch.zeros_like(w0)) and torch.equal(b0.grad, 0 * b0)
+        assert y0.shape == (0, fout) and torch.equal(w0.grad, torch.zeros_like(w0)) and torch.equal(b0.grad, 0 * b0)
 
 
 def test_bad_inputs_get_clear_errors():
@@ -393,7 +411,8 @@ def test_each_way_of_running_threads_gives_the_known_answer(backend, tmp_path):
         return
     broken = subprocess.run([str(exe), "broken"], capture_output=True, text=True, timeout=60)
     assert broken.stdout.strip() == "status 2", broken.stdout + broken.stderr
-    assert "5 threads wait at __syncthreads, 0 at a warp shuffle, 59 have returned" in broken.stderr
+    assert ("5 threads wait at __syncthreads, 0 on an mbarrier, 0 at a warp-wide instruction, 59 have returned"
+            in broken.stderr)
 
 
 @pytest.mark.slow

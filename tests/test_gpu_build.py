@@ -99,8 +99,10 @@ def test_arch_flags_default_and_override(monkeypatch):
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     archs, flags = modes._arch_flags()
     assert archs.startswith(modes.DEFAULT_CUDA_ARCHS)
-    assert flags == ("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
-                     "-gencode=arch=compute_90,code=compute_90")
+    # sm_80's code and its PTX (which newer GPUs compile for themselves), and sm_90a's: the Hopper-only
+    # instructions of v31-v35 exist in no other architecture's code
+    assert flags == ("-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80",
+                     "-gencode=arch=compute_90a,code=sm_90a")
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     archs, flags = modes._arch_flags()
     assert archs == "9.0 (TORCH_CUDA_ARCH_LIST)" and flags == ()  # torch turns the list into flags itself

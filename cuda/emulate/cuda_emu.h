@@ -239,13 +239,14 @@ struct Block {
   std::vector<Warp> warps;
   std::vector<AsyncCopies> copies;  // per thread of the block
   std::vector<Warpgroup> warpgroups;
+  unsigned char* dynamic_shared = nullptr;  // the launch's dynamic shared memory (1024-byte aligned)
   std::atomic<bool> hopper{false};  // a Hopper instruction ran in this launch (hopper.h keeps its state)
 };
 // Set by hopper.h: what a new block of the launch starts from, what it must finish at its end
 // (TMA copies that land, wgmma's never waited for), and what the threads that cannot go on wait for.
 inline void (*hopper_block_start)(Block&) = nullptr;
 inline void (*hopper_thread_end)(Block&) = nullptr;
-inline void (*hopper_report_waits)(Block&) = nullptr;
+inline unsigned (*hopper_report_waits)(Block&) = nullptr;  // prints them; returns how many threads wait
 
 inline CUDA_EMU_PER_THREAD Block* current_block = nullptr;
 inline CUDA_EMU_PER_THREAD unsigned lane_id = 0, warp_id = 0;
@@ -516,13 +517,16 @@ class Scheduler {
   }
 
   int never_reached(const Launch& l, unsigned n, unsigned finished) {
-    unsigned at_sync = static_cast<unsigned>(l.shared_block.barrier.waiting.size());
+    const unsigned at_sync = static_cast<unsigned>(l.shared_block.barrier.waiting.size());
+    const unsigned at_mbarrier = l.shared_block.hopper.load() && hopper_report_waits
+                                     ? hopper_report_waits(const_cast<Block&>(l.shared_block))
+                                     : 0;
     std::fprintf(stderr,
                  "cuda_emu: block (%u,%u,%u) of a %u-thread launch cannot finish: %u threads wait at "
-                 "__syncthreads, %u at a warp shuffle, %u have returned. A barrier that not every thread of "
-                 "the block reaches hangs (or worse) on a GPU.\n",
-                 blockIdx.x, blockIdx.y, blockIdx.z, n, at_sync, n - finished - at_sync, finished);
-    if (l.shared_block.hopper.load() && hopper_report_waits) hopper_report_waits(const_cast<Block&>(l.shared_block));
+                 "__syncthreads, %u on an mbarrier, %u at a warp-wide instruction, %u have returned. A wait that "
+                 "nothing will end hangs (or worse) on a GPU.\n",
+                 blockIdx.x, blockIdx.y, blockIdx.z, n, at_sync, at_mbarrier, n - finished - at_sync - at_mbarrier,
+                 finished);
     return kBarrierNeverReached;
   }
 
@@ -541,8 +545,10 @@ inline void Barrier::wait() { executor().wait(*this); }
 // kernel<<<grid, block>>>(args...): `fn` is called by every thread of every block. Launches are
 // serialised (the static "shared memory" belongs to one launch at a time). Returns 0 or
 // kBarrierNeverReached.
+// `dynamic_bytes` of dynamic shared memory (kernel<<<grid, block, bytes>>>), which the kernel
+// reaches through dynamic_shared().
 template <typename F>
-int launch(dim3 grid, dim3 block, F&& fn) {
+int launch(dim3 grid, dim3 block, F&& fn, size_t dynamic_bytes = 0) {
   static std::mutex one_at_a_time;
   std::lock_guard<std::mutex> lock(one_at_a_time);
   const unsigned n = block.x * block.y * block.z;
@@ -559,6 +565,10 @@ int launch(dim3 grid, dim3 block, F&& fn) {
   for (unsigned w = 0; w < l.shared_block.warps.size(); ++w)
     l.shared_block.warps[w].barrier.init((w + 1) * 32 <= n ? 32 : n - w * 32);
   l.shared_block.warpgroups = std::vector<Warpgroup>(n / 128);
+  std::unique_ptr<unsigned char, void (*)(void*)> dynamic(
+      dynamic_bytes ? static_cast<unsigned char*>(std::aligned_alloc(1024, (dynamic_bytes + 1023) / 1024 * 1024)) : nullptr,
+      std::free);
+  l.shared_block.dynamic_shared = dynamic.get();
   for (auto& g : l.shared_block.warpgroups) g.barrier.init(128);
   protocol_error.store(0);
   if (hopper_block_start) hopper_block_start(l.shared_block);  // nothing left of an earlier launch
@@ -574,6 +584,9 @@ int launch(dim3 grid, dim3 block, F&& fn) {
 }  // namespace emu
 
 inline void __syncthreads() { emu::current_block->barrier.wait(); }
+namespace emu {
+inline unsigned char* dynamic_shared() { return current_block->dynamic_shared; }
+}  // namespace emu
 
 // Warp shuffles (all 32 lanes of the warp take part: `mask` must be the full warp).
 template <typename T>

@@ -78,11 +78,15 @@ int check_gemm(int version, const char* layout, Shape s, int epilogue, bool with
   const auto bias = random_vector<T>(s.N, gen);
   auto A = exact(a), B = exact(b), Bias = exact(bias);
   std::unique_ptr<T[]> C(new T[s.M * s.N ? s.M * s.N : 1]);
+  version = emu_resolve_version(version, layout, dtype_of<T>(), A.get(), B.get(), s.M, s.N, s.K, kSms);
   const int64_t work = emu_gemm_workspace(version, dtype_of<T>(), s.M, s.N, s.K, kSms);
   std::unique_ptr<Acc[]> W(work > 0 ? new Acc[work] : nullptr);
   const int rc = emu_gemm(version, layout, dtype_of<T>(), A.get(), B.get(), C.get(), with_bias ? Bias.get() : nullptr,
                           s.M, s.N, s.K, epilogue, kSms, W.get());
-  if (rc != 0) return std::printf("v%d %s: launch refused\n", version, layout), 1;
+  // A TMA version refuses operands whose rows are not whole 16-byte multiples (version 0 then
+  // chooses another): that refusal is right, and there is nothing to compare.
+  if (rc == 1 && uses_tma(version) && !tma_compatible(layout, A.get(), B.get(), s.M, s.N, s.K, sizeof(T))) return 0;
+  if (rc != 0) return std::printf("v%d %s: launch refused (%d)\n", version, layout, rc), 1;
   // v25 multiplies float32 operands rounded to tf32 (10 bits of mantissa): 2^-11 relative a product
   const double tol = version == 25 ? 2e-3 : tolerance<T>();
   for (int64_t m = 0; m < s.M; ++m)

@@ -18,13 +18,26 @@ inline int take_status() {
 #define DENSE_LAUNCH(fn, geo, ...)                                                                             \
   (emu::last_status = emu::launch(dim3{(geo).grid.x, (geo).grid.y, (geo).grid.z},                              \
                                   dim3{(geo).block.x, (geo).block.y, (geo).block.z}, [&] { fn(__VA_ARGS__); }))
+#define DENSE_LAUNCH_SMEM(fn, geo, bytes, ...)                                                                 \
+  (emu::last_status = emu::launch(dim3{(geo).grid.x, (geo).grid.y, (geo).grid.z},                              \
+                                  dim3{(geo).block.x, (geo).block.y, (geo).block.z}, [&] { fn(__VA_ARGS__); }, (bytes)))
 #define DENSE_LAUNCH_STATUS() emu::take_status()
+// The emulated device's compute capability: sm_90 unless a test asks for another (emu_set_arch).
+namespace emu {
+inline int device_arch = 90;
+}  // namespace emu
+#define DENSE_DEVICE_ARCH() emu::device_arch
+// cuTensorMapEncodeTiled, as the emulation models it (cuda/emulate/hopper.h): 0 or 1.
+#define DENSE_TENSOR_MAP_2D(map, elem_bytes, base, dim0, dim1, stride_bytes, box0, box1) \
+  emu::tensor_map_encode_2d((map), (elem_bytes), (base), (dim0), (dim1), (stride_bytes), (box0), (box1), emu::kSwizzle128)
 #define DENSE_INVALID 1  // an invalid request; 2 (emu::kBarrierNeverReached): a block could not finish
 #define DENSE_NOT_BUILT 3  // an entry the build left out (every entry is built here: not reached)
 
 #include "kernels/all.cuh"
 #include "kernels/instructions.cuh"
 #include "kernels/launch.cuh"
+
+int dense_kernels::device_arch() { return emu::device_arch; }
 
 // The library is built with -fvisibility=hidden and exports only the functions below: two
 // builds (fibers, OS threads) then load side by side in one process without sharing the
@@ -45,7 +58,7 @@ EMU_API int emu_gemm(int version, const char* layout, int dtype, const void* A, 
 EMU_API int64_t emu_gemm_workspace(int version, int dtype, int64_t M, int64_t N, int64_t K, int sm_count) {
   if (!dense_kernels::valid_dtype(dtype)) return -1;
   const auto t = static_cast<dense_kernels::DType>(dtype);
-  if (version == 0) version = dense_kernels::choose_version(M, N, K, t, sm_count);
+  if (version == 0) version = dense_kernels::choose_version(M, N, K, t, sm_count, emu::device_arch, true);
   return dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(t), M, N, K, sm_count);
 }
 EMU_API int emu_sigmoid_grad(int version, int dtype, int x4, const void* g, const void* y, void* dz, void* db,
@@ -73,8 +86,23 @@ EMU_API int emu_tune_shape(int i, int* out) {
 // What version 0 runs for this shape (dense_kernels::choose_version and its table); -1 for no such type.
 EMU_API int emu_choose_version(int64_t M, int64_t N, int64_t K, int dtype, int sm_count) {
   if (!dense_kernels::valid_dtype(dtype)) return -1;
-  return dense_kernels::choose_version(M, N, K, static_cast<dense_kernels::DType>(dtype), sm_count);
+  return dense_kernels::choose_version(M, N, K, static_cast<dense_kernels::DType>(dtype), sm_count, emu::device_arch,
+                                       true);
 }
+// What version 0 runs for these operands (their alignment decides whether TMA can take them), or
+// `version` itself if it is not 0: what emu_gemm_workspace should then be asked about.
+EMU_API int emu_resolve_version(int version, const char* layout, int dtype, const void* A, const void* B, int64_t M,
+                                int64_t N, int64_t K, int sm_count) {
+  if (version != 0 || !dense_kernels::valid_dtype(dtype)) return version;
+  const auto t = static_cast<dense_kernels::DType>(dtype);
+  return dense_kernels::choose_version(M, N, K, t, sm_count, emu::device_arch,
+                                       dense_kernels::tma_compatible(layout, A, B, M, N, K,
+                                                                     dense_kernels::dtype_bytes(t)));
+}
+// Whether `version` takes its operands through TMA (then they need rows of whole 16-byte multiples).
+EMU_API int emu_uses_tma(int version) { return dense_kernels::uses_tma(version) && dense_kernels::is_version(version); }
+// The compute capability the emulation plays (90: sm_90, whose Hopper versions version 0 chooses).
+EMU_API void emu_set_arch(int arch) { emu::device_arch = arch; }
 // Whether the library holds the entry of (kind, version, layout, dtype) (entries.cuh's registry):
 // the tests hold every version's listed types (dense_kernels.h) against what was built.
 EMU_API int emu_has_entry(int kind, int version, int layout, int dtype) {

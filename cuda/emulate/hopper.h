@@ -440,15 +440,17 @@ inline void wgmma_wait(int pending) {
       protocol_error_report("thread %u wrote wgmma accumulator registers while the wgmma was in flight",
                             thread_index());
     wgmma_execute(s, op);
-    // An op still in flight that goes on from these registers takes their value now, and they
-    // hold poison again until it completes.
-    for (size_t j = done; j < me.ops.size(); ++j)
-      if (me.ops[j].d == op.d && me.ops[j].chained) {
-        std::memcpy(me.ops[j].c, op.d, sizeof(float) * size_t(op.n / 2));
-        me.ops[j].chained = false;
-        for (int e = 0; e < op.n / 2; ++e) op.d[e] = poison;
-        break;
-      }
+  }
+  // An op still in flight that goes on from registers completed here takes their value now, and
+  // they hold poison again until it completes.
+  for (size_t j = done; j < me.ops.size(); ++j) {
+    WgmmaOp& later = me.ops[j];
+    bool first = later.chained;
+    for (size_t i = done; i < j && first; ++i) first = me.ops[i].d != later.d;
+    if (!first) continue;
+    std::memcpy(later.c, later.d, sizeof(float) * size_t(later.n / 2));
+    later.chained = false;
+    for (int e = 0; e < later.n / 2; ++e) later.d[e] = poison;
   }
   me.ops.erase(me.ops.begin(), me.ops.begin() + long(done));
   me.group_ends.erase(me.group_ends.begin(), me.group_ends.begin() + long(groups));
@@ -483,14 +485,18 @@ inline void hopper_thread_done(Block&) {
     me = WgmmaThread{};
   }
 }
-inline void hopper_waits(Block&) {
+inline unsigned hopper_waits(Block&) {
   HopperState& s = hopper();
-  for (auto& [bar, b] : s.bars)
+  unsigned waiting = 0;
+  for (auto& [bar, b] : s.bars) {
+    waiting += unsigned(b.waiting.size());
     if (!b.waiting.empty())
       std::fprintf(stderr, "cuda_emu: %zu thread(s) wait on the mbarrier at shared offset %u: phase %u, %u of %u "
                    "arrivals and %lld transaction bytes still pending (a wrong expect_tx byte count, or an arrival "
                    "that never comes)\n", b.waiting.size(), window_offset(bar), b.phase, b.pending, b.count,
                    static_cast<long long>(b.tx));
+  }
+  return waiting;
 }
 inline void hopper_install() {
   hopper_block_start = hopper_reset;

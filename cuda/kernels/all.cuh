@@ -22,5 +22,7 @@
 #include "../units/tc_v25.cu"
 #include "../units/tc_v26.cu"
 #include "../units/tc_v31.cu"
+#include "../units/tc_v32.cu"
+#include "../units/tc_v33.cu"
 #include "../units/tune.cu"
 #include "../units/elementwise.cu"

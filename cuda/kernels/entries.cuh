@@ -76,6 +76,19 @@ struct Registration {
   DENSE_LAYOUTS(DENSE_WARP_ENTRY, V, __nv_bfloat16, bf16)  \
   DENSE_LAYOUTS(DENSE_WARP_ENTRY, V, __half, f16)
 
+// A TMA version's entry: the operands come as tensor maps (kernel parameters: __grid_constant__).
+#define DENSE_TMA_ENTRY(V, LAYOUT, L, TA, TB, T, SUFFIX)                                                        \
+  extern "C" __global__ void __launch_bounds__(dense_kernels::threads(V, sizeof(acc_t<T>)), 1)                  \
+      dense_gemm_v##V##_##LAYOUT##_##SUFFIX(const DENSE_GRID_CONSTANT CUtensorMap map_a,                         \
+                                            const DENSE_GRID_CONSTANT CUtensorMap map_b, T* C, const T* bias,    \
+                                            int64_t M, int64_t N, int64_t K, int epilogue) {                     \
+    gemm_v##V<T, TA, TB>(map_a, map_b, C, bias, M, N, K, epilogue);                                              \
+  }                                                                                                              \
+  DENSE_REGISTER(kGemmEntry, V, L, T, dense_gemm_v##V##_##LAYOUT##_##SUFFIX)
+#define DENSE_TMA16_TYPES(V)                               \
+  DENSE_LAYOUTS(DENSE_TMA_ENTRY, V, __nv_bfloat16, bf16)   \
+  DENSE_LAYOUTS(DENSE_TMA_ENTRY, V, __half, f16)
+
 // The tensor-core versions: bfloat16 and float16 (mma.sync m16n8k16), or float32 through tf32.
 #define DENSE_TC16_TYPES(V)                                  \
   DENSE_LAYOUTS(DENSE_GEMM_ENTRY, V, __nv_bfloat16, bf16)    \

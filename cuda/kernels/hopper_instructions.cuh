@@ -260,3 +260,14 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
 }
 
 }  // namespace
+
+// Dynamic shared memory (kernel<<<grid, block, bytes>>>): more than a block may declare statically
+// (48 KiB). Its start is rounded up to 1024 bytes here, the swizzles' period; the launcher asks
+// for 1024 bytes more than the kernel uses.
+#if defined(__CUDACC__)
+#define DENSE_DYNAMIC_SMEM(name)                     \
+  extern __shared__ __align__(16) unsigned char name##_raw[]; \
+  unsigned char* const name = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(name##_raw) + 1023) & ~uintptr_t(1023))
+#else
+#define DENSE_DYNAMIC_SMEM(name) unsigned char* const name = emu::dynamic_shared()
+#endif

@@ -4,14 +4,18 @@
 // DENSE_LAUNCH = kernel<<<grid, block, 0, stream>>>, cuda/emulate/emulate.cpp with the emulator's
 // launch; both take the geometry from dense_kernels.h and the entries from the registry that the
 // units fill as they load (entries.cuh).
-// Needs, defined by the includer: DENSE_LAUNCH(fn, geometry, args...), DENSE_LAUNCH_STATUS()
-// (0 or the error of the launch just made), DENSE_INVALID (the error for a bad request) and
-// DENSE_NOT_BUILT (the error for an entry this build left out).
+// Needs, defined by the includer: DENSE_LAUNCH(fn, geometry, args...) and DENSE_LAUNCH_SMEM(fn,
+// geometry, dynamic shared bytes, args...), DENSE_LAUNCH_STATUS() (0 or the error of the launch
+// just made), DENSE_INVALID (the error for a bad request), DENSE_NOT_BUILT (the error for an entry
+// this build left out), DENSE_DEVICE_ARCH() (the current device's compute capability, 90 for sm_90)
+// and DENSE_TENSOR_MAP_2D(map, element bytes, base, dim0, dim1, row stride bytes, box0, box1)
+// (cuTensorMapEncodeTiled with the 128B swizzle: 0 or an error).
 #pragma once
 
 #include <cstring>
 
 #include "entries.cuh"
+#include "hopper_instructions.cuh"  // CUtensorMap
 
 namespace dense_kernels {
 namespace {
@@ -24,6 +28,8 @@ template <typename T>
 using GradFn = void (*)(const T*, const T*, T*, T*, int64_t, int64_t);
 template <typename T>
 using BiasGradFn = void (*)(const acc_t<T>*, T*, int64_t, int64_t);
+template <typename T>
+using TmaGemmFn = void (*)(CUtensorMap, CUtensorMap, T*, const T*, int64_t, int64_t, int64_t, int);
 
 int layout_index(const char* layout) {
   return std::strcmp(layout, "nt") == 0 ? 0 : std::strcmp(layout, "nn") == 0 ? 1 : std::strcmp(layout, "tn") == 0 ? 2 : -1;
@@ -34,16 +40,44 @@ Fn entry(int kind, int version, int layout, DType dtype) {
   return reinterpret_cast<Fn>(const_cast<void*>(Registry::get().find(kind, version, layout, dtype)));
 }
 
+// A TMA version: the operands' tensor maps, made here per call, in boxes of 128 bytes along the
+// contiguous dimension: K-major operands (rows along m or n) a box of the tile's rows, MN-major
+// ones (rows along k) one of 64 (or 32, for 4-byte elements) rows of k.
+template <typename T>
+int launch_tma_t(int version, int l, const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K,
+                 int epilogue, int sm_count, Stream stream) {
+  (void)stream;
+  const bool ta = l == 2, tb = l == 0;
+  constexpr uint32_t E = sizeof(T), inner = 128 / E;
+  const Tile t = tile(version, 4);
+  CUtensorMap ma, mb;
+  const int ra = !ta ? DENSE_TENSOR_MAP_2D(&ma, E, A, K, M, K * E, inner, t.BM)
+                     : DENSE_TENSOR_MAP_2D(&ma, E, A, M, K, M * E, inner, inner);
+  const int rb = tb ? DENSE_TENSOR_MAP_2D(&mb, E, B, K, N, K * E, inner, t.BN)
+                    : DENSE_TENSOR_MAP_2D(&mb, E, B, N, K, N * E, inner, inner);
+  if (ra != 0 || rb != 0) return DENSE_INVALID;
+  const TmaGemmFn<T> fn = entry<TmaGemmFn<T>>(kGemmEntry, version, l, dtype_of<T>());
+  if (fn == nullptr) return DENSE_NOT_BUILT;
+  DENSE_LAUNCH_SMEM(fn, gemm_geometry(version, 4, M, N, K, sm_count), tma_smem_bytes(version), ma, mb, C, bias, M, N,
+                    K, epilogue);
+  return DENSE_LAUNCH_STATUS();
+}
+
 template <typename T>
 int launch_gemm_t(int version, const char* layout, const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N,
                   int64_t K, int epilogue, int sm_count, acc_t<T>* workspace, Stream stream) {
   (void)stream;
   constexpr DType dtype = dtype_of<T>();
-  if (version == 0) version = choose_version(M, N, K, dtype, sm_count);
   const int l = layout_index(layout);
-  if (l < 0 || M < 0 || N < 0 || K < 0 || !((is_version(version) && version_builds(version, dtype)) ||
-                                            (is_tune(version) && dtype == kF32)))
+  if (l < 0) return DENSE_INVALID;
+  const int arch = DENSE_DEVICE_ARCH();
+  const bool tma_ok = tma_compatible(layout, A, B, M, N, K, sizeof(T));
+  if (version == 0) version = choose_version(M, N, K, dtype, sm_count, arch, tma_ok);
+  if (M < 0 || N < 0 || K < 0 || !usable(version, arch, tma_ok) ||
+      !((is_version(version) && version_builds(version, dtype)) || (is_tune(version) && dtype == kF32)))
     return DENSE_INVALID;
+  if (uses_tma(version)) return M == 0 || N == 0 ? 0 : launch_tma_t(version, l, A, B, C, bias, M, N, K, epilogue,
+                                                                     sm_count, stream);
   const GemmFn<T> fn = entry<GemmFn<T>>(kGemmEntry, version, l, dtype);
   if (fn == nullptr) return DENSE_NOT_BUILT;
   if (M == 0 || N == 0) return 0;  // nothing to compute (K = 0 is computed: C = epilogue(0))

@@ -1,0 +1,100 @@
+// v32: TMA and mbarriers. v31's warpgroup, its tiles now brought by the Tensor Memory Accelerator:
+// one thread asks for a whole 2-D box of A or B (cp.async.bulk.tensor), the copy engine writes it
+// into shared memory already 128B-swizzled, with zeros where the box leaves the matrix, and counts
+// its bytes into an mbarrier, on which the warpgroup waits. A ring of 4 stages keeps three steps of
+// copies in flight while the tensor cores work on the fourth.
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90a -Xptxas -v cuda/units/tc_v32.cu -o /tmp/v32.cubin
+// Two barriers a stage: `full` completes when the stage's bytes have arrived (thread 0 announces
+// them with expect_tx, the copies deliver them); `empty` when all 128 threads are done reading it,
+// after which thread 0 refills it. Phases alternate 0, 1, 0...: a thread waits on stage s of step i
+// with parity (i / 4) % 2. The tensor maps are made on the host (cuda/kernels/launch.cuh), one per
+// operand: K-major operands in boxes of 64 k × the tile's rows, MN-major ones in 64 × 64 boxes.
+#pragma once
+
+#include "tc5_wgmma.cuh"
+
+namespace {
+
+constexpr int kTc6Stages = 4;
+static_assert((kTc5BM + kTc5BN) * 64 * 2 == dense_kernels::tma_stage_bytes(32) &&
+                  kTc6Stages == dense_kernels::tma_stages(32),
+              "the launcher's dynamic shared memory is this ring of stages");
+
+// The bytes and layout of one operand's tile of a stage: Rows (m or n) × 64 k, 128B-swizzled,
+// K-major (one 128-byte row per m or n) or MN-major (one row per k, 64-wide blocks of m or n).
+template <int Rows>
+struct TmaTile {
+  static constexpr int kBytes = Rows * 64 * 2;
+  // Issue the copies of the tile at (x0, k0) into S, completing `bar` (one thread calls this).
+  __device__ __forceinline__ static void load(unsigned char* S, const CUtensorMap* map, bool k_major, int64_t x0,
+                                              int64_t k0, uint64_t* bar) {
+    if (k_major) {
+      tma_load_2d(S, map, int(k0), int(x0), bar);
+    } else {
+#pragma unroll
+      for (int b = 0; b < Rows / 64; ++b) tma_load_2d(S + b * 8192, map, int(x0 + 64 * b), int(k0), bar);
+    }
+  }
+  // The descriptor of rows [r0, r0 + 64 (A) or Rows (B)) at k-step kk of 16.
+  __device__ __forceinline__ static uint64_t desc(const unsigned char* S, bool k_major, int r0, int kk) {
+    return k_major ? smem_desc(S + r0 * 128 + kk * 2, 16, 1024, kSwizzle128B)
+                   : smem_desc(S + (r0 / 64) * 8192 + kk * 128, 8192, 1024, kSwizzle128B);
+  }
+};
+
+template <typename T, bool TA, bool TB>
+__device__ void gemm_v32(const CUtensorMap& map_a, const CUtensorMap& map_b, T* C, const T* bias, int64_t M,
+                         int64_t N, int64_t K, int kind) {
+  using TileA = TmaTile<kTc5BM>;
+  using TileB = TmaTile<kTc5BN>;
+  constexpr int kStage = TileA::kBytes + TileB::kBytes;
+  DENSE_DYNAMIC_SMEM(smem);  // kTc6Stages × kStage bytes of tiles, then the barriers
+  shared_window(smem);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kTc6Stages * kStage);
+  uint64_t* empty = full + kTc6Stages;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t m0 = int64_t(blockIdx.y) * kTc5BM, n0 = int64_t(blockIdx.x) * kTc5BN;
+  const int64_t steps = (K + 63) / 64;
+  auto issue = [&](int s, int64_t step) {  // thread 0: the copies of `step` into stage s
+    mbarrier_arrive_expect_tx(&full[s], kStage);
+    TileA::load(smem + s * kStage, &map_a, !TA, m0, step * 64, &full[s]);
+    TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * 64, &full[s]);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kTc6Stages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 128);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int s = 0; s < kTc6Stages && s < steps; ++s) issue(s, s);
+  float acc[kTc5BN / 2] = {};
+  // region v32
+  for (int64_t step = 0; step < steps; ++step) {
+    const int s = int(step % kTc6Stages);
+    const unsigned parity = unsigned(step / kTc6Stages) % 2;
+    mbarrier_wait(&full[s], parity);  // the stage's bytes have landed
+    const unsigned char *as = smem + s * kStage, *bs = as + TileA::kBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 64; kk += 16)
+      wgmma_m64k16<kTc5BN, T, TA, !TB>(acc, TileA::desc(as, !TA, 0, kk), TileB::desc(bs, TB, 0, kk), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    mbarrier_arrive(&empty[s]);  // this thread is done reading the stage
+    if (threadIdx.x == 0 && step + kTc6Stages < steps) {
+      mbarrier_wait(&empty[s], parity);  // everyone is: refill it, kTc6Stages steps ahead
+      issue(s, step + kTc6Stages);
+    }
+  }
+  // endregion
+#pragma unroll
+  for (int i = 0; i < kTc5BN / 2; ++i) {
+    const int64_t m = m0 + 16 * warp + g + 8 * ((i / 2) % 2), n = n0 + 8 * (i / 4) + 2 * t + i % 2;
+    if (m < M && n < N) C[m * N + n] = from_acc<T>(epilogue(acc[i], bias, n, kind));
+  }
+}
+
+}  // namespace

@@ -1,0 +1,80 @@
+// v33: warp specialization. The block's three warpgroups split the work: warpgroup 0 produces (one
+// of its threads issues every TMA copy; the others have nothing to do) and gives up registers it
+// does not need (setmaxnreg.dec to 40); warpgroups 1 and 2 consume (each a 64×256 half of the
+// block's 128×256 tile, one wgmma m64n256k16 a k-step of 16) and take those registers
+// (setmaxnreg.inc to 232: 128 accumulators a thread). A consumer keeps one group of wgmma's in
+// flight while it issues the next, and hands a stage back to the producer as soon as the group
+// that read it completes. The epilogue is v24's: bias, sigmoid, rounding, from the registers.
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90a -Xptxas -v cuda/units/tc_v33.cu -o /tmp/v33.cubin
+// A stage is 128 + 256 rows of 64 k (48 KiB), 4 stages (192 KiB of the 227 KiB a block may have).
+// Registers: 128 × 40 + 256 × 232 = 64,512 of the SM's 65,536, one block an SM.
+#pragma once
+
+#include "tc6_tma.cuh"  // TmaTile
+
+namespace {
+
+constexpr int kTc7BM = 128, kTc7BN = 256, kTc7Stages = 4;
+static_assert((kTc7BM + kTc7BN) * 64 * 2 == dense_kernels::tma_stage_bytes(33) &&
+                  kTc7Stages == dense_kernels::tma_stages(33),
+              "the launcher's dynamic shared memory is this ring of stages");
+
+template <typename T, bool TA, bool TB>
+__device__ void gemm_v33(const CUtensorMap& map_a, const CUtensorMap& map_b, T* C, const T* bias, int64_t M,
+                         int64_t N, int64_t K, int kind) {
+  using TileA = TmaTile<kTc7BM>;
+  using TileB = TmaTile<kTc7BN>;
+  constexpr int kStage = TileA::kBytes + TileB::kBytes;
+  DENSE_DYNAMIC_SMEM(smem);
+  shared_window(smem);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kTc7Stages * kStage);
+  uint64_t* empty = full + kTc7Stages;
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t m0 = int64_t(blockIdx.y) * kTc7BM, n0 = int64_t(blockIdx.x) * kTc7BN;
+  const int64_t steps = (K + 63) / 64;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kTc7Stages; ++s) {
+      mbarrier_init(&full[s], 1);      // the producer's arrival, with the stage's bytes to come
+      mbarrier_init(&empty[s], 256);   // every consumer thread, done reading
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  // region v33
+  if (wg == 0) {  // the producer
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0)
+      for (int64_t step = 0; step < steps; ++step) {
+        const int s = int(step % kTc7Stages);
+        if (step >= kTc7Stages) mbarrier_wait(&empty[s], unsigned(step / kTc7Stages - 1) % 2);  // consumed
+        mbarrier_arrive_expect_tx(&full[s], kStage);
+        TileA::load(smem + s * kStage, &map_a, !TA, m0, step * 64, &full[s]);
+        TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * 64, &full[s]);
+      }
+    return;
+  }
+  setmaxnreg_inc<232>();  // the consumers
+  float acc[kTc7BN / 2] = {};
+  const int r0 = 64 * (wg - 1);  // this warpgroup's rows of the tile
+  for (int64_t step = 0; step < steps; ++step) {
+    const int s = int(step % kTc7Stages);
+    mbarrier_wait(&full[s], unsigned(step / kTc7Stages) % 2);
+    const unsigned char *as = smem + s * kStage, *bs = as + TileA::kBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 64; kk += 16)
+      wgmma_m64k16<kTc7BN, T, TA, !TB>(acc, TileA::desc(as, !TA, r0, kk), TileB::desc(bs, TB, 0, kk), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous step's group has completed: its stage is free
+    if (step > 0) mbarrier_arrive(&empty[(step - 1) % kTc7Stages]);
+  }
+  wgmma_wait<0>();
+  // endregion
+#pragma unroll
+  for (int i = 0; i < kTc7BN / 2; ++i) {
+    const int64_t m = m0 + r0 + 16 * warp + g + 8 * ((i / 2) % 2), n = n0 + 8 * (i / 4) + 2 * t + i % 2;
+    if (m < M && n < N) C[m * N + n] = from_acc<T>(epilogue(acc[i], bias, n, kind));
+  }
+}
+
+}  // namespace
