@@ -69,6 +69,7 @@ constexpr VersionInfo kVersionInfo[] = {
     {31, "bf16 f16", "wgmma: one warpgroup, m64n128k16 on operands in shared memory named by matrix descriptors"},
     {32, "bf16 f16", "TMA: tiles copied by the copy engine, 128B-swizzled, into a ring of 4 stages with mbarriers"},
     {33, "bf16 f16", "warp specialization: a producer warpgroup issues TMA, two consumers wgmma m64n256k16, setmaxnreg"},
+    {35, "bf16 f16", "small batches: W as wgmma's A and the batch as its B (m64n32k16), K split over every SM"},
 };
 constexpr int kVersionCount = sizeof(kVersionInfo) / sizeof(kVersionInfo[0]);
 constexpr int kVersions = 12;  // the CUDA-core progression, versions 1 to kVersions
@@ -159,6 +160,7 @@ constexpr Tile tile(int version, int element_bytes) {
     case 31:
     case 32: return {64, 128, 64, 8, 8};   // one warpgroup
     case 33: return {128, 256, 64, 8, 16};  // (threads(): 3 warpgroups, one of them the producer)
+    case 35: return {32, 64, 64, 4, 4};     // one warpgroup; the tile of C is 32 rows by 64
     default: return element_bytes == 4 ? Tile{128, 128, 8, 8, 8} : Tile{64, 64, 8, 4, 4};  // 256 threads
   }
 }
@@ -183,7 +185,7 @@ constexpr bool needs_sm90a(int version) { return version >= 31 && version <= 35;
 // and 1024 bytes to round the start up to the swizzles' period.
 constexpr int tma_stages(int version) { return 4; }
 constexpr int tma_stage_bytes(int version) {
-  return version == 33 ? (128 + 256) * 64 * 2 : (64 + 128) * 64 * 2;
+  return version == 33 ? (128 + 256) * 64 * 2 : version == 35 ? 2 * 64 * 64 * 2 : (64 + 128) * 64 * 2;
 }
 constexpr size_t tma_smem_bytes(int version) {
   return size_t(tma_stages(version)) * (tma_stage_bytes(version) + 16) + 1024;
@@ -260,7 +262,20 @@ inline int skinny_slices(int64_t M, int64_t N, int64_t K, int element_bytes, int
   return static_cast<int>((steps + per_slice - 1) / per_slice);
 }
 
+// v35: slices of K so that tiles × slices puts two blocks on every SM (one warpgroup and 64 KiB of
+// shared memory each: three fit), each slice at least two k-steps of 64, the steps spread evenly.
+// At B = 32, I = O = 4096 on 132 SMs: 64 tiles of 64 × 32, 4 slices of 16 steps, 256 blocks.
+inline int hopper_slices(int64_t M, int64_t N, int64_t K, int sm_count) {
+  const int64_t tiles = int64_t(ceil_div(N, 64)) * ceil_div(M, 32), steps = (K + 63) / 64;
+  int64_t s = tiles > 0 ? 2 * int64_t(sm_count) / tiles : 1;
+  if (s > steps / 2) s = steps / 2;
+  if (s <= 1) return 1;
+  const int64_t per_slice = (steps + s - 1) / s;
+  return static_cast<int>((steps + per_slice - 1) / per_slice);
+}
+
 inline int gemm_slices(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
+  if (version == 35) return hopper_slices(M, N, K, sm_count);
   if (version == 9) return splitk_slices(M, N, K, element_bytes, sm_count);
   if (version == 12) return skinny_slices(M, N, K, element_bytes, sm_count);
   return 1;

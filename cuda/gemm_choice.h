@@ -18,6 +18,7 @@ constexpr Choice kChoices[] = {
     // cores' v24 where its 128×128 tiles fill the GPU; for a small batch v12, which splits K over
     // every SM, where v24's few tiles would leave most SMs idle.
     {kFillsGpu, kBF16, 33},  {kFillsGpu, kF16, 33},  // on sm_90a (and TMA's 16-byte rows), else
+    {kSmallBatch, kBF16, 35}, {kSmallBatch, kF16, 35},
     {kFillsGpu, kBF16, 24},  {kFillsGpu, kF16, 24},  {kSmallBatch, kBF16, 12}, {kSmallBatch, kF16, 12},
 };
 

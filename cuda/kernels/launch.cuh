@@ -45,8 +45,14 @@ Fn entry(int kind, int version, int layout, DType dtype) {
 // ones (rows along k) one of 64 (or 32, for 4-byte elements) rows of k.
 template <typename T>
 int launch_tma_t(int version, int l, const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K,
-                 int epilogue, int sm_count, Stream stream) {
+                 int epilogue, int sm_count, acc_t<T>* workspace, Stream stream) {
   (void)stream;
+  const ReduceFn<T> reduce = entry<ReduceFn<T>>(kReduceEntry, 0, 0, dtype_of<T>());
+  if (K == 0) {  // no tensor map has an empty dimension: C = epilogue(0) is a reduction of no slices
+    if (reduce == nullptr) return DENSE_NOT_BUILT;
+    DENSE_LAUNCH(reduce, reduce_geometry(M, N), static_cast<const acc_t<T>*>(nullptr), C, bias, M, N, 0, epilogue);
+    return DENSE_LAUNCH_STATUS();
+  }
   const bool ta = l == 2, tb = l == 0;
   constexpr uint32_t E = sizeof(T), inner = 128 / E;
   const Tile t = tile(version, 4);
@@ -58,8 +64,19 @@ int launch_tma_t(int version, int l, const T* A, const T* B, T* C, const T* bias
   if (ra != 0 || rb != 0) return DENSE_INVALID;
   const TmaGemmFn<T> fn = entry<TmaGemmFn<T>>(kGemmEntry, version, l, dtype_of<T>());
   if (fn == nullptr) return DENSE_NOT_BUILT;
-  DENSE_LAUNCH_SMEM(fn, gemm_geometry(version, 4, M, N, K, sm_count), tma_smem_bytes(version), ma, mb, C, bias, M, N,
-                    K, epilogue);
+  const Geometry geo = gemm_geometry(version, 4, M, N, K, sm_count);
+  if (geo.grid.z == 1) {
+    DENSE_LAUNCH_SMEM(fn, geo, tma_smem_bytes(version), ma, mb, C, bias, M, N, K, epilogue);
+    return DENSE_LAUNCH_STATUS();
+  }
+  // split-K (v35): partial products into the workspace, then their sum in slice order + the epilogue
+  if (workspace == nullptr) return DENSE_INVALID;
+  if (reduce == nullptr) return DENSE_NOT_BUILT;
+  DENSE_LAUNCH_SMEM(fn, geo, tma_smem_bytes(version), ma, mb, reinterpret_cast<T*>(workspace),
+                    static_cast<const T*>(nullptr), M, N, K, int(kPlain));
+  if (const int e = DENSE_LAUNCH_STATUS()) return e;
+  DENSE_LAUNCH(reduce, reduce_geometry(M, N), static_cast<const acc_t<T>*>(workspace), C, bias, M, N,
+               static_cast<int>(geo.grid.z), epilogue);
   return DENSE_LAUNCH_STATUS();
 }
 
@@ -77,7 +94,7 @@ int launch_gemm_t(int version, const char* layout, const T* A, const T* B, T* C,
       !((is_version(version) && version_builds(version, dtype)) || (is_tune(version) && dtype == kF32)))
     return DENSE_INVALID;
   if (uses_tma(version)) return M == 0 || N == 0 ? 0 : launch_tma_t(version, l, A, B, C, bias, M, N, K, epilogue,
-                                                                     sm_count, stream);
+                                                                     sm_count, workspace, stream);
   const GemmFn<T> fn = entry<GemmFn<T>>(kGemmEntry, version, l, dtype);
   if (fn == nullptr) return DENSE_NOT_BUILT;
   if (M == 0 || N == 0) return 0;  // nothing to compute (K = 0 is computed: C = epilogue(0))

@@ -24,7 +24,7 @@ static_assert((kTc5BM + kTc5BN) * 64 * 2 == dense_kernels::tma_stage_bytes(32) &
 // K-major (one 128-byte row per m or n) or MN-major (one row per k, 64-wide blocks of m or n).
 template <int Rows>
 struct TmaTile {
-  static constexpr int kBytes = Rows * 64 * 2;
+  static constexpr int kBytes = Rows * 64 * 2;  // (MN-major, fewer than 64 rows still take a 64-wide box)
   // Issue the copies of the tile at (x0, k0) into S, completing `bar` (one thread calls this).
   __device__ __forceinline__ static void load(unsigned char* S, const CUtensorMap* map, bool k_major, int64_t x0,
                                               int64_t k0, uint64_t* bar) {
@@ -32,7 +32,7 @@ struct TmaTile {
       tma_load_2d(S, map, int(k0), int(x0), bar);
     } else {
 #pragma unroll
-      for (int b = 0; b < Rows / 64; ++b) tma_load_2d(S + b * 8192, map, int(x0 + 64 * b), int(k0), bar);
+      for (int b = 0; b < (Rows + 63) / 64; ++b) tma_load_2d(S + b * 8192, map, int(x0 + 64 * b), int(k0), bar);
     }
   }
   // The descriptor of rows [r0, r0 + 64 (A) or Rows (B)) at k-step kk of 16.
