@@ -18,7 +18,7 @@
 #define DENSE_HOPPER_ONLY(stmt) stmt
 #endif
 #else
-struct alignas(64) CUtensorMap {
+struct CUtensorMap {  // (128 opaque bytes; the GPU's is 64-byte aligned, which the emulation does not need)
   unsigned long long opaque[16];
 };
 #define DENSE_GRID_CONSTANT
