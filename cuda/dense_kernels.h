@@ -69,6 +69,7 @@ constexpr VersionInfo kVersionInfo[] = {
     {31, "bf16 f16", "wgmma: one warpgroup, m64n128k16 on operands in shared memory named by matrix descriptors"},
     {32, "bf16 f16", "TMA: tiles copied by the copy engine, 128B-swizzled, into a ring of 4 stages with mbarriers"},
     {33, "bf16 f16", "warp specialization: a producer warpgroup issues TMA, two consumers wgmma m64n256k16, setmaxnreg"},
+    {34, "f32", "split-TF32 on wgmma: TMA'd float32 tiles split into TF32 big, small parts, three wgmma m64n128k8"},
     {35, "bf16 f16", "small batches: W as wgmma's A and the batch as its B (m64n32k16), K split over every SM"},
 };
 constexpr int kVersionCount = sizeof(kVersionInfo) / sizeof(kVersionInfo[0]);
@@ -160,6 +161,7 @@ constexpr Tile tile(int version, int element_bytes) {
     case 31:
     case 32: return {64, 128, 64, 8, 8};   // one warpgroup
     case 33: return {128, 256, 64, 8, 16};  // (threads(): 3 warpgroups, one of them the producer)
+    case 34: return {64, 128, 32, 8, 8};   // one warpgroup, k-steps of 32 floats
     case 35: return {32, 64, 64, 4, 4};     // one warpgroup; the tile of C is 32 rows by 64
     default: return element_bytes == 4 ? Tile{128, 128, 8, 8, 8} : Tile{64, 64, 8, 4, 4};  // 256 threads
   }
@@ -183,12 +185,17 @@ constexpr bool uses_tma(int version) { return version >= 32 && version <= 35; }
 constexpr bool needs_sm90a(int version) { return version >= 31 && version <= 35; }
 // The dynamic shared memory of a TMA version: its ring of stages, 16 bytes of mbarriers a stage,
 // and 1024 bytes to round the start up to the swizzles' period.
-constexpr int tma_stages(int version) { return 4; }
+constexpr int tma_stages(int version) { return version == 34 ? 3 : 4; }
 constexpr int tma_stage_bytes(int version) {
-  return version == 33 ? (128 + 256) * 64 * 2 : version == 35 ? 2 * 64 * 64 * 2 : (64 + 128) * 64 * 2;
+  return version == 33 ? (128 + 256) * 64 * 2
+         : version == 34 ? (64 + 128) * 32 * 4
+         : version == 35 ? 2 * 64 * 64 * 2
+                         : (64 + 128) * 64 * 2;
 }
+// v34 also keeps its split tiles: big, small and finite big, of both operands.
 constexpr size_t tma_smem_bytes(int version) {
-  return size_t(tma_stages(version)) * (tma_stage_bytes(version) + 16) + 1024;
+  return size_t(tma_stages(version)) * (tma_stage_bytes(version) + 16) + (version == 34 ? 3 * (64 + 128) * 32 * 4 : 0) +
+         1024;
 }
 constexpr int threads(int version, int element_bytes) {
   if (version == 33) return 384;

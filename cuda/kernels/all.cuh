@@ -24,6 +24,7 @@
 #include "../units/tc_v31.cu"
 #include "../units/tc_v32.cu"
 #include "../units/tc_v33.cu"
+#include "../units/tc_v34.cu"
 #include "../units/tc_v35.cu"
 #include "../units/tune.cu"
 #include "../units/elementwise.cu"

@@ -85,6 +85,7 @@ struct Registration {
     gemm_v##V<T, TA, TB>(map_a, map_b, C, bias, M, N, K, epilogue);                                              \
   }                                                                                                              \
   DENSE_REGISTER(kGemmEntry, V, L, T, dense_gemm_v##V##_##LAYOUT##_##SUFFIX)
+#define DENSE_TMA_F32_TYPES(V) DENSE_LAYOUTS(DENSE_TMA_ENTRY, V, float, f32)
 #define DENSE_TMA16_TYPES(V)                               \
   DENSE_LAYOUTS(DENSE_TMA_ENTRY, V, __nv_bfloat16, bf16)   \
   DENSE_LAYOUTS(DENSE_TMA_ENTRY, V, __half, f16)

@@ -1,0 +1,126 @@
+// v34: split-TF32 on wgmma. v26's float32-class accuracy (each operand a tf32 big part plus a tf32
+// remainder, three products, the small ones first) at the speed of Hopper's tf32 instruction,
+// wgmma m64n128k8.f32.tf32.tf32, which takes both operands K-major from shared memory.
+//   nvcc -cubin -std=c++17 -O3 -arch=sm_90a -Xptxas -v cuda/units/tc_v34.cu -o /tmp/v34.cubin
+// TMA brings the float32 tiles (64 and 128 rows of 32 k: 128-byte rows) into a ring of 3 stages,
+// as they lie in memory; then the warpgroup splits every element once and writes three K-major,
+// 128B-swizzled tiles per operand: big, small, and big with its infinities set to 0 (for the cross
+// products, so that inf·w comes from big·big alone and not inf·0 = NaN from a cross product, as in
+// v26). The split tiles are ordinary stores, which the tensor cores see after fence.proxy.async.
+#pragma once
+
+#include "tc4_tf32.cuh"  // split_tf32, finite
+#include "tc6_tma.cuh"
+
+namespace {
+
+constexpr int kTc8BM = 64, kTc8BN = 128, kTc8BK = 32, kTc8Stages = 3;
+static_assert((kTc8BM + kTc8BN) * kTc8BK * 4 == dense_kernels::tma_stage_bytes(34) &&
+                  kTc8Stages == dense_kernels::tma_stages(34),
+              "the launcher's dynamic shared memory is this ring of stages, then the split tiles");
+
+// Byte offset of float (x, k) in a tile of Rows × 32 floats: K-major (rows along x) or as TMA
+// brings an MN-major operand (rows along k, in blocks of 32 x, 4 KiB each); 128B-swizzled.
+template <bool KMajor>
+__device__ __forceinline__ int tc8_offset(int x, int k) {
+  const int o = KMajor ? x * 128 + k * 4 : (x / 32) * 4096 + k * 128 + (x % 32) * 4;
+  return o ^ (((o >> 7) & 7) << 4);
+}
+
+template <int Rows>
+struct Tf32TmaTile {
+  static constexpr int kBytes = Rows * kTc8BK * 4;
+  __device__ __forceinline__ static void load(unsigned char* S, const CUtensorMap* map, bool k_major, int64_t x0,
+                                              int64_t k0, uint64_t* bar) {
+    if (k_major) {
+      tma_load_2d(S, map, int(k0), int(x0), bar);
+    } else {
+#pragma unroll
+      for (int b = 0; b < Rows / 32; ++b) tma_load_2d(S + b * 4096, map, int(x0 + 32 * b), int(k0), bar);
+    }
+  }
+  // Split the raw tile into big, small and finite-big K-major tiles (128 threads, each a share).
+  template <bool KMajor>
+  __device__ __forceinline__ static void split(const unsigned char* raw, unsigned char* big, unsigned char* small,
+                                               unsigned char* bigf) {
+    for (int u = threadIdx.x; u < Rows * kTc8BK; u += 128) {
+      const int x = u / kTc8BK, k = u % kTc8BK;
+      float v;
+      memcpy(&v, raw + tc8_offset<KMajor>(x, k), 4);
+      const Tf32Parts p = split_tf32(v);
+      const uint32_t f = finite(p.big);
+      const int o = tc8_offset<true>(x, k);
+      memcpy(big + o, &p.big, 4);
+      memcpy(small + o, &p.small, 4);
+      memcpy(bigf + o, &f, 4);
+    }
+  }
+};
+
+template <typename T, bool TA, bool TB>
+__device__ void gemm_v34(const CUtensorMap& map_a, const CUtensorMap& map_b, T* C, const T* bias, int64_t M,
+                         int64_t N, int64_t K, int kind) {
+  using TileA = Tf32TmaTile<kTc8BM>;
+  using TileB = Tf32TmaTile<kTc8BN>;
+  constexpr int kStage = TileA::kBytes + TileB::kBytes;
+  DENSE_DYNAMIC_SMEM(smem);
+  shared_window(smem);
+  unsigned char* split = smem + kTc8Stages * kStage;  // A big, small, finite big; then B's
+  unsigned char *a_big = split, *a_small = a_big + TileA::kBytes, *a_bigf = a_small + TileA::kBytes;
+  unsigned char *b_big = a_bigf + TileA::kBytes, *b_small = b_big + TileB::kBytes, *b_bigf = b_small + TileB::kBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(b_bigf + TileB::kBytes);
+  uint64_t* empty = full + kTc8Stages;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t m0 = int64_t(blockIdx.y) * kTc8BM, n0 = int64_t(blockIdx.x) * kTc8BN;
+  const int64_t steps = (K + kTc8BK - 1) / kTc8BK;
+  auto issue = [&](int s, int64_t step) {
+    mbarrier_arrive_expect_tx(&full[s], kStage);
+    TileA::load(smem + s * kStage, &map_a, !TA, m0, step * kTc8BK, &full[s]);
+    TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * kTc8BK, &full[s]);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kTc8Stages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 128);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int s = 0; s < kTc8Stages && s < steps; ++s) issue(s, s);
+  float acc[kTc8BN / 2] = {};
+  // region v34
+  for (int64_t step = 0; step < steps; ++step) {
+    const int s = int(step % kTc8Stages);
+    const unsigned parity = unsigned(step / kTc8Stages) % 2;
+    mbarrier_wait(&full[s], parity);
+    TileA::template split<!TA>(smem + s * kStage, a_big, a_small, a_bigf);
+    TileB::template split<TB>(smem + s * kStage + TileA::kBytes, b_big, b_small, b_bigf);
+    fence_proxy_async();
+    __syncthreads();                // the split tiles are whole...
+    mbarrier_arrive(&empty[s]);     // ...and the raw stage is free for the next copies
+    if (threadIdx.x == 0 && step + kTc8Stages < steps) {
+      mbarrier_wait(&empty[s], parity);
+      issue(s, step + kTc8Stages);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTc8BK; kk += 8) {  // k-steps of 8 tf32: 32 bytes along the rows
+      auto d = [&](const unsigned char* tile) { return smem_desc(tile + kk * 4, 16, 1024, kSwizzle128B); };
+      wgmma_m64n128k8_tf32(acc, d(a_small), d(b_bigf), 1);
+      wgmma_m64n128k8_tf32(acc, d(a_bigf), d(b_small), 1);
+      wgmma_m64n128k8_tf32(acc, d(a_big), d(b_big), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    __syncthreads();  // every warp's wgmma's have read the split tiles before they are rewritten
+  }
+  // endregion
+#pragma unroll
+  for (int i = 0; i < kTc8BN / 2; ++i) {
+    const int64_t m = m0 + 16 * warp + g + 8 * ((i / 2) % 2), n = n0 + 8 * (i / 4) + 2 * t + i % 2;
+    if (m < M && n < N) C[m * N + n] = from_acc<T>(epilogue(acc[i], bias, n, kind));
+  }
+}
+
+}  // namespace
