@@ -224,4 +224,85 @@ EMU_API void emu_convert(int kind, int to_float, const void* in, void* out, int6
   }
 }
 
+
+// ---- Hopper's instructions alone, for tests/test_hopper.py ----
+// wgmma's accumulator table: the (row, col) of register i of thread t (0-127) of the warpgroup.
+EMU_API void emu_wgmma_fragment(int thread, int i, int* row, int* col) {
+  const emu::RowCol p = emu::frag_wgmma_d(thread, i);
+  *row = p.row;
+  *col = p.col;
+}
+EMU_API uint32_t emu_swizzle(uint32_t addr, int mode) { return emu::swizzled(addr, mode); }
+// out[5]: start, LBO, SBO (bytes), base offset, swizzle mode.
+EMU_API void emu_descriptor_decode(uint64_t desc, uint32_t* out) {
+  const emu::Descriptor d = emu::decode_descriptor(desc);
+  const uint32_t v[5] = {d.start, d.lbo, d.sbo, uint32_t(d.base_offset), uint32_t(d.mode)};
+  std::memcpy(out, v, sizeof(v));
+}
+// The window address of operand element (mn, k), or 0xFFFFFFFF where the layout is not modelled.
+EMU_API uint32_t emu_operand_address(uint64_t desc, int mn_major, int mn, int k, int elem_bytes) {
+  uint32_t addr = 0;
+  return emu::operand_address(emu::decode_descriptor(desc), mn_major != 0, mn, k, elem_bytes, addr) ? addr : 0xffffffffu;
+}
+// One warpgroup issues one wgmma (m64nNk16 bf16/f16, or m64n128k8 tf32: kind 0 bf16, 1 f16, 2
+// tf32) on a shared window holding `image` (the descriptors' addresses are offsets into it), its
+// 128 threads' accumulators c[128][N/2] in, d[128][N/2] out after the wait.
+EMU_API int emu_run_wgmma(int kind, int n, int trans_a, int trans_b, uint64_t desc_a, uint64_t desc_b,
+                          const unsigned char* image, int bytes, const float* c, float* d) {
+  if (kind < 0 || kind > 2 || !(n == 32 || n == 128 || n == 256) || (kind == 2 && n != 128) || bytes > 65536)
+    return 1;
+  return emu::launch(dim3{1, 1, 1}, dim3{128, 1, 1}, [&] {
+    unsigned char* window = emu::dynamic_shared();
+    const unsigned t = threadIdx.x;
+    if (t == 0) std::memcpy(window, image, size_t(bytes));
+    __syncthreads();
+    shared_window(window);
+    float acc[128];
+    for (int i = 0; i < n / 2; ++i) acc[i] = c[t * (n / 2) + i];
+    if (kind == 2) {
+      wgmma_m64n128k8_tf32(reinterpret_cast<float(&)[64]>(acc), desc_a, desc_b, 1);
+    } else {
+      auto issue = [&](auto tag) {
+        using T = decltype(tag);
+        if (n == 32 && !trans_a && !trans_b) wgmma_m64k16<32, T, 0, 0>(reinterpret_cast<float(&)[16]>(acc), desc_a, desc_b, 1);
+        if (n == 32 && trans_a && !trans_b) wgmma_m64k16<32, T, 1, 0>(reinterpret_cast<float(&)[16]>(acc), desc_a, desc_b, 1);
+        if (n == 32 && !trans_a && trans_b) wgmma_m64k16<32, T, 0, 1>(reinterpret_cast<float(&)[16]>(acc), desc_a, desc_b, 1);
+        if (n == 32 && trans_a && trans_b) wgmma_m64k16<32, T, 1, 1>(reinterpret_cast<float(&)[16]>(acc), desc_a, desc_b, 1);
+        if (n == 128 && !trans_a && !trans_b) wgmma_m64k16<128, T, 0, 0>(reinterpret_cast<float(&)[64]>(acc), desc_a, desc_b, 1);
+        if (n == 128 && trans_a && !trans_b) wgmma_m64k16<128, T, 1, 0>(reinterpret_cast<float(&)[64]>(acc), desc_a, desc_b, 1);
+        if (n == 128 && !trans_a && trans_b) wgmma_m64k16<128, T, 0, 1>(reinterpret_cast<float(&)[64]>(acc), desc_a, desc_b, 1);
+        if (n == 128 && trans_a && trans_b) wgmma_m64k16<128, T, 1, 1>(reinterpret_cast<float(&)[64]>(acc), desc_a, desc_b, 1);
+        if (n == 256) wgmma_m64k16<256, T, 0, 0>(acc, desc_a, desc_b, 1);
+      };
+      if (kind == 0) issue(__nv_bfloat16{});
+      else issue(__half{});
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    for (int i = 0; i < n / 2; ++i) d[t * (n / 2) + i] = acc[i];
+  }, 65536 + 1024);
+}
+// One TMA copy of the box at (c0, c1) of a 2-D tensor (dim0 contiguous, rows stride_bytes apart)
+// into a 1024-aligned shared buffer, completed through an mbarrier; the buffer's `bytes` back in
+// `out`. 0, 1 for a tensor map the rules refuse, or the launch's error.
+EMU_API int emu_run_tma(int elem_bytes, const void* base, uint64_t dim0, uint64_t dim1, uint64_t stride_bytes,
+                        uint32_t box0, uint32_t box1, int swizzle, int c0, int c1, unsigned char* out, int bytes) {
+  CUtensorMap map;
+  if (emu::tensor_map_encode_2d(&map, uint32_t(elem_bytes), base, dim0, dim1, stride_bytes, box0, box1, swizzle) != 0)
+    return 1;
+  return emu::launch(dim3{1, 1, 1}, dim3{32, 1, 1}, [&] {
+    unsigned char* window = emu::dynamic_shared();
+    shared_window(window);
+    uint64_t* bar = reinterpret_cast<uint64_t*>(window + 32768);
+    if (threadIdx.x == 0) {
+      mbarrier_init(bar, 1);
+      mbarrier_arrive_expect_tx(bar, box0 * box1 * uint32_t(elem_bytes));
+      tma_load_2d(window, &map, c0, c1, bar);
+    }
+    __syncthreads();
+    mbarrier_wait(bar, 0);
+    if (threadIdx.x == 0) std::memcpy(out, window, size_t(bytes));
+  }, 32768 + 1024);
+}
+
 }  // extern "C"

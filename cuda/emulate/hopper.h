@@ -23,6 +23,8 @@
 //   never comes) hangs on a GPU; here the block stops, and the report names each barrier, its
 //   phase, the arrivals and bytes it still waits for, and how many threads wait on it. Bytes beyond
 //   what expect_tx announced are reported too.
+// With -DCUDA_EMU_PLANT_FRAGMENT=3 (D's table) or 4 (the swizzle) a definition is deliberately
+// wrong, to show that tests/test_hopper.py catches it.
 // - With OS threads (ThreadSanitizer), the state is guarded by one mutex, so that a correct
 //   protocol gives the happens-before edges the hardware's barriers give, and a broken one (a
 //   consumer reading a stage before its phase, a producer overwriting a stage still being read)
@@ -58,7 +60,11 @@ inline int swizzle_bytes(int mode) { return mode == kSwizzle128 ? 128 : mode == 
 // c ^ (r % 8) of that row.)
 inline uint32_t swizzled(uint32_t addr, int mode) {
   const uint32_t bits = mode == kSwizzle128 ? 7u : mode == kSwizzle64 ? 3u : mode == kSwizzle32 ? 1u : 0u;
+#if CUDA_EMU_PLANT_FRAGMENT == 4
+  return addr ^ (((addr >> 6) & bits) << 4);  // planted: the row bits read one place too low
+#else
   return addr ^ (((addr >> 7) & bits) << 4);
+#endif
 }
 
 struct Descriptor {
