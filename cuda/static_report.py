@@ -58,7 +58,7 @@ TUNE = re.compile(r"^dense_gemm_tune(\d+)_(nt|nn|tn)_(f32|f64)$")  # the autotun
 # shared memory. Threads per block = BM·BN/(TM·TN); the report checks that against each
 # kernel's __launch_bounds__ and warns when they disagree (the table is then stale).
 # A version that allocates dynamic shared memory (extern __shared__, which ptxas cannot see)
-# adds "dynamic_shared": {"f32": bytes, "f64": bytes}; it counts towards the occupancy.
+# adds "dynamic_shared": {dtype: bytes}; it counts towards the occupancy.
 # bfloat16 and float16 take float32's tiles (dense_kernels::tile() is given the accumulator's size).
 # ---------------------------------------------------------------------------------------
 _V11 = (128, 128, 8, 16, True)
@@ -112,11 +112,29 @@ TILES: dict[int, dict] = {
     26: {"idea": "split-TF32: three mma's on big and small parts",
          "f32": (128, 128, 8, 8, True), "bk": 16, "warp": (64, 32), "mma": "m16n8k8", "fragments": "lds",
          "products": 3},
-    # Hopper: "warp" is the warpgroup's tile; the operands stay in shared memory (no fragments).
-    # Built for sm_90a only ("needs"): compiled for another architecture its kernels are a trap.
+    # Hopper: "warp" is a warpgroup's tile; the operands stay in shared memory (no fragments).
+    # Built for sm_90a only ("needs"): compiled for another architecture their kernels are a trap.
+    # The TMA versions' rings are dynamic shared memory (dense_kernels::tma_smem_bytes); v33 adds a
+    # producer warpgroup to its two consumers ("threads"); v35 swaps the operands, W as wgmma's A,
+    # so the mma's m runs along C's n ("swap"), and splits K (dense_kernels::hopper_slices).
     31: {"idea": "wgmma: one warpgroup, m64n128k16 on operands in shared memory",
          "bf16": (64, 128, 8, 8, True), "f16": (64, 128, 8, 8, True),
          "bk": 64, "warp": (64, 128), "mma": "m64n128k16", "fragments": "shared", "needs": "sm_90a"},
+    32: {"idea": "TMA into a ring of 4 stages with mbarriers",
+         "bf16": (64, 128, 8, 8, True), "f16": (64, 128, 8, 8, True),
+         "bk": 64, "warp": (64, 128), "mma": "m64n128k16", "fragments": "shared", "needs": "sm_90a",
+         "dynamic_shared": {"bf16": 99392, "f16": 99392}},
+    33: {"idea": "warp specialization: a TMA producer, two wgmma consumers",
+         "bf16": (128, 256, 8, 16, True), "f16": (128, 256, 8, 16, True),
+         "bk": 64, "warp": (64, 256), "mma": "m64n256k16", "fragments": "shared", "needs": "sm_90a",
+         "dynamic_shared": {"bf16": 197696, "f16": 197696}, "threads": 384},
+    34: {"idea": "split-TF32 on wgmma: three m64n128k8 a k-step of 8",
+         "f32": (64, 128, 8, 8, True), "bk": 32, "warp": (64, 128), "mma": "m64n128k8", "fragments": "shared",
+         "products": 3, "needs": "sm_90a", "dynamic_shared": {"f32": 148528}},
+    35: {"idea": "small batches: W as wgmma's A, K split over every SM",
+         "bf16": (32, 64, 4, 4, True), "f16": (32, 64, 4, 4, True),
+         "bk": 64, "warp": (32, 64), "mma": "m64n32k16", "fragments": "shared", "needs": "sm_90a", "swap": True,
+         "dynamic_shared": {"bf16": 66624, "f16": 66624}, "split_k": "hopper"},
 }
 DTYPES = ("f32", "f64", "bf16", "f16")  # dense_kernels::kDTypeNames
 ELEMENT_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2}  # dense_kernels::dtype_bytes
@@ -281,14 +299,15 @@ def mma_shape(mma: str) -> tuple[int, int, int]:
 
 
 def mma_napkin(bm: int, bn: int, bk: int, wm: int, wn: int, mma: str, products: int = 1,
-               fragments: str = "ldmatrix") -> dict:
+               fragments: str = "ldmatrix", swap: bool = False) -> dict:
     """A tensor-core block's work per k-step of BK, per warp (per warpgroup for wgmma): the
     mma's (its WM×WN tile is (WM/m)·(WN/n) tiles of the mma's m×n, each BK/k mma's deep,
     `products` mma's a product: split-TF32 takes 3) and, where fragments come by ldmatrix.x4
     (a 16×16 piece of 16-bit elements each), WM/16 of them for A and WN/16 for B per 16 of k.
-    The static HMMA and LDSM counts of the main loop's SASS should be these (one k-step a pass)."""
+    The static HMMA and LDSM counts of the main loop's SASS should be these (one k-step a pass).
+    `swap`: the mma computes the transposed tile (W as its A), its m along WN and its n along WM."""
     m, n, k = mma_shape(mma)
-    mmas = (wm // m) * (wn // n) * (bk // k) * products
+    mmas = ((wn // m) * (wm // n) if swap else (wm // m) * (wn // n)) * (bk // k) * products
     ldsm = (wm // 16 + wn // 16) * (bk // 16) if fragments == "ldmatrix" else 0
     return {"mma": mma, "k_step": bk, "warp_tile": [wm, wn], "warps": (bm // wm) * (bn // wn),
             "fragments": fragments, "products": products, "mma_per_k_step": mmas, "ldmatrix_x4_per_k_step": ldsm,
@@ -321,6 +340,16 @@ def skinny_slices(m: int, n: int, k: int, bm: int, bn: int, bk: int, min_blocks:
     if s <= 1:
         return 1
     steps = -(-k // bk)
+    return -(-steps // -(-steps // s))
+
+
+def hopper_slices(m: int, n: int, k: int, bm: int, bn: int, bk: int, sm_count: int, blocks: int = 2) -> int:
+    """v35's (dense_kernels::hopper_slices): slices of K so that every SM has `blocks` blocks, each
+    slice at least two k-steps deep, then as few as give each the same whole number of k-steps."""
+    tiles, steps = -(-n // bn) * -(-m // bm), -(-k // bk)
+    s = min(blocks * sm_count // tiles if tiles > 0 else 1, steps // 2)
+    if s <= 1:
+        return 1
     return -(-steps // -(-steps // s))
 
 
@@ -517,12 +546,21 @@ def width(op: str) -> str:
     return "32"
 
 
+def never_runs(ins: Instr) -> bool:
+    """Predicated on !PT (never true): ptxas pads before each cp.async with `@!PT LDS RZ, [RZ]`,
+    which no thread executes; counting them would add shared loads that never happen."""
+    return ins.pred == "@!PT"
+
+
 def mix(code: list[Instr]) -> dict:
-    """Counts that tell the story of a GEMM loop: multiply-adds, and loads by kind and width.
-    (Instructions: without the NOPs that pad a function to its alignment.)"""
+    """Counts that tell the story of a GEMM loop: multiply-adds, and loads by kind and width,
+    of the instructions that can run. (Instructions: all but the NOPs that pad a function to
+    its alignment.)"""
     out: dict = {"instructions": sum(1 for i in code if i.op != "NOP"), "fma": 0,
                  "lds": {}, "ldg": {}, "ldgsts": {}, "sts": {}, "stg": {}, "bar": 0, "shfl": 0, "mufu": {}}
     for i in code:
+        if never_runs(i):
+            continue
         base = i.op.split(".")[0]
         if is_fma(i.op):
             out["fma"] += 1
@@ -557,7 +595,7 @@ def census(code: list[Instr]) -> dict[str, int]:
     """The tensor-core and cp.async instructions by full opcode, with their counts (static)."""
     out: dict[str, int] = {}
     for i in code:
-        if i.op.split(".")[0] in CENSUS:
+        if i.op.split(".")[0] in CENSUS and not never_runs(i):
             out[i.op] = out.get(i.op, 0) + 1
     return dict(sorted(out.items()))
 
@@ -667,6 +705,8 @@ def analyse(sources: list[Path], arch: str, k: int, cuobjdump: str | None, devic
                 if split == "skinny":
                     slices = skinny_slices(SPLITK_BATCH, k, k, bm, bn, entry["bk"], entry["min_blocks"][dtype],
                                            device.sm_count)
+                elif split == "hopper":
+                    slices = hopper_slices(SPLITK_BATCH, k, k, bm, bn, entry["bk"], device.sm_count)
                 elif split:
                     slices = splitk_slices(SPLITK_BATCH, k, k, bm, bn, device.sm_count)
                 mma = None
@@ -674,7 +714,7 @@ def analyse(sources: list[Path], arch: str, k: int, cuobjdump: str | None, devic
                     wm, wn = entry["warp"]
                     rec["tile"].update(bk=entry["bk"], wm=wm, wn=wn)
                     mma = mma_napkin(bm, bn, entry["bk"], wm, wn, entry["mma"], entry.get("products", 1),
-                                     entry["fragments"])
+                                     entry["fragments"], entry.get("swap", False))
                 loads = mma["warps"] * (mma["warp_tile"][0] + mma["warp_tile"][1]) \
                     if mma and entry["fragments"] == "global" else None
                 rec["napkin"] = napkin(bm, bn, tm, tn, staged, ELEMENT_BYTES[dtype], k, slices, ACC_BYTES[dtype], loads)
@@ -682,12 +722,12 @@ def analyse(sources: list[Path], arch: str, k: int, cuobjdump: str | None, devic
                     rec["napkin"].update(fma_per_operand_load=None, tensor_cores=mma)
                 if slices > 1:
                     rec["napkin"]["slices_at"] = {"batch": SPLITK_BATCH, "in": k, "out": k, "sm_count": device.sm_count}
-                expected = bm * bn // (tm * tn)
+                expected = entry.get("threads", bm * bn // (tm * tn))
                 if threads is None:
                     threads, source = expected, "TILES (the kernel has no __launch_bounds__)"
                 elif threads != expected:
                     report.warnings.append(f"{name}: __launch_bounds__ {threads} threads, TILES says {expected} "
-                                           f"(BM·BN/(TM·TN)): update TILES")
+                                           f"(BM·BN/(TM·TN) unless it says otherwise): update TILES")
         if threads is None:
             report.warnings.append(f"{name}: no __launch_bounds__ and no TILES entry: occupancy not computed")
         rec.update(threads=threads, threads_from=source, registers=u["registers"], barriers=u["barriers"],
@@ -729,7 +769,7 @@ def compact(rec: dict) -> dict:
     out = {x: rec.get(x) for x in COMPACT}
     if loop := rec.get("inner_loop"):
         out["loop"] = {"fma": loop["fma"], "mma": loop["mma"], "ldsm": loop["ldsm"], "census": loop["census"]}
-    if "census" in rec:
+    if rec.get("census"):
         out["census"] = rec["census"]
     return out
 
@@ -922,8 +962,10 @@ def _loop_cell(loop: dict | None) -> str:
         return "–"
     def widths(d: dict) -> str:
         return "+".join(f"{n}×{w}" for w, n in sorted(d.items(), key=lambda kv: int(kv[0])))
-    parts = [f"{loop['fma']} FFMA"] if loop["fma"] else []
-    parts += [f"{n} {op}" for op, n in loop.get("census", {}).items() if op.startswith(("HMMA", "LDSM", "LDGSTS"))]
+    # where the tensor cores multiply, FFMA's in the loop's range are the epilogue's or conversions
+    parts = [f"{loop['fma']} FFMA"] if loop["fma"] and not loop.get("mma") else []
+    parts += [f"{n} {op}" for op, n in loop.get("census", {}).items()
+              if op.startswith(("HMMA", "HGMMA", "LDSM", "LDGSTS", "UTMALDG"))]
     parts += [f"{name} {widths(loop[key])}" for name, key in (("LDS", "lds"), ("LDG", "ldg")) if loop[key]]
     return ", ".join(parts)
 
@@ -933,7 +975,8 @@ def tensor_core_table(record: dict) -> str:
     baseline): one row per version and element type; registers and blocks per SM on each
     architecture of the record, for the three layouts; shared memory, spills and stack frame
     (the most of any layout and architecture); the main loop's instructions per pass (one k-step)
-    for nt on the record's first architecture, and its HMMA count on each."""
+    for nt on the record's first architecture, and its mma count (HMMA, HGMMA) on each; "–" where
+    a version does not run (its kernels there are a trap)."""
     entries = _arch_entries(record)
     archs = list(entries)
     by: dict[tuple[int, str], dict] = {}
@@ -949,7 +992,7 @@ def tensor_core_table(record: dict) -> str:
     per_arch = " | ".join(f"regs nt/nn/tn {a}" for a in archs)
     blocks_head = " | ".join(f"blocks/SM {a}" for a in archs)
     head = [f"| v | dtype | tile BM×BN×BK (warp) | threads | FLOP/B | {per_arch} | smem B | spills, stack B | "
-            f"{blocks_head} | HMMA per pass {'/'.join(archs)} | main loop per pass, nt, {record['arch']} |",
+            f"{blocks_head} | MMA per pass {'/'.join(archs)} | main loop per pass, nt, {record['arch']} |",
             "|---|---|---|---:|---:|" + "---:|" * len(archs) + "---:|---:|" + "---:|" * len(archs) + "---:|---|"]
     rows = []
     for (v, dt), lay in sorted(by.items(), key=lambda kv: (kv[0][0], _dtype_order(kv[0][1]))):
@@ -964,17 +1007,19 @@ def tensor_core_table(record: dict) -> str:
             tile_cell = "?"
         ai = f"{nt['napkin']['flop_per_byte']:.2f}" if nt.get("napkin") else "?"
 
-        def each(arch: str, key: str, names: list = names) -> str:
-            return "/".join(str(entries[arch][n][key]) if n in entries[arch] and entries[arch][n].get(key) is not None
-                            else "–" for n in names)
-        figures = [entries[a][n] for a in archs for n in names if n in entries[a]]
-        smem = {lay[x]["shared_bytes"] for x in lay}
-        smem = str(smem.pop()) if len(smem) == 1 else "/".join(str(lay[x]["shared_bytes"]) if x in lay else "–"
-                                                               for x in ("nt", "nn", "tn"))
+        runs = [a for a in archs if not nt.get("needs") or nt["needs"] == a]  # elsewhere a trap: no figures
+
+        def each(arch: str, key: str, names: list = names, runs: list = runs) -> str:
+            return "/".join(str(entries[arch][n][key]) if arch in runs and n in entries[arch]
+                            and entries[arch][n].get(key) is not None else "–" for n in names)
+        figures = [entries[a][n] for a in runs for n in names if n in entries[a]]
+        sizes = [str(lay[x]["shared_bytes"] + lay[x].get("dynamic_shared_bytes", 0)) if x in lay else "–"
+                 for x in ("nt", "nn", "tn")]
+        smem = sizes[0] if len(set(sizes)) == 1 else "/".join(sizes)
         spills = max((f["spill_stores"] or 0) + (f["spill_loads"] or 0) for f in figures)
         stack = max(f["stack_bytes"] or 0 for f in figures)
-        hmma = "/".join(str(entries[a].get(nt["name"], {}).get("loop", {}).get("mma", "–")) for a in archs) \
-            if sass else "no SASS"
+        hmma = "/".join(str(entries[a].get(nt["name"], {}).get("loop", {}).get("mma", "–")) if a in runs else "–"
+                        for a in archs) if sass else "no SASS"
         loop = _loop_cell(nt.get("inner_loop")) if sass else "no SASS"
         rows.append(f"| {v} | {dt} | {tile_cell} | {nt['threads']} | {ai} | "
                     + " | ".join(each(a, "registers") for a in archs)
@@ -983,8 +1028,10 @@ def tensor_core_table(record: dict) -> str:
     devices = {a: record.get("archs", {}).get(a, {}).get("device", record["device"])["name"] for a in archs}
     notes = ["", f"{', '.join(f'{a} ({devices[a]})' for a in archs)}, ptxas {record['tools']['ptxas']}, "
                  f"K={record['k']} for FLOP/B, {record['date']}: `{record['command']}`",
-             "Static counts: a pass's loads include the element-by-element path taken where a tile is not "
-             "16-byte aligned, beside cp.async's; smem B per layout nt/nn/tn where they differ."]
+             "Static counts, each instruction once, in the address range a loop's backward branch closes: "
+             "a pass's global loads include the element-by-element path taken where a tile is not 16-byte "
+             "aligned, and where ptxas lays out other code inside that range (the TMA versions) it is counted "
+             "too. smem B: static and dynamic, per layout nt/nn/tn where they differ."]
     for arch, versions in sorted(elsewhere.items()):
         notes.append(f"{', '.join(f'v{v}' for v in sorted(versions))}: {arch} only, "
                      f"`python cuda/static_report.py --arch {arch}`.")
