@@ -1,9 +1,15 @@
 """Nsight Compute's memory counters without a GPU: the CUDA chapter's kernels run in the CPU
-emulation with every load, store and cp.async observed, and their warp requests counted as ncu
-counts them on sm_80 and newer: global load/store requests and 32-byte sectors, cp.async copies
-(LDGSTS) as a kind of their own, shared-memory requests and wavefronts, and the excessive
-wavefronts (those beyond one per phase: what bank conflicts cost). cuda/emulate/counters.cpp says
-how, and what the model leaves out.
+emulation with every load, store, cp.async and ldmatrix observed, and their warp requests counted
+as ncu counts them on sm_80 and newer: global load/store requests and 32-byte sectors, cp.async
+copies (LDGSTS) as a kind of their own, shared-memory requests and wavefronts, ldmatrix (LDSM)
+requests with their wavefronts among the shared loads', and the excessive wavefronts (those beyond
+one per phase: what bank conflicts cost). cuda/emulate/counters.cpp says how, and what the model
+leaves out.
+
+What it covers: chapter 4's versions (1 to 12) in float32 and float64, v11 and v12 in bfloat16
+and float16 too, the tensor-core versions v21 to v24 (bfloat16, float16) and v25, v26 (float32),
+and the backward's elementwise kernel. Not Hopper's versions (31 to 35): wgmma reads its operands
+and TMA copies its tiles where no instrumentation sees them.
 
 The kernels' source is unchanged: a separate build of the emulation (GCC's -fsanitize=kernel-address
 instrumentation, its callbacks defined by the counters) observes them. The plain emulation
@@ -22,7 +28,11 @@ Examples:
   python cuda/counters.py --shape 65 129 33 --kernels 3:tn --dtype float64 --full
   python cuda/counters.py --shape 4096 64 1 --kernels grad:1 grad:2 grad:3   # the backward's kernel
   python cuda/counters.py --shape 256 256 64 --kernels 8:nn 8:tn   # cp.async copies (LDGSTS)
-  python cuda/counters.py --planted                        # the six patterns with known counts
+  python cuda/counters.py --shape 256 256 256 --kernels 22:nt 23:nt --dtype bfloat16   # ldmatrix
+  python cuda/counters.py --shape 256 256 256 --dtype bfloat16   # the tensor-core versions v21-v24
+  python cuda/counters.py --shape 256 256 256 --dtype float32 bfloat16 --kernels 12:nt   # two types
+  python cuda/counters.py --shape 256 256 64 --kernels 25:nt 26:nt   # TF32 on the tensor cores
+  python cuda/counters.py --planted                        # the nine patterns with known counts
 """
 
 from __future__ import annotations
@@ -39,6 +49,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -59,6 +74,7 @@ METRICS = (
     "smsp__inst_executed_op_shared_ld.sum",
     "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
     "excessive_wavefronts_mem_shared_op_ld",  # wavefronts beyond one per phase
+    "smsp__inst_executed_op_ldsm.sum",  # ldmatrix; its wavefronts are among the shared loads' above
     "smsp__inst_executed_op_shared_st.sum",
     "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
     "excessive_wavefronts_mem_shared_op_st",
@@ -76,8 +92,12 @@ BANK_CONFLICT_COUNTERS = {kind: f"l1tex__data_bank_conflicts_pipe_lsu_mem_shared
 # forward, and v1's and v2's GEMM of the gradient of x.
 NCU_RECORD = ROOT / "docs" / "results" / "ncu_gemm_h200.json"
 LAYOUTS = ("nt", "nn", "tn")
-DTYPES = {"float32": 4, "float64": 8}
-PLANTED = ("coalesced", "column-major", "stride-32", "broadcast", "cp.async", "cp.async-one-bank")
+# The element types and their bytes, in dense_kernels::DType order (their codes: cuda/emulated.py's
+# dtype_code); a kernel's name ends in its type's suffix (cuda/catalog.py's DTYPES: f32, ..., f16).
+DTYPES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+DTYPE_CODES = {name: code for code, name in enumerate(DTYPES)}
+PLANTED = ("coalesced", "column-major", "stride-32", "broadcast", "cp.async", "cp.async-one-bank", "ldmatrix",
+           "ldmatrix-one-bank-group", "ldmatrix.x1")
 FLAGS = ["-std=c++17", "-O3", "-fno-tree-vectorize", "-pthread", "-fPIC", "-fvisibility=hidden", f"-I{HERE}",
          "-DCUDA_EMU_COUNT"]
 # GCC's names for the callbacks (clang's kernel-address instrumentation is set up differently).
@@ -231,37 +251,70 @@ def _read(lib: ctypes.CDLL, names: list[str]) -> list[Counts]:
 TUNE_BASE = 100  # launch_gemm's "version" 100 + I runs autotuning candidate I (cuda/dense_kernels.h)
 
 
-def kernel_name(version: int, layout: str, element_bytes: int) -> str:
+def catalog() -> ModuleType:
+    """cuda/catalog.py: the versions cuda/dense_kernels.h declares, and the types each is built for."""
+    return cli.load_file("cuda/catalog.py", "dense_cuda_catalog")
+
+
+def suffix(dtype: str) -> str:
+    """A kernel name's type suffix: "float32" -> "f32", "bfloat16" -> "bf16"."""
+    return catalog().DTYPES[DTYPE_CODES[dtype]]
+
+
+def kernel_name(version: int, layout: str, dtype: str) -> str:
     kind = f"tune{version - TUNE_BASE}" if version >= TUNE_BASE else f"v{version}"
-    return f"dense_gemm_{kind}_{layout}_{'f32' if element_bytes == 4 else 'f64'}"
+    return f"dense_gemm_{kind}_{layout}_{suffix(dtype)}"
 
 
 def candidates() -> range:
     """The autotuning candidates' indices (DENSE_TUNE_CANDIDATES in cuda/dense_kernels.h)."""
-    return range(len(cli.load_file("cuda/catalog.py", "dense_cuda_catalog").candidates()))
+    return range(len(catalog().candidates()))
 
 
-DTYPE_CODES = {4: 0, 8: 1}  # element bytes -> dense_kernels::DType (float32, float64): what is counted here
+def hopper_versions() -> range:
+    """Hopper's versions (dense_kernels::needs_sm90a): wgmma and TMA, which the counters leave out."""
+    text = catalog().HEADER.read_text()
+    found = re.search(r"needs_sm90a\(int version\) \{ return version >= (\d+) && version <= (\d+); \}", text)
+    if not found:
+        raise RuntimeError("cuda/dense_kernels.h's needs_sm90a is not the range cuda/counters.py reads")
+    return range(int(found.group(1)), int(found.group(2)) + 1)
 
 
-def count_gemm(version: int, layout: str, m: int, n: int, k: int, element_bytes: int = 4, sm_count: int = 132,
+def versions(dtype: str) -> list[int]:
+    """The GEMM versions the counters run in `dtype`: those built for it, Hopper's left out."""
+    hopper = hopper_versions()
+    return [v for v in catalog().version_ids(dtype=suffix(dtype)) if v not in hopper]
+
+
+def _tensors(dtype: str) -> tuple[torch.dtype, torch.dtype]:
+    """(element type, accumulator type) as torch dtypes: workspaces are of the accumulator."""
+    import torch
+
+    return getattr(torch, dtype), torch.float64 if dtype == "float64" else torch.float32
+
+
+def count_gemm(version: int, layout: str, m: int, n: int, k: int, dtype: str = "float32", sm_count: int = 132,
                sample: bool = True, seed: int = 0) -> list[Counts]:
     """Counts for one GEMM call (one launch, or two with split-K's reduction), in the epilogue the
     layer uses there: bias + sigmoid for the forward ("nt"), none for the backward's layouts."""
     import torch
 
     lib = library()
-    dtype = torch.float32 if element_bytes == 4 else torch.float64
+    element, acc = _tensors(dtype)
     g = torch.Generator().manual_seed(seed)
-    a = torch.randn(k, m, generator=g, dtype=dtype) if layout == "tn" else torch.randn(m, k, generator=g, dtype=dtype)
-    b = torch.randn(n, k, generator=g, dtype=dtype) if layout == "nt" else torch.randn(k, n, generator=g, dtype=dtype)
-    c = torch.empty(m, n, dtype=dtype)
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=g, dtype=acc).to(element)
+
+    a = randn(k, m) if layout == "tn" else randn(m, k)
+    b = randn(n, k) if layout == "nt" else randn(k, n)
+    c = torch.empty(m, n, dtype=element)
     forward = layout == "nt"
-    bias = torch.randn(n, generator=g, dtype=dtype) if forward else None
-    code = DTYPE_CODES[element_bytes]
+    bias = randn(n) if forward else None
+    code = DTYPE_CODES[dtype]
     size = lib.emu_gemm_workspace(version, code, m, n, k, sm_count)
-    work = torch.empty(max(size, 0), dtype=dtype)
-    reduce = f"dense_splitk_reduce_{'f32' if element_bytes == 4 else 'f64'}"
+    work = torch.empty(max(size, 0), dtype=acc)
+    reduce = f"dense_splitk_reduce_{suffix(dtype)}"
     with _counting:
         _begin(lib, SAMPLE_GEMM if sample else 0, a, b, c, bias, work)
         rc = lib.emu_gemm(version, layout.encode(), code, a.data_ptr(), b.data_ptr(), c.data_ptr(),
@@ -269,30 +322,31 @@ def count_gemm(version: int, layout: str, m: int, n: int, k: int, element_bytes:
                           sm_count, work.data_ptr() if size > 0 else None)
         if rc != 0:
             raise RuntimeError(f"the emulated GEMM v{version} {layout} returned {rc}")
-        return _read(lib, [kernel_name(version, layout, element_bytes), reduce])
+        return _read(lib, [kernel_name(version, layout, dtype), reduce])
 
 
-def count_sigmoid_grad(version: int, rows: int, cols: int, element_bytes: int = 4, sm_count: int = 132,
+def count_sigmoid_grad(version: int, rows: int, cols: int, dtype: str = "float32", sm_count: int = 132,
                        sample: bool = True, seed: int = 0) -> list[Counts]:
     """Counts for the backward's elementwise kernel (and v3's second pass), db included."""
     import torch
 
     lib = library()
-    dtype = torch.float32 if element_bytes == 4 else torch.float64
+    element, acc = _tensors(dtype)
     g = torch.Generator().manual_seed(seed)
-    grad, y = torch.randn(rows, cols, generator=g, dtype=dtype), torch.rand(rows, cols, generator=g, dtype=dtype)
-    dz, db = torch.empty(rows, cols, dtype=dtype), torch.empty(cols, dtype=dtype)
+    grad = torch.randn(rows, cols, generator=g, dtype=acc).to(element)
+    y = torch.rand(rows, cols, generator=g, dtype=acc).to(element)
+    dz, db = torch.empty(rows, cols, dtype=element), torch.empty(cols, dtype=element)
     size = lib.emu_sigmoid_grad_workspace(version, rows, cols, sm_count)
-    work = torch.empty(max(size, 0), dtype=dtype)
-    suffix = "f32" if element_bytes == 4 else "f64"
+    work = torch.empty(max(size, 0), dtype=acc)
+    end = suffix(dtype)
     with _counting:
         _begin(lib, SAMPLE_ELEMENTWISE if sample else 0, grad, y, dz, db, work)
-        rc = lib.emu_sigmoid_grad(version, DTYPE_CODES[element_bytes], 0, grad.data_ptr(), y.data_ptr(),
+        rc = lib.emu_sigmoid_grad(version, DTYPE_CODES[dtype], 0, grad.data_ptr(), y.data_ptr(),
                                   dz.data_ptr(), db.data_ptr(), rows, cols, sm_count,
                                   work.data_ptr() if size > 0 else None)
         if rc != 0:
             raise RuntimeError(f"the emulated sigmoid-grad v{version} returned {rc}")
-        return _read(lib, [f"dense_sigmoid_grad_v{version}_{suffix}", f"dense_bias_grad_v3_{suffix}"])
+        return _read(lib, [f"dense_sigmoid_grad_v{version}_{end}", f"dense_bias_grad_v3_{end}"])
 
 
 def count_planted(which: str) -> Counts:
@@ -335,7 +389,7 @@ def rows(record: dict) -> list[dict]:
     now, not copied into the counts' record) where it holds the same kernel at the same shape.
     An ncu number is None where that record lacks the kernel or the metric; `in_ncu` says which."""
     ncu = {}
-    if record.get("compare") and record["dtype"] == "float32":
+    if record.get("compare") and "float32" in record["dtypes"]:  # (ncu's record: float32 kernels)
         ncu = ncu_metrics(json.loads((ROOT / record["compare"]).read_text()), tuple(record["shape"]))
     out = []
     for k in record["kernels"]:
@@ -356,6 +410,7 @@ def rows(record: dict) -> list[dict]:
             "in_ncu": r.kernel in ncu,
             "ncu_ld_sectors_per_request": t_sect / t_req if t_req else None,
         }
+        row["ldsm_requests"] = r.get("inst_executed_op_ldsm")
         for kind in ("ld", "st"):
             row[f"shared_{kind}_requests"] = r.get(f"inst_executed_op_shared_{kind}")
             row[f"shared_{kind}_wavefronts"] = r.get(f"data_pipe_lsu_wavefronts_mem_shared_op_{kind}")
@@ -378,8 +433,8 @@ def table(record: dict) -> str:
     table_rows = rows(record)
     with_ncu = any(r["in_ncu"] for r in table_rows)
     head = ["kernel", "blocks run", "global load requests", "sectors / request (loads)", "(stores)",
-            "LDGSTS requests", "sectors / request (LDGSTS)", "shared loads, stores",
-            "shared wavefronts (loads, stores)", "excessive wavefronts (loads, stores)",
+            "LDGSTS requests", "sectors / request (LDGSTS)", "shared loads, stores", "ldmatrix (LDSM) requests",
+            "shared wavefronts (loads with LDSM's, stores)", "excessive wavefronts (loads with LDSM's, stores)",
             "LDGSTS shared wavefronts (excessive)"]
     if with_ncu:
         head += ["ncu: sectors / request", "ncu: shared wavefronts (loads, stores)",
@@ -388,8 +443,8 @@ def table(record: dict) -> str:
     for r in table_rows:
         cells = [r["kernel"], r["blocks"], _num(r["ld_requests"]), _num(r["ld_sectors_per_request"]),
                  _num(r["st_sectors_per_request"]), _num(r["ldgsts_requests"]), _num(r["ldgsts_sectors_per_request"]),
-                 _pair(r, "shared_{}_requests"), _pair(r, "shared_{}_wavefronts"), _pair(r, "shared_{}_excessive"),
-                 f"{_num(r['ldgsts_wavefronts'])} ({_num(r['ldgsts_excessive'])})"]
+                 _pair(r, "shared_{}_requests"), _num(r["ldsm_requests"]), _pair(r, "shared_{}_wavefronts"),
+                 _pair(r, "shared_{}_excessive"), f"{_num(r['ldgsts_wavefronts'])} ({_num(r['ldgsts_excessive'])})"]
         if with_ncu:
             cells += [_num(r["ncu_ld_sectors_per_request"]), _pair(r, "ncu_shared_{}_wavefronts"),
                       _pair(r, "ncu_shared_{}_conflicts")]
@@ -397,10 +452,12 @@ def table(record: dict) -> str:
     return "\n".join(lines)
 
 
-def conditions(record: dict) -> str:
+def conditions(record: dict, dtypes: list[str] | None = None) -> str:
+    """The line under a table: where, how and by which command the record was taken (`dtypes`:
+    the types of the rows shown, else the record's)."""
     m, n, k = record["shape"]
     sampled = "a sample of blocks, scaled to the grid" if record["sample"] else "every block"
-    return (f"Emulated on the CPU ({record['compiler']}), M={m} N={n} K={k}, {record['dtype']}, "
+    return (f"Emulated on the CPU ({record['compiler']}), M={m} N={n} K={k}, {', '.join(dtypes or record['dtypes'])}, "
             f"{record['sm_count']} SMs assumed, {sampled}; {record['seconds']:.0f} s; {record['date']}: "
             f"`{record['command']}`")
 
@@ -433,7 +490,8 @@ def agreement(row: dict) -> dict[str, bool | None]:
     for kind in ("ld", "st"):
         out[f"{kind}_wavefronts"] = _close(row[f"shared_{kind}_wavefronts"], row[f"ncu_shared_{kind}_wavefronts"])
         ours, ncu = row[f"shared_{kind}_excessive"], row[f"ncu_shared_{kind}_conflicts"]
-        base = max(row[f"shared_{kind}_requests"], 1.0)
+        requests = row[f"shared_{kind}_requests"] + (row["ldsm_requests"] if kind == "ld" else 0)
+        base = max(requests, 1.0)
         if ncu is None:
             out[f"{kind}_counter"] = None
         elif ours < ZERO * base or ncu < ZERO * base:
@@ -477,13 +535,50 @@ def chapter_table(record: dict) -> str:
     return "\n".join(lines) + "\n\n" + conditions(record)
 
 
+def tensor_core_rows(record: dict) -> list[dict]:
+    """The rows of the tensor-core versions (above chapter 4's progression) a record holds."""
+    last = max(catalog().cuda_core_versions())
+    out = []
+    for row in record["kernels"]:
+        found = re.match(r"dense_gemm_v(\d+)_", row["kernel"])
+        if found and int(found.group(1)) > last:
+            out.append(row)
+    return out
+
+
+def tensor_core_table(record: dict) -> str:
+    """The tensor-core chapter's table (docs/render.py's "counters_tc" marker): for each
+    tensor-core version the record holds, its global loads (sectors per request), its cp.async
+    copies, the shared stores that stage its tiles and the shared loads (ldmatrix's) that read its
+    fragments, each with its wavefronts and the excessive ones."""
+    lines = ["| kernel | global loads | sectors / request | LDGSTS (sectors / request) | shared stores | "
+             "store wavefronts (excessive) | shared loads: LDS, LDSM | load wavefronts (excessive) | "
+             "load wavefronts / request |", "|---|" + "---:|" * 8]
+    rows_tc = tensor_core_rows(record)
+    for k in rows_tc:
+        r = Counts(k["kernel"], k["metrics"], int(k["metrics"]["blocks_stood_for"]))
+        lds, ldsm = r.get("inst_executed_op_shared_ld"), r.get("inst_executed_op_ldsm")
+        load_wavefronts = r.get("data_pipe_lsu_wavefronts_mem_shared_op_ld")
+        cells = [r.kernel, _num(r.get("requests_pipe_lsu_mem_global_op_ld")), _num(r.per_request("ld")),
+                 f"{_num(r.get('requests_pipe_lsu_mem_global_op_ldgsts'))} ({_num(r.per_request('ldgsts'))})",
+                 _num(r.get("inst_executed_op_shared_st")),
+                 f"{_num(r.get('data_pipe_lsu_wavefronts_mem_shared_op_st'))} "
+                 f"({_num(r.get('excessive_wavefronts_mem_shared_op_st'))})",
+                 f"{_num(lds)}, {_num(ldsm)}",
+                 f"{_num(load_wavefronts)} ({_num(r.get('excessive_wavefronts_mem_shared_op_ld'))})",
+                 _num(load_wavefronts / (lds + ldsm)) if lds + ldsm else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    dtypes = sorted({row.get("dtype", "") for row in rows_tc} - {""}, key=list(DTYPES).index)
+    return "\n".join(lines) + "\n\n" + conditions(record, dtypes)
+
+
 GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions
 
 
-def parse_kernel(text: str, versions: list[int] | range) -> tuple[int, str]:
-    """"8:nt" -> (8, "nt"): a GEMM version and layout; "tune4:nt" -> (104, "nt"): autotuning
-    candidate 4 (float32 only); "grad:3" -> (3, "grad"): the backward's elementwise kernel (M×N is
-    then its rows × columns; K is unused)."""
+def parse_kernel(text: str, versions: list[int] | range, dtype: str = "float32") -> tuple[int, str]:
+    """"8:nt" -> (8, "nt"): a GEMM version and layout (one of `versions`, those counted in
+    `dtype`); "tune4:nt" -> (104, "nt"): autotuning candidate 4 (float32 only); "grad:3" ->
+    (3, "grad"): the backward's elementwise kernel (M×N is then its rows × columns; K is unused)."""
     match = re.fullmatch(r"v?(\d+):(nt|nn|tn)|grad:(\d+)|tune(\d+):(nt|nn|tn)", text)
     if not match:
         raise ValueError(f"--kernels takes VERSION:LAYOUT (layouts {', '.join(LAYOUTS)}), e.g. 8:nt, tuneI:LAYOUT for "
@@ -500,24 +595,37 @@ def parse_kernel(text: str, versions: list[int] | range) -> tuple[int, str]:
         return v, "grad"
     v = int(match.group(1))
     if v not in versions:
-        raise ValueError(f"no version {v} for this type: the versions are {', '.join(map(str, versions))} "
-                         "(cuda/dense_kernels.h)")
+        counted = ", ".join(map(str, versions))
+        hopper = hopper_versions()
+        if v in hopper:
+            raise ValueError(f"version {v} is one of Hopper's ({hopper[0]} to {hopper[-1]}), which the counters leave "
+                             f"out: wgmma and TMA read memory where no instrumentation sees it; in {dtype} they "
+                             f"count {counted}")
+        if v in catalog().version_ids():
+            raise ValueError(f"version {v} is not built for {dtype}: in {dtype} the counters run {counted} "
+                             "(cuda/dense_kernels.h)")
+        raise ValueError(f"no version {v}: in {dtype} the counters run {counted} (cuda/dense_kernels.h)")
     return v, match.group(2)
 
 
-def default_kernels(versions: list[int] | range) -> list[tuple[int, str]]:
-    """Every version's forward (chapter 4's progression), v1's and v2's GEMM of the gradient of x
-    (ncu's record has them), and the backward's elementwise kernel in each of its versions (at M×N,
-    the forward's output)."""
-    return [(v, "nt") for v in versions] + [(1, "nn"), (2, "nn")] + [(v, "grad") for v in GRAD_VERSIONS]
+def default_kernels(dtype: str) -> list[tuple[int, str]]:
+    """float32 and float64: every version's forward of chapter 4's progression, v1's and v2's GEMM
+    of the gradient of x (ncu's record has them), and the backward's elementwise kernel in each of
+    its versions (at M×N, the forward's output). bfloat16 and float16: the forward of each
+    tensor-core version built for the type."""
+    if DTYPES[dtype] > 2:
+        return [(v, "nt") for v in catalog().cuda_core_versions()] + [(1, "nn"), (2, "nn")] + \
+            [(v, "grad") for v in GRAD_VERSIONS]
+    return [(v, "nt") for v in versions(dtype) if v not in catalog().cuda_core_versions()]
 
 
-def memory_bytes(kernels: list[tuple[int, str]], m: int, n: int, k: int, element_bytes: int, sm_count: int,
+def memory_bytes(kernels: list[tuple[int, str]], m: int, n: int, k: int, dtype: str, sm_count: int,
                  lib: ctypes.CDLL | None = None) -> int:
     """The most memory one of `kernels` holds while it is counted (they run one at a time): its
     operands, output and bias, and the workspace its launch asks for (split-K's partial products,
-    as many as it has slices; the backward's partial column sums). Without `lib` the workspaces
-    are left out: a lower bound, known before the build."""
+    as many as it has slices; the backward's partial column sums), in the accumulator's type.
+    Without `lib` the workspaces are left out: a lower bound, known before the build."""
+    element_bytes, acc_bytes = DTYPES[dtype], 8 if dtype == "float64" else 4
     most = 0
     for v, layout in kernels:
         if layout == "grad":  # grad and y in, dz and db out (count_sigmoid_grad)
@@ -525,40 +633,42 @@ def memory_bytes(kernels: list[tuple[int, str]], m: int, n: int, k: int, element
             work = lib.emu_sigmoid_grad_workspace(v, m, n, sm_count) if lib else 0
         else:
             elements = m * k + n * k + m * n + (n if layout == "nt" else 0)
-            work = lib.emu_gemm_workspace(v, DTYPE_CODES[element_bytes], m, n, k, sm_count) if lib else 0
-        most = max(most, element_bytes * (elements + max(work, 0)))  # workspaces: of the accumulator, here T
+            work = lib.emu_gemm_workspace(v, DTYPE_CODES[dtype], m, n, k, sm_count) if lib else 0
+        most = max(most, element_bytes * elements + acc_bytes * max(work, 0))
     return most
 
 
 def main(argv: list[str] | None = None) -> int:
-    emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
-
     parser = cli.parser(__doc__ or "")
     size = cli.positive(int)
     parser.add_argument("--shape", type=size, nargs=3, metavar=("M", "N", "K"), default=[2048, 2048, 2048],
                         help="C is M×N, the reduction K (default 2048 2048 2048, ncu's record)")
     parser.add_argument("--kernels", nargs="+", metavar="V:LAYOUT",
-                        help="e.g. 5:nt 7:nt 2:nn grad:3 (default: every version's nt, 1:nn 2:nn, and grad:1 "
-                             "grad:2 grad:3)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+                        help="e.g. 5:nt 7:nt 2:nn grad:3, counted in each --dtype (default: float32 and float64 "
+                             "every version's nt of chapter 4, 1:nn 2:nn, and grad:1 grad:2 grad:3; bfloat16 and "
+                             "float16 the nt of each tensor-core version built for them)")
+    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["float32"], metavar="DTYPE",
+                        help=f"element types, one or more of {', '.join(DTYPES)}, counted one after the other "
+                             "(default float32)")
     parser.add_argument("--sm-count", type=size, default=132,
                         help="the SMs of the device assumed (v9's and v12's slices of K, the backward's v3)")
     parser.add_argument("--full", action="store_true", help="run every block instead of a sample")
-    parser.add_argument("--planted", action="store_true", help="count the six planted patterns instead")
+    parser.add_argument("--planted", action="store_true", help="count the nine planted patterns instead")
     parser.add_argument("--compare", metavar="PATH", default=str(NCU_RECORD.relative_to(ROOT)),
                         help="an ncu record to set beside (default: %(default)s; 'none' for none)")
     parser.add_argument("--json", metavar="PATH", help="also write the counts as a record")
     args = parser.parse_args(argv)
 
-    import torch
-
-    versions = emulated.versions(getattr(torch, args.dtype))[1:]  # those built for the type
+    dtypes = list(dict.fromkeys(args.dtype))  # (each once, in the order given)
+    kernels: list[tuple[str, int, str]] = []  # (type, version, layout)
     try:
-        kernels = [parse_kernel(t, versions) for t in args.kernels] if args.kernels else default_kernels(
-            emulated.catalog.cuda_core_versions())
+        for dtype in dtypes:
+            counted = versions(dtype)
+            kernels += [(dtype, *parse_kernel(t, counted, dtype)) for t in args.kernels] if args.kernels else \
+                [(dtype, *vl) for vl in default_kernels(dtype)]
     except ValueError as e:
         raise cli.UserError(str(e)) from None
-    if args.dtype != "float32" and any(v >= TUNE_BASE for v, _ in kernels):
+    if any(v >= TUNE_BASE and dtype != "float32" for dtype, v, _ in kernels):
         raise cli.UserError("the autotuning candidates are float32 only (--dtype float32)")
     out = cli.check_output(args.json, "--json")
     compare = None
@@ -566,10 +676,14 @@ def main(argv: list[str] | None = None) -> int:
         cli.read_record(args.compare, "--compare", keys=("kernels", "shape"))  # one line if it is unusable
         compare = os.path.relpath(Path(args.compare).resolve(), ROOT)
     m, n, k = args.shape
-    eb = DTYPES[args.dtype]
     what = f"M={m} N={n} K={k}"
+
+    def most_memory(lib: ctypes.CDLL | None) -> int:
+        return max(memory_bytes([(v, layout) for t, v, layout in kernels if t == dtype], m, n, k, dtype,
+                                args.sm_count, lib) for dtype in dtypes)
+
     if not args.planted:  # (without the workspaces first: too large a shape is refused before the build)
-        cli.check_memory(memory_bytes(kernels, m, n, k, eb, args.sm_count), what=what)
+        cli.check_memory(most_memory(None), what=what)
     if not built() and unavailable_reason():
         raise cli.UserError(f"cannot count: the instrumented build {unavailable_reason()}")
     try:
@@ -578,8 +692,8 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.UserError(str(e).splitlines()[0]) from None
 
     if args.planted:
-        print("| pattern | requests (loads, stores, LDGSTS) | sectors / request (loads, LDGSTS) | "
-              "shared requests (loads, stores) | shared wavefronts (loads, stores, LDGSTS) | excessive |")
+        print("| pattern | requests (loads, stores, LDGSTS, LDSM) | sectors / request (loads, LDGSTS) | "
+              "shared requests (loads, stores) | shared wavefronts (loads with LDSM's, stores, LDGSTS) | excessive |")
         print("|---|---:|---:|---:|---:|---:|")
         for which in PLANTED:
             c = count_planted(which)
@@ -588,21 +702,22 @@ def main(argv: list[str] | None = None) -> int:
                 return ", ".join(_num(c.get(fmt.format(kind))) for kind in kinds)
 
             # (every pattern also stores one coalesced value per lane: its request has 4 sectors)
-            print(f"| {which} | {each('requests_pipe_lsu_mem_global_op_{}')} | "
+            print(f"| {which} | {each('requests_pipe_lsu_mem_global_op_{}')}, {_num(c.get('inst_executed_op_ldsm'))} | "
                   f"{_num(c.per_request('ld'))}, {_num(c.per_request('ldgsts'))} | "
                   f"{each('inst_executed_op_shared_{}', ('ld', 'st'))} | "
                   f"{each('data_pipe_lsu_wavefronts_mem_shared_op_{}')} | "
                   f"{each('excessive_wavefronts_mem_shared_op_{}')} |")
         return 0
-    cli.check_memory(memory_bytes(kernels, m, n, k, eb, args.sm_count, lib), what=what)
+    cli.check_memory(most_memory(lib), what=what)
 
     start = time.perf_counter()
-    results: list[Counts] = []
-    for v, layout in kernels:
+    rows_counted: list[tuple[str, Counts]] = []
+    for dtype, v, layout in kernels:
         if layout == "grad":
-            results.extend(count_sigmoid_grad(v, m, n, eb, args.sm_count, sample=not args.full))
+            counted = count_sigmoid_grad(v, m, n, dtype, args.sm_count, sample=not args.full)
         else:
-            results.extend(count_gemm(v, layout, m, n, k, eb, args.sm_count, sample=not args.full))
+            counted = count_gemm(v, layout, m, n, k, dtype, args.sm_count, sample=not args.full)
+        rows_counted += [(dtype, c) for c in counted]
     seconds = time.perf_counter() - start
     import benchmark  # the record's date and command, written once
 
@@ -613,12 +728,12 @@ def main(argv: list[str] | None = None) -> int:
         "torch": __import__("torch").__version__,
         **benchmark.provenance(),
         "shape": [m, n, k],
-        "dtype": args.dtype,
+        "dtypes": dtypes,
         "sm_count": args.sm_count,
         "sample": not args.full,
         "seconds": round(seconds, 1),
         "metrics": list(METRICS),
-        "kernels": [{"kernel": r.kernel, "metrics": r.metrics} for r in results],
+        "kernels": [{"kernel": c.kernel, "dtype": dtype, "metrics": c.metrics} for dtype, c in rows_counted],
         "compare": compare,  # the ncu record the tables set beside these counts
     }
     return cli.publish(render(record), [(out, cli.json_writer(record))])

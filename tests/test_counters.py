@@ -1,7 +1,7 @@
 """The emulator's memory counters (cuda/counters.py, cuda/emulate/counters.cpp): planted patterns
-with counts known by hand, sampling against the full grid, the comparison with Nsight Compute's
-committed record kernel by kernel, the committed records against what the counters count now,
-and one line for every bad input."""
+with counts known by hand, ldmatrix and the tensor-core versions' swizzle, sampling against the full
+grid, the comparison with Nsight Compute's committed record kernel by kernel, the committed records
+against what the counters count now, and one line for every bad input."""
 
 from __future__ import annotations
 
@@ -55,6 +55,92 @@ def test_a_cp_async_is_one_ldgsts_request_not_a_load_and_a_store():
     assert one_bank.get("sectors_pipe_lsu_mem_global_op_ldgsts") == 16
     assert one_bank.get("data_pipe_lsu_wavefronts_mem_shared_op_ldgsts") == 32
     assert one_bank.get("excessive_wavefronts_mem_shared_op_ldgsts") == 28
+
+
+def test_an_ldmatrix_is_one_ldsm_request_with_a_phase_per_matrix():
+    # ldmatrix.x4 whose 32 rows lie 16 bytes apart: each matrix's 8 rows fall on the 8 groups of 4
+    # banks, one wavefront a matrix, 4 in all, the ideal.
+    spread = counters.count_planted("ldmatrix")
+    assert spread.get("inst_executed_op_ldsm") == 1
+    assert spread.get("data_pipe_lsu_wavefronts_mem_shared_op_ld") == 4
+    assert spread.get("excessive_wavefronts_mem_shared_op_ld") == 0
+    # an LDSM is not an LDS: ncu counts its requests apart (its wavefronts are among the loads')
+    assert spread.get("inst_executed_op_shared_ld") == 0 and spread.get("inst_executed_op_shared_st") == 0
+    # Rows 128 bytes apart all fall on banks 0-3: 8 wavefronts a matrix, 7 beyond the ideal.
+    one_group = counters.count_planted("ldmatrix-one-bank-group")
+    assert one_group.get("inst_executed_op_ldsm") == 1
+    assert one_group.get("data_pipe_lsu_wavefronts_mem_shared_op_ld") == 4 * 8
+    assert one_group.get("excessive_wavefronts_mem_shared_op_ld") == 4 * 7
+    # .x1 reads the rows of lanes 0-7 only, whatever the other lanes give
+    x1 = counters.count_planted("ldmatrix.x1")
+    assert x1.get("inst_executed_op_ldsm") == 1
+    assert x1.get("data_pipe_lsu_wavefronts_mem_shared_op_ld") == 8
+    assert x1.get("excessive_wavefronts_mem_shared_op_ld") == 7
+
+
+@pytest.mark.parametrize("layout", ["nt", "tn"])
+def test_the_swizzle_takes_ldmatrixs_excessive_wavefronts_to_zero(layout):
+    # One 64x64 block, one k-step of 64: 4 warps, each 4 steps of 16 with 2 ldmatrix.x4 for A and 2
+    # for B. v22's rows are 128 bytes: an ldmatrix's 8 rows (along x in nt, along k in tn's A, read
+    # by .trans) start 128 bytes apart, on one group of banks: 8 wavefronts a matrix. v23 moves
+    # chunk c of row r to c ^ (r % 8): 1 a matrix. The 16-byte stores that stage the tiles put a
+    # phase's 8 lanes on one row's 8 chunks, in both: 4 wavefronts each, none excessive.
+    v22, v23 = (counters.count_gemm(v, layout, 64, 64, 64, "bfloat16", sample=False)[0] for v in (22, 23))
+    ldsm = 4 * 4 * (2 + 2)
+    stores = 4 * 2 * 4  # 4 warps, 2 tiles, 4 chunks of 16 bytes a thread
+    for c in (v22, v23):
+        assert c.kernel.endswith(f"_{layout}_bf16")
+        assert c.get("inst_executed_op_ldsm") == ldsm
+        assert c.get("inst_executed_op_shared_ld") == 0  # every shared load is an ldmatrix
+        assert c.get("inst_executed_op_shared_st") == stores
+        assert c.get("data_pipe_lsu_wavefronts_mem_shared_op_st") == 4 * stores
+        assert c.get("excessive_wavefronts_mem_shared_op_st") == 0
+    assert v22.get("data_pipe_lsu_wavefronts_mem_shared_op_ld") == 4 * 8 * ldsm
+    assert v22.get("excessive_wavefronts_mem_shared_op_ld") == 4 * 7 * ldsm > 0
+    assert v23.get("data_pipe_lsu_wavefronts_mem_shared_op_ld") == 4 * ldsm
+    assert v23.get("excessive_wavefronts_mem_shared_op_ld") == 0
+
+
+def test_the_tensor_core_versions_are_counted_in_their_own_types():
+    # v24: A and B by cp.async (LDGSTS) into its swizzled ring, read by ldmatrix: no excessive
+    # wavefronts on either side; float16 runs the same code as bfloat16.
+    v24 = counters.count_gemm(24, "nt", 128, 128, 64, "float16", sample=False)[0]
+    assert v24.kernel == "dense_gemm_v24_nt_f16"
+    assert v24.get("requests_pipe_lsu_mem_global_op_ldgsts") > 0 and v24.get("inst_executed_op_ldsm") > 0
+    assert v24.get("excessive_wavefronts_mem_shared_op_ldgsts") == 0
+    assert v24.get("excessive_wavefronts_mem_shared_op_ld") == 0
+    # v21 reads its fragments from global memory, 2 bytes a lane: a warp's load of A takes rows g
+    # = 0..7 (lane / 4) at columns 2t (t = lane % 4), 8 bytes of each row: 8 sectors a request;
+    # nothing in shared memory
+    v21 = counters.count_gemm(21, "nt", 32, 16, 64, "bfloat16", sample=False)[0]
+    assert v21.get("inst_executed_op_ldsm") == 0 and v21.get("inst_executed_op_shared_ld") == 0
+    steps, warps = 64 // 16, 4
+    loads = warps * steps * (8 + 4)  # 8 two-byte loads of A and 4 of B a lane and k-step
+    bias = warps * 4  # the epilogue's bias[n], one load for each of a lane's 4 outputs
+    assert v21.get("requests_pipe_lsu_mem_global_op_ld") == loads + bias
+    assert v21.get("sectors_pipe_lsu_mem_global_op_ld") == 8 * loads + bias
+    # v25 and v26 (float32 through TF32): padded rows keep their 32-bit fragment loads on 32 banks
+    for v in (25, 26):
+        tf32 = counters.count_gemm(v, "nt", 128, 128, 32, "float32", sample=False)[0]
+        assert tf32.get("inst_executed_op_shared_ld") > 0 and tf32.get("inst_executed_op_ldsm") == 0
+        assert tf32.get("excessive_wavefronts_mem_shared_op_ld") == 0
+
+
+def test_the_type_codes_are_the_kernels():
+    emulated = load_script("cuda/emulated.py", "dense_cuda_emulated_codes")
+    for name, code in counters.DTYPE_CODES.items():
+        dtype = getattr(__import__("torch"), name)
+        assert emulated.dtype_code(dtype) == code and emulated.DTYPE_NAMES[dtype] == counters.suffix(name)
+        assert torch_bytes(dtype) == counters.DTYPES[name]
+    # Hopper's versions are left out, in every type they are built for
+    assert [v for v in counters.hopper_versions()] == [31, 32, 33, 34, 35]
+    assert counters.versions("bfloat16") == [11, 12, 21, 22, 23, 24]
+    assert counters.versions("float32") == [*range(1, 13), 25, 26]
+    assert counters.default_kernels("float16") == [(v, "nt") for v in (21, 22, 23, 24)]
+
+
+def torch_bytes(dtype) -> int:
+    return __import__("torch").empty(0, dtype=dtype).element_size()
 
 
 def test_the_tile_loaders_cp_async_is_counted_as_sm80_executes_it():
@@ -173,7 +259,7 @@ def _assert_agrees(row: dict) -> None:
 def test_the_committed_record_agrees_with_its_ncu_record():
     # The chapter's table (docs/results/counters_2048.json) passes the same comparison.
     record = json.loads((RESULTS / "counters_2048.json").read_text())
-    assert record["shape"] == [2048, 2048, 2048] and record["dtype"] == "float32"
+    assert record["shape"] == [2048, 2048, 2048] and record["dtypes"] == ["float32"]
     compared = [r for r in counters.rows(record) if r["in_ncu"]]
     assert len(compared) == 11
     for row in compared:
@@ -198,42 +284,90 @@ def test_ncu_numbers_a_record_lacks_are_said_to_be_not_measured_yet():
     assert verdict["ld_wavefronts"] is True and verdict["st_wavefronts"] is False
 
 
-# The committed records' rows that are cheap to count again (about two seconds in all): the
+# The committed records' rows that are cheap to count again (a few seconds in all), by type: the
 # backward's three elementwise kernels and v12's forward, which between them take every path of the
-# model but cp.async's (its planted patterns check that one) and v8's tile loader.
-CHEAP_ROWS = ("grad:1", "grad:2", "grad:3", "12:nt")
+# model but cp.async's (its planted patterns check that one) and v8's tile loader; and v21, the
+# cheapest tensor-core row (2-byte global loads). The ldmatrix rows take a slow test.
+CHEAP_ROWS = {"float32": ("grad:1", "grad:2", "grad:3", "12:nt"), "bfloat16": ("21:nt",)}
 RESULTS = ROOT / "docs" / "results"
+
+
+def _assert_recounted(name: str, record: dict, rows: dict[str, tuple[str, ...]]) -> None:
+    """Each of `rows` (by type) counted now at the record's shape is one of the record's rows."""
+    assert record["metrics"] == list(counters.METRICS)
+    committed: dict[str, list[dict]] = {}
+    for row in record["kernels"]:
+        committed.setdefault(row["kernel"], []).append(row["metrics"])
+    m, n, k = record["shape"]
+    sms, sample = record["sm_count"], record["sample"]
+    for dtype in record["dtypes"]:
+        for spec in rows.get(dtype, ()):
+            v, layout = counters.parse_kernel(spec, range(1, 100))
+            counted = counters.count_sigmoid_grad(v, m, n, dtype, sms, sample) if layout == "grad" else \
+                counters.count_gemm(v, layout, m, n, k, dtype, sms, sample)
+            for c in counted:
+                assert c.metrics in committed.get(c.kernel, []), (
+                    f"{name}: {c.kernel} counts differently now; take the record again with its command: "
+                    f"{record['command']}")
 
 
 @pytest.mark.parametrize("name", ["counters_2048.json", "counters_4096.json"])
 def test_the_committed_records_rows_are_what_the_counters_count_now(name):
     # A change of the model or of the kernels without the record taken again fails here.
     record = json.loads((RESULTS / name).read_text())
-    assert record["metrics"] == list(counters.METRICS)
-    committed: dict[str, list[dict]] = {}
-    for row in record["kernels"]:
-        committed.setdefault(row["kernel"], []).append(row["metrics"])
-    m, n, k = record["shape"]
-    eb, sms, sample = counters.DTYPES[record["dtype"]], record["sm_count"], record["sample"]
-    for spec in CHEAP_ROWS:
-        v, layout = counters.parse_kernel(spec, range(1, 100))
-        counted = counters.count_sigmoid_grad(v, m, n, eb, sms, sample) if layout == "grad" else \
-            counters.count_gemm(v, layout, m, n, k, eb, sms, sample)
-        for c in counted:
-            assert c.metrics in committed.get(c.kernel, []), (
-                f"{name}: {c.kernel} counts differently now; take the record again with its command: "
-                f"{record['command']}")
+    assert set(record["dtypes"]) <= set(CHEAP_ROWS)
+    _assert_recounted(name, record, CHEAP_ROWS)
+
+
+@pytest.mark.slow
+def test_the_committed_ldmatrix_rows_are_what_the_counters_count_now():
+    # v22's, v23's and v24's rows at 4096³ (104 s together on the development machine's 2 cores)
+    record = json.loads((RESULTS / "counters_4096.json").read_text())
+    _assert_recounted("counters_4096.json", record, {"bfloat16": ("22:nt", "23:nt", "24:nt")})
 
 
 def test_the_4096_record_holds_every_forward_and_the_backwards_kernels_at_the_timed_shape():
     record = json.loads((RESULTS / "counters_4096.json").read_text())
     timed = json.loads((RESULTS / "cuda_gpu_h100.json").read_text())
-    assert record["shape"] == timed["gemm"]["shape"] and record["dtype"] == timed["dtype"] == "float32"
+    assert record["shape"] == timed["gemm"]["shape"] and timed["dtype"] == "float32"
+    assert record["dtypes"] == ["float32", "bfloat16"]
     assert record["sm_count"] == timed["gpu"]["sm_count"]
     kernels = {r["kernel"] for r in record["kernels"]}
     versions = cli.load_file("cuda/catalog.py", "dense_cuda_catalog").cuda_core_versions()
     assert {f"dense_gemm_v{v}_nt_f32" for v in versions} <= kernels
     assert {f"dense_sigmoid_grad_v{v}_f32" for v in counters.GRAD_VERSIONS} <= kernels
+    # and the tensor-core versions' forward in bfloat16, the tensor-core chapter's table
+    assert [r["kernel"] for r in counters.tensor_core_rows(record)] == \
+        [f"dense_gemm_v{v}_nt_bf16" for v in (21, 22, 23, 24)]
+
+
+def test_the_tensor_core_table_shows_the_swizzle_taking_the_excessive_wavefronts_to_zero():
+    # What the tensor-core chapter says of its table (docs/results/counters_4096.json): v22's
+    # ldmatrix takes 8 wavefronts a matrix, 32 a request, 28 of them excessive; v23's swizzle, 4
+    # and none; v24's swizzled ring none, on its cp.async copies either; the 16-byte stores that
+    # stage v22's and v23's tiles none; every shared load of theirs is an ldmatrix.
+    record = json.loads((RESULTS / "counters_4096.json").read_text())
+    tc = {r["kernel"].split("_")[2]: counters.Counts(r["kernel"], r["metrics"], 0)
+          for r in counters.tensor_core_rows(record)}
+
+    def per_ldsm(c: counters.Counts, what: str) -> float:
+        return c.get(what) / c.get("inst_executed_op_ldsm")
+
+    assert per_ldsm(tc["v22"], "data_pipe_lsu_wavefronts_mem_shared_op_ld") == 32
+    assert per_ldsm(tc["v22"], "excessive_wavefronts_mem_shared_op_ld") == 28
+    assert per_ldsm(tc["v23"], "data_pipe_lsu_wavefronts_mem_shared_op_ld") == 4
+    for v in ("v22", "v23", "v24"):
+        assert tc[v].get("inst_executed_op_shared_ld") == 0
+        assert tc[v].get("excessive_wavefronts_mem_shared_op_st") == 0
+    for v in ("v23", "v24"):
+        assert tc[v].get("excessive_wavefronts_mem_shared_op_ld") == 0
+    assert tc["v24"].get("excessive_wavefronts_mem_shared_op_ldgsts") == 0
+    assert tc["v21"].get("inst_executed_op_ldsm") == 0 and tc["v21"].per_request("ld") > 7
+    lines = counters.tensor_core_table(record).splitlines()
+    row = {line.split(" | ")[0].strip("| "): line for line in lines if line.startswith("| dense_")}
+    assert list(row) == [f"dense_gemm_v{v}_nt_bf16" for v in (21, 22, 23, 24)]
+    assert row["dense_gemm_v22_nt_bf16"].endswith("| 32 |") and row["dense_gemm_v23_nt_bf16"].endswith("| 4 |")
+    assert "M=4096 N=4096 K=4096, bfloat16," in lines[-1] and "float32" not in lines[-1].split("`")[0]
 
 
 def test_counts_taken_from_another_thread_are_the_same():
@@ -265,19 +399,23 @@ def test_counts_taken_from_another_thread_are_the_same():
 def test_the_memory_asked_for_is_each_kernels_own_workspace_included():
     lib = counters.library()
     # Nothing split: operands, output and bias only (the old estimate reserved C once per SM).
-    assert counters.memory_bytes([(8, "nt")], 256, 256, 64, 4, 132, lib) == 4 * (2 * 256 * 64 + 256 * 256 + 256)
+    assert counters.memory_bytes([(8, "nt")], 256, 256, 64, "float32", 132, lib) == \
+        4 * (2 * 256 * 64 + 256 * 256 + 256)
     # v12 at 32×128×2048 on 4 SMs: one 32×128 tile, 16 slices of K, each a partial 32×128 product:
     # more than C once per SM.
     slices = lib.emu_gemm_workspace(12, 0, 32, 128, 2048, 4) // (32 * 128)
     assert slices == 16
-    assert counters.memory_bytes([(12, "nt")], 32, 128, 2048, 4, 4, lib) == \
+    assert counters.memory_bytes([(12, "nt")], 32, 128, 2048, "float32", 4, lib) == \
         4 * (32 * 2048 + 128 * 2048 + 32 * 128 + 128 + 16 * 32 * 128)
     # the backward's v3 keeps one row of column sums per block of rows
-    assert counters.memory_bytes([(3, "grad")], 4096, 64, 1, 4, 132, lib) == \
+    assert counters.memory_bytes([(3, "grad")], 4096, 64, 1, "float32", 132, lib) == \
         4 * (3 * 4096 * 64 + 64 + lib.emu_sigmoid_grad_workspace(3, 4096, 64, 132))
     # the most of any one kernel (they run one after another)
-    assert counters.memory_bytes([(8, "nt"), (12, "nt")], 32, 128, 2048, 4, 4, lib) == \
-        counters.memory_bytes([(12, "nt")], 32, 128, 2048, 4, 4, lib)
+    assert counters.memory_bytes([(8, "nt"), (12, "nt")], 32, 128, 2048, "float32", 4, lib) == \
+        counters.memory_bytes([(12, "nt")], 32, 128, 2048, "float32", 4, lib)
+    # bfloat16: 2 bytes an element, but split-K's partial products are float32 accumulators
+    assert counters.memory_bytes([(12, "nt")], 32, 128, 2048, "bfloat16", 4, lib) == \
+        2 * (32 * 2048 + 128 * 2048 + 32 * 128 + 128) + 4 * 16 * 32 * 128
 
 
 @pytest.mark.parametrize("argv, free, refused", [
@@ -302,6 +440,11 @@ def test_the_memory_check_refuses_what_does_not_fit_and_only_that(argv, free, re
     (["--kernels", "grad:9"], "no sigmoid-grad version 9"),
     (["--kernels", "tune99:nt"], "no autotuning candidate 99"),
     (["--kernels", "tune0:nt", "--dtype", "float64"], "float32 only"),
+    (["--kernels", "22:nt"], "version 22 is not built for float32"),
+    (["--kernels", "25:nt", "--dtype", "bfloat16"], "version 25 is not built for bfloat16"),
+    (["--kernels", "3:nt", "--dtype", "float32", "float16"], "version 3 is not built for float16"),
+    (["--kernels", "31:nt", "--dtype", "bfloat16"], "version 31 is one of Hopper's"),
+    (["--kernels", "34:nt"], "version 34 is one of Hopper's"),
     (["--shape", "200000", "200000", "200000"], "GiB of memory"),
     (["--json", "/nonexistent/folder/x.json"], "--json"),
     (["--compare", "/nonexistent.json"], "no such file"),

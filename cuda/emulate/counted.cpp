@@ -1,5 +1,5 @@
 // The instrumented half of the memory counters (cuda/emulate/counters.cpp says how they work):
-// the chapter's kernels exactly as the plain emulation builds them, plus six planted patterns
+// the chapter's kernels exactly as the plain emulation builds them, plus nine planted patterns
 // whose counts are known by hand, for the tests (tests/test_counters.py). cuda/counters.py
 // compiles this file with -DCUDA_EMU_COUNT -fsanitize=kernel-address.
 #include "emulate/emulate.cpp"
@@ -17,11 +17,29 @@ namespace {
 //   5  cp.async, one bank: lane i copies in[4i .. 4i+3] to s[32i ..]: the same 16 sectors, but the
 //                      8 lanes of a phase all write banks 0-3: 8 wavefronts a phase, 32 in all, 28
 //                      excessive
+//   6  ldmatrix:       ldmatrix.x4, lane i gives the row at byte 16i: each matrix's 8 rows lie 16
+//                      bytes apart, in the 8 groups of 4 banks: one LDSM request, 1 wavefront a
+//                      matrix, 4 in all, none excessive
+//   7  ldmatrix, one bank group: ldmatrix.x4, lane i gives the row at byte 128i: each matrix's 8
+//                      rows lie 128 bytes apart, all in banks 0-3: 8 wavefronts a matrix, 32 in
+//                      all, 28 excessive
+//   8  ldmatrix.x1:    lane i gives the row at byte 128i, as in 7, but the instruction reads only
+//                      lanes 0-7's rows: 8 wavefronts, 7 excessive
 // Every pattern ends with each lane storing one float to out[i]: a 4-sector store request.
 void planted(int which, const float* in, float* out) {
   alignas(16) __shared__ float s[32 * 32];
   const unsigned i = threadIdx.x;
   float v = 0;
+  if (which == 6 || which == 7) {
+    uint32_t d[4];
+    ldmatrix<4, false>(d, reinterpret_cast<const unsigned char*>(s) + (which == 6 ? 16 : 128) * i);
+    v = float(d[0] & 1u);
+  }
+  if (which == 8) {
+    uint32_t d[1];
+    ldmatrix<1, false>(d, reinterpret_cast<const unsigned char*>(s) + 128 * i);
+    v = float(d[0] & 1u);
+  }
   if (which == 0) v = in[i];
   if (which == 1) v = in[i * 32];
   if (which == 2) s[i * 32] = float(i);

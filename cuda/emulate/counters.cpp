@@ -11,7 +11,9 @@
 // without its vectoriser), which is close to what nvcc keeps, with one exception handled below.
 // Not counted: an access at a constant index of a shared array (GCC does not instrument an
 // access to a thread-local variable that it can prove in bounds); every index into shared memory
-// in the chapter's kernels depends on threadIdx.
+// in the chapter's kernels depends on threadIdx. Nor Hopper's operands: wgmma reads shared memory
+// through matrix descriptors and TMA copies tiles, neither instrumented (cuda/counters.py leaves
+// those versions out).
 //
 // The model, per block-wide interval (from one __syncthreads to the next):
 //   - each thread's accesses to shared memory (this library's thread-local block) or to a buffer
@@ -35,6 +37,15 @@
 //     One wavefront per phase is the ideal; the rest are the excessive wavefronts, which is what
 //     bank conflicts cost. (ncu's hardware counter l1tex__data_bank_conflicts_* is another number:
 //     on v3's stores, 32 consecutive words a warp, it counts some where the addresses make none.)
+//   - ldmatrix (sm_75+'s LDSM): the emulator reads its rows uninstrumented and tells
+//     emu::count_ldmatrix their addresses. A warp's ldmatrix is one request, counted as ncu counts
+//     it: apart from the other shared loads (smsp__inst_executed_op_ldsm), its wavefronts and
+//     excessive wavefronts among theirs (ncu's shared-load wavefronts hold LDSM's: its rule for
+//     shared-memory conflicts divides them by the LDS and LDSM requests together). Each 8×8 matrix
+//     is one phase: its 8 rows of 16 bytes, each on one group of 4 banks (the 32 banks hold 8 rows
+//     of 16 bytes: a row's group is (address / 16) % 8). A phase takes as many wavefronts as the
+//     most distinct rows any one group must deliver (lanes naming the same row share it), so an
+//     .x4 takes 4 at best; the rest are its excessive wavefronts.
 // Blocks: along each grid dimension the caller samples, only the first, second and last index run,
 // the second standing for every interior one (its counts multiplied by n − 2): right where the
 // interior blocks along it do the same work, which the caller knows of its kernel.
@@ -48,7 +59,11 @@
 #include <utility>
 #include <vector>
 
+// warp_matrix.h gives emu::count_ldmatrix a weak no-op body; the definition at the end of this file
+// replaces it in the library, so the header's copy is renamed out of this translation unit's way.
+#define count_ldmatrix count_ldmatrix_header_default
 #include "emulate/cuda_emu.h"
+#undef count_ldmatrix
 
 #define CNT_API extern "C" __attribute__((visibility("default")))
 
@@ -67,7 +82,7 @@ struct Access {
 // Per launch, in the order of the metric names in cuda/counters.py (METRICS).
 enum Metric {
   kGldRequests, kGldSectors, kGstRequests, kGstSectors, kCopyRequests, kCopySectors,
-  kSldRequests, kSldWavefronts, kSldExcessive, kSstRequests, kSstWavefronts, kSstExcessive,
+  kSldRequests, kSldWavefronts, kSldExcessive, kLdsmRequests, kSstRequests, kSstWavefronts, kSstExcessive,
   kCopyWavefronts, kCopyExcessive, kBlocksRun, kBlocksStoodFor, kMetrics
 };
 struct Launch {
@@ -344,7 +359,42 @@ void cp_async(const void* shared_dst, const void* global_src, unsigned bytes) {
   push({src, dst, bytes, kCopy, false});
 }
 
+// The wavefronts of one ldmatrix of `matrices` 8×8 matrices, whose rows lanes 0 to 8·matrices − 1
+// give (lane 8j + r: row r of matrix j); its phases are its matrices.
+double ldmatrix_wavefronts(const void* const* rows, int matrices) {
+  double wavefronts = 0;
+  // region ldmatrix-phases
+  for (int j = 0; j < matrices; ++j) {
+    uintptr_t row[8];
+    for (int r = 0; r < 8; ++r) row[r] = reinterpret_cast<uintptr_t>(rows[8 * j + r]) / 16;
+    const size_t distinct_rows = distinct(row, 8);  // (lanes naming the same row share it)
+    unsigned per_group[8] = {};
+    unsigned most = 1;
+    for (size_t i = 0; i < distinct_rows; ++i) most = std::max(most, ++per_group[row[i] % 8]);
+    wavefronts += double(most);
+  }
+  // endregion
+  return wavefronts;
+}
+
 }  // namespace emu::count
+
+// One ldmatrix, as lane 0 of the warp issues it: counted at once, a request of its own (no other
+// access of any lane joins it), into the launch of the block that runs it.
+namespace emu {
+void count_ldmatrix(const void* const* rows, int matrices) {
+  using namespace emu::count;
+  State& s = state();
+  if (!s.recording || s.busy || matrices < 1 || matrices > 4) return;
+  for (int i = 0; i < 8 * matrices; ++i)
+    if (!is_shared(reinterpret_cast<uintptr_t>(rows[i]))) return;
+  const double wavefronts = ldmatrix_wavefronts(rows, matrices);
+  count::Launch& l = s.launches.back();
+  l.m[kLdsmRequests] += s.weight;
+  l.m[kSldWavefronts] += s.weight * wavefronts;
+  l.m[kSldExcessive] += s.weight * (wavefronts - matrices);
+}
+}  // namespace emu
 
 // The compiler's instrumentation calls these (GCC's kernel-address names).
 #define CNT_HOOK(N)                                                                                       \
