@@ -233,9 +233,6 @@ def check_precision(args: argparse.Namespace, world_size: int) -> None:
         raise cli.UserError(f"--dtype {args.dtype}: mode {args.mode} computes in "
                             f"{' and '.join(str(d).removeprefix('torch.') for d in modes.MODE_DTYPES[args.mode])} "
                             f"only; modes {takes} take {args.dtype}")
-    if args.dtype != "float32" and args.tp > 1:
-        raise cli.UserError(f"--dtype {args.dtype} with --tp > 1 is not supported: the tensor-parallel layers "
-                            "(parallel/tp/layers.py) check their inputs' dtypes before autocast casts them")
     # A bfloat16 gradient is what travels between data-parallel ranks; with one there is no
     # message, and the flag would change nothing.
     if args.grad_dtype != "float32" and world_size // max(1, args.tp) < 2:

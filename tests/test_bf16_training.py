@@ -105,7 +105,6 @@ def test_a_bfloat16_run_resumed_from_its_checkpoint_keeps_float32_state_and_ends
     (["-m", "ptx", "--dtype", "bfloat16"], "mode ptx computes in float32 and float64 only"),
     (["--grad-dtype", "bfloat16", "--world-size", "1"], "nothing is sent"),
     (["--grad-dtype", "bfloat16", "--world-size", "2", "--tp", "2"], "nothing is sent"),
-    (["--dtype", "bfloat16", "--world-size", "2", "--tp", "2"], "--tp > 1 is not supported"),
     (["--bench", "zero", "--grad-dtype", "bfloat16"], "belong to training, not to --bench"),
     (["--dtype", "float16"], "invalid choice"),
 ])

@@ -466,7 +466,10 @@ class ColumnParallelDense(_ParallelDense):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.sequence_parallel:
-            y = _ColumnSP.apply(x, self.weight, self.bias, self.group, self.mode, self.overlap, self.check)
+            # autocast's casts here, outside the Function, so that they carry gradients back to
+            # float32 parameters (and the gathered rows travel in the autocast dtype)
+            x, weight, bias = modes.autocast_inputs(x, self.weight, self.bias)
+            y = _ColumnSP.apply(x, weight, bias, self.group, self.mode, self.overlap, self.check)
         else:
             y = modes.dense(self.mode)(CopyToTP.apply(x, self.group), self.weight, self.bias)
         return GatherFeatures.apply(y, self.group) if self.gather_output else y
@@ -488,9 +491,10 @@ class RowParallelDense(_ParallelDense):
     def forward(self, x: Tensor) -> Tensor:
         if not self.input_is_parallel:
             x = ScatterFeatures.apply(x, self.group)
+        x, weight, bias = modes.autocast_inputs(x, self.weight, self.bias)  # as in ColumnParallelDense
         if self.sequence_parallel:
-            return _RowSP.apply(x, self.weight, self.bias, self.group, self.mode, self.overlap, self.check)
-        return _RowParallel.apply(x, self.weight, self.bias, self.group, self.mode, self.check)
+            return _RowSP.apply(x, weight, bias, self.group, self.mode, self.overlap, self.check)
+        return _RowParallel.apply(x, weight, bias, self.group, self.mode, self.check)
 
 
 def build_tp_model(features: int, hidden: tuple[int, ...], classes: int, mode: str,
