@@ -77,9 +77,11 @@ READING_TIME = re.compile(r"\bAbout\s+(\d+)\s+minutes\s+to\s+read\b")
 def renderers() -> dict[str, Callable[[dict], str]]:
     """Marker kind -> function from a JSON record to Markdown. Stages add their own."""
     import benchmark
+    import grad_check
     import parallel
 
-    return {"table": benchmark.table, "roofline": benchmark.roofline_table, "sweep": benchmark.sweep_table,
+    return {"table": benchmark.table, "errors": grad_check.error_table, "roofline": benchmark.roofline_table,
+            "sweep": benchmark.sweep_table,
             **parallel.renderers(),
             "static": _script("cuda/static_report.py").chapter_table, "sass": _script("ptx/sass_report.py").table,
             "cpp_overhead": _script("cpp/overhead.py").render,
@@ -90,6 +92,8 @@ def renderers() -> dict[str, Callable[[dict], str]]:
             "gpu_small": _script("cuda/bench_gpu.py").small_table, "gpu_grad": _script("cuda/bench_gpu.py").grad_table,
             "gpu_bf16": _script("cuda/bench_gpu.py").bf16_table,
             "counters": _script("cuda/counters.py").chapter_table,
+            "tensor_counters": _script("cuda/counters.py").tensor_core_table,
+            "tensor_static": _script("cuda/static_report.py").tensor_core_table,
             "triton_gpu": _script("tiles/bench_gpu.py").table}
 
 
