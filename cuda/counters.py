@@ -521,18 +521,26 @@ def _verdict(row: dict) -> str:
 
 
 def chapter_table(record: dict) -> str:
-    """The chapter's shorter table (docs/render.py's "counters" marker): sectors per load request
+    """Chapter 4's shorter table (docs/render.py's "counters" marker): sectors per load request
     and shared wavefronts, counted beside ncu's; the excessive wavefronts beside ncu's hardware
-    bank-conflict counter, a different quantity (KNOWN_DIFFERENCES); and whether they agree."""
+    bank-conflict counter, a different quantity (KNOWN_DIFFERENCES); and whether they agree. The
+    tensor-core versions' rows are left to their chapter's table (tensor_core_table)."""
     lines = ["| kernel | sectors / request (loads): counted, ncu | shared wavefronts (loads, stores): counted | "
              "ncu | excessive wavefronts (loads, stores) | ncu's bank-conflict counter | agree (sectors; "
              "wavefronts; counter) |", "|---|---:|---:|---:|---:|---:|---|"]
-    for r in rows(record):
+    tensor_cores = {row["kernel"] for row in tensor_core_rows(record)}
+    shown = [r for r in rows(record) if r["kernel"] not in tensor_cores]
+    for r in shown:
         cells = [r["kernel"], f"{_num(r['ld_sectors_per_request'])}, {_num(r['ncu_ld_sectors_per_request'])}",
                  _pair(r, "shared_{}_wavefronts"), _pair(r, "ncu_shared_{}_wavefronts"),
                  _pair(r, "shared_{}_excessive"), _pair(r, "ncu_shared_{}_conflicts"), _verdict(r)]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + conditions(record)
+    return "\n".join(lines) + "\n\n" + conditions(record, _dtypes(record, {r["kernel"] for r in shown}))
+
+
+def _dtypes(record: dict, kernels: set[str]) -> list[str]:
+    """The element types of a record's rows of these kernels, in DTYPES' order."""
+    return sorted({row["dtype"] for row in record["kernels"] if row["kernel"] in kernels}, key=list(DTYPES).index)
 
 
 def tensor_core_rows(record: dict) -> list[dict]:
@@ -568,8 +576,7 @@ def tensor_core_table(record: dict) -> str:
                  f"{_num(load_wavefronts)} ({_num(r.get('excessive_wavefronts_mem_shared_op_ld'))})",
                  _num(load_wavefronts / (lds + ldsm)) if lds + ldsm else "–"]
         lines.append("| " + " | ".join(cells) + " |")
-    dtypes = sorted({row.get("dtype", "") for row in rows_tc} - {""}, key=list(DTYPES).index)
-    return "\n".join(lines) + "\n\n" + conditions(record, dtypes)
+    return "\n".join(lines) + "\n\n" + conditions(record, _dtypes(record, {row["kernel"] for row in rows_tc}))
 
 
 GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions
