@@ -46,6 +46,7 @@ __device__ void sigmoid_grad_v1(const T* g, const T* y, T* dz, T* db, int64_t ro
   const int64_t c0 = int64_t(blockIdx.x) * kGradCols + int64_t(threadIdx.x) * CPT;
   Acc sum[CPT];
   dz_rows<T, CPT>(g, y, dz, rows, cols, c0, lane, kLanes, sum);
+  // region grad-v1
 #pragma unroll
   for (int j = 0; j < CPT; ++j) partial[lane][threadIdx.x * CPT + j] = sum[j];
   __syncthreads();
@@ -56,8 +57,10 @@ __device__ void sigmoid_grad_v1(const T* g, const T* y, T* dz, T* db, int64_t ro
     for (int l = 0; l < kLanes; ++l) total += partial[l][t];  // 32 (or 128) adds in a row, one thread
     db[c] = from_acc<T>(total);
   }
+  // endregion
 }
 
+// region grad-v2
 // Σ of the 32 lanes' values with a shuffle tree: 5 steps, the same pairing every run.
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
@@ -77,6 +80,7 @@ __device__ __forceinline__ void column_sums_v2(Acc (&partial)[32][kGradCols + 1]
   const int64_t c = int64_t(blockIdx.x) * kGradCols + w;
   if (l == 0 && out != nullptr && c < cols) out[c] = from_acc<Out>(total);
 }
+// endregion
 
 template <typename T>
 __device__ void sigmoid_grad_v2(const T* g, const T* y, T* dz, T* db, int64_t rows, int64_t cols) {
@@ -103,11 +107,13 @@ __device__ void sigmoid_grad_v3(const T* g, const T* y, T* dz, T* out, int64_t r
   __shared__ Acc partial[32][kGradCols + 1];
   const int64_t c0 = int64_t(blockIdx.x) * kGradCols + threadIdx.x;
   Acc sum[1];
+  // region grad-v3
   dz_rows<T, 1>(g, y, dz, rows, cols, c0, int64_t(blockIdx.y) * 32 + threadIdx.y, int64_t(gridDim.y) * 32, sum);
   partial[threadIdx.y][threadIdx.x] = sum[0];
   __syncthreads();
   if (gridDim.y == 1) column_sums_v2(partial, out, cols);
   else column_sums_v2(partial, out != nullptr ? reinterpret_cast<Acc*>(out) + int64_t(blockIdx.y) * cols : nullptr, cols);
+  // endregion
 }
 
 template <typename T>

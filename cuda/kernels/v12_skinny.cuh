@@ -36,6 +36,7 @@ __device__ void gemm_v12(const T* A, const T* B, T* C, const T* bias, int64_t M,
   const int wm0 = (warp / (BN / WN)) * WM, wn0 = (warp % (BN / WN)) * WN;  // this warp's tile
   const int lm = (lane / LN) * TM, ln = (lane % LN) * TN;                  // this lane's piece in each step
   const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
+  // region v12
   // This block's slice of K: whole k-steps, as even as they come; C is its slice's partial.
   const int64_t steps = (K + BK - 1) / BK, per_slice = (steps + gridDim.z - 1) / gridDim.z;
   const int64_t k_begin = blockIdx.z * per_slice * BK;
@@ -43,6 +44,7 @@ __device__ void gemm_v12(const T* A, const T* B, T* C, const T* bias, int64_t M,
   // With slices, C is the launcher's workspace of the accumulator's type (float32 for 16-bit T): this
   // block writes its slice's partial product there, unrounded, and the reduction applies the epilogue.
   Acc* const partial = gridDim.z > 1 ? reinterpret_cast<Acc*>(C) + int64_t(blockIdx.z) * M * N : nullptr;
+  // endregion
   // A is contiguous along k unless stored K×M; B along k when stored N×K.
   const bool a_vec = aligned16(A) && (TA ? M : K) % VG == 0;
   const bool b_vec = aligned16(B) && (TB ? K : N) % VG == 0;

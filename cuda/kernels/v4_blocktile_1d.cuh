@@ -32,12 +32,14 @@ __device__ void gemm_v4(const T* A, const T* B, T* C, const T* bias, int64_t M, 
       Bs[u / BN][u % BN] = (k < K && n < N) ? B[b_index<TB>(k, n, N, K)] : T(0);
     }
     __syncthreads();
+    // region v4
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
       const T b = Bs[kk][tx];
 #pragma unroll
       for (int i = 0; i < TM; ++i) acc[i] += As[ty * TM + i][kk] * b;
     }
+    // endregion
     __syncthreads();
   }
 
