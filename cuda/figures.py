@@ -1,4 +1,5 @@
-"""Draw the CUDA chapter's two figures: how a block walks a GEMM, and who computes what.
+"""Draw the CUDA chapter's three figures: how a block walks a GEMM, who computes what, and each
+version's arithmetic intensity against its measured speed.
 
 cuda_gemm.png: C = A·B cut into blocks. One block owns a BM×BN tile of C; it walks K in
 steps of BK, staging a BM×BK tile of A and a BK×BN tile of B in shared memory at each step.
@@ -9,17 +10,27 @@ Drawn: v1, v2, v3, v4, v5, v7, v11 and v12; v6 computes v5's outputs and v8, v9,
 ninth panel says so). The tile sizes come from cuda/static_report.py's TILES
 (tests/test_static.py checks them against cuda/dense_kernels.h); which thread owns which output
 (`owner` below) is the kernels' own index arithmetic, and tests/test_cuda_figures.py checks it
-against the kernels themselves, run by the CPU emulation. Needs matplotlib (an optional extra:
-pip install matplotlib).
+against the kernels themselves, run by the CPU emulation.
+
+cuda_roofline.png: each timed version's forward at the timed shape, its FLOPs per byte of the
+operands its blocks ask of global memory (the static record's napkin maths, docs/results/
+cuda_static_sm90.json, at that shape) against its measured speed (the newest record of kind
+docs/results/cuda_gpu_{card}.json), under two roofs of that card: its float32 FFMA peak (SMs ×
+128 lanes × 2 FLOPs × the record's maximum SM clock) and its memory bandwidth (BANDWIDTH below,
+from NVIDIA's datasheet: the record names the card, not its bandwidth). `roofline` returns the
+numbers drawn, for the chapter and its tests.
+
+Needs matplotlib (an optional extra: pip install matplotlib).
 
 Examples:
-  python cuda/figures.py --out /tmp            # writes /tmp/cuda_gemm.png and /tmp/cuda_tiles.png
+  python cuda/figures.py --out /tmp            # writes the three figures into /tmp
 (The committed figures: python cuda/figures.py --out docs/figures)
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -30,7 +41,15 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
 
 import cli  # noqa: E402
 
-NAMES = ("cuda_gemm.png", "cuda_tiles.png")
+NAMES = ("cuda_gemm.png", "cuda_tiles.png", "cuda_roofline.png")
+RESULTS = ROOT / "docs" / "results"
+TIMINGS = "cuda_gpu_{card}.json"  # a kind of record: the newest, whichever card took it (docs/records.py)
+STATIC = "cuda_static_sm90.json"
+# Peak DRAM bandwidth, bytes per second, by the card's name as torch reports it (NVIDIA's
+# datasheets: H100 SXM5 3.35 TB/s, H200 4.8 TB/s). A card missing here is refused, not guessed.
+BANDWIDTH = {"NVIDIA H100 80GB HBM3": 3.35e12, "NVIDIA H200": 4.8e12}
+# float32 FFMA lanes per SM, by compute capability (4 sub-partitions of 32 on sm_90)
+FFMA_LANES = {"9.0": 128}
 WARP_LANES_M, WARP_LANES_N = 8, 4  # dense_kernels::kWarpLanesM/N: a warp's lanes as an 8×4 grid (v7+)
 # v11 and v12 (v11's template): the TM×TN of one piece, dense_kernels::warp_tile(v, 4). TILES holds a
 # lane's outputs, all its pieces together: (WM/8)×(WN/4), which gives the warp tile WM×WN.
@@ -53,13 +72,18 @@ CHANGE = {
 }
 
 
-def tiles() -> dict[int, dict]:
-    """cuda/static_report.py's TILES: per version, (BM, BN, TM, TN, staged) per dtype."""
+def static_report():
+    """cuda/static_report.py, loaded once (its TILES, napkin maths and slice rules)."""
     if "static_report" not in sys.modules:
         spec = importlib.util.spec_from_file_location("static_report", HERE / "static_report.py")
         module = sys.modules["static_report"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    return sys.modules["static_report"].TILES
+    return sys.modules["static_report"]
+
+
+def tiles() -> dict[int, dict]:
+    """cuda/static_report.py's TILES: per version, (BM, BN, TM, TN, staged) per dtype."""
+    return static_report().TILES
 
 
 def warp_shape(version: int) -> tuple[int, int, int, int]:
@@ -210,18 +234,127 @@ def draw_gemm(path: Path) -> None:
     plt.close(fig)
 
 
+# ---------------------------------------------------------------------------------------
+# Arithmetic intensity against speed (cuda_roofline.png)
+# ---------------------------------------------------------------------------------------
+def newest_timings(folder: Path = RESULTS) -> tuple[str, dict]:
+    """(name, record) of the newest record of kind cuda_gpu_{card}.json: what chapter 4's table shows."""
+    records = cli.load_file("docs/records.py", "dense_docs_records")
+    found = records.of_kind(TIMINGS, folder)
+    if not found:
+        raise cli.UserError(f"no record of kind {TIMINGS} under {folder}: python cuda/bench_gpu.py gemm takes one")
+    return found[0]
+
+
+def roofline(timed: dict, static: dict) -> dict:
+    """What cuda_roofline.png draws, from a timing record (cuda/bench_gpu.py gemm) and the static
+    record: the card's roofs, and per timed version its FLOPs per byte at the timed shape, its
+    speed, and the share of its time that its blocks' requested bytes would take at the card's
+    bandwidth if every one of them came from DRAM (an upper bound: L1 and L2 serve repeats)."""
+    gpu = timed["gpu"]
+    if gpu["device"] not in BANDWIDTH or gpu["compute_capability"] not in FFMA_LANES:
+        raise cli.UserError(f"{gpu['device']} (compute capability {gpu['compute_capability']}): its bandwidth or "
+                            f"float32 lanes are not in cuda/figures.py (BANDWIDTH, FFMA_LANES)")
+    clock = float(gpu["nvidia_smi"]["clocks.max.sm"].split()[0]) * 1e6
+    peak = gpu["sm_count"] * FFMA_LANES[gpu["compute_capability"]] * 2 * clock
+    bandwidth = BANDWIDTH[gpu["device"]]
+    b, i, o = timed["gemm"]["shape"]
+    m, n, k = b, o, i  # the forward: C (B×O) = x (B×I) · Wᵀ
+    sr = static_report()
+    kernels = {r["name"]: r for r in static["kernels"]}
+    points, cublas = [], None
+    for row in timed["gemm"]["rows"]:
+        if row["line"].startswith("cuBLAS"):
+            cublas = row["gflops"]
+        if not row["line"].startswith("v"):
+            continue
+        version = int(row["line"][1:])
+        rec = kernels[f"dense_gemm_v{version}_nt_f32"]
+        t = rec["tile"]
+        split = sr.TILES[version].get("split_k")
+        if split == "skinny":
+            entry = sr.TILES[version]
+            slices = sr.skinny_slices(m, n, k, t["bm"], t["bn"], entry["bk"], entry["min_blocks"]["f32"],
+                                      gpu["sm_count"])
+        elif split:
+            slices = sr.splitk_slices(m, n, k, t["bm"], t["bn"], gpu["sm_count"])
+        else:
+            slices = 1
+        napkin = sr.napkin(t["bm"], t["bn"], t["tm"], t["tn"], t["staged_in_shared"], 4, k, slices)
+        blocks = -(-m // t["bm"]) * -(-n // t["bn"])
+        requested = blocks * napkin["bytes_per_tile"]
+        seconds = row["forward_us"] * 1e-6
+        points.append({"version": version, "flop_per_byte": napkin["flop_per_byte"], "slices": slices,
+                       "gflops": row["gflops"], "of_cublas": row["of_cublas"]["speed"], "us": row["forward_us"],
+                       "requested_bytes": requested, "dram_share": requested / bandwidth / seconds,
+                       "of_roof": row["gflops"] * 1e9 / min(peak, bandwidth * napkin["flop_per_byte"])})
+    return {"device": gpu["device"], "shape": [b, i, o], "peak_flops": peak, "bandwidth": bandwidth,
+            "ridge": peak / bandwidth, "cublas_gflops": cublas, "points": points}
+
+
+def roofline_of(folder: Path = RESULTS) -> tuple[str, dict]:
+    """(the timing record's name, roofline()) from the committed records in `folder`."""
+    name, timed = newest_timings(folder)
+    return name, roofline(timed, cli.read_record(str(folder / STATIC), "the static record", keys=("kernels",)))
+
+
+def draw_roofline(path: Path, name: str, r: dict) -> None:
+    import matplotlib.pyplot as plt
+
+    peak, bw = r["peak_flops"] / 1e12, r["bandwidth"] / 1e12
+    fig, ax = plt.subplots(figsize=(9, 6))
+    xs = [0.1, r["ridge"], 100]
+    ax.plot(xs, [min(peak, bw * x) for x in xs], color="black", lw=1.2)
+    ax.text(1.5, bw * 1.5 * 0.45, f"memory: {bw:.2f} TB/s × FLOP/B", fontsize=8.5)
+    ax.text(30, peak * 1.07, f"FFMA peak {peak:.1f} TFLOP/s", fontsize=8.5, ha="center")
+    if r["cublas_gflops"]:
+        ax.axhline(r["cublas_gflops"] / 1e3, color="#1f78b4", ls=":", lw=1)
+        ax.text(0.12, r["cublas_gflops"] / 1e3 * 1.06, f"cuBLAS x·Wᵀ {r['cublas_gflops'] / 1e3:.1f} TFLOP/s "
+                "(its intensity is not known)", fontsize=8.5, color="#1f78b4")
+    # versions at one intensity share a column: their labels to the right, spaced apart, each
+    # with a line to its point
+    columns: dict[float, list[dict]] = {}
+    for p in r["points"]:
+        columns.setdefault(round(p["flop_per_byte"], 2), []).append(p)
+    for group in columns.values():
+        group.sort(key=lambda p: -p["gflops"])
+        at = math.inf
+        for p in group:
+            y = p["gflops"] / 1e3
+            at = min(math.log10(y), at - 0.075)  # at least this far (in decades) under the label above
+            ax.plot([p["flop_per_byte"]], [y], "o", color="#e31a1c", ms=5)
+            ax.annotate(f"v{p['version']} {100 * p['of_cublas']:.1f}%", (p["flop_per_byte"], y),
+                        xytext=(p["flop_per_byte"] * 1.45, 10 ** at), fontsize=8.5, va="center",
+                        arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey"})
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(0.1, 100)
+    ax.set_ylim(0.2, 120)
+    ax.set_xlabel("FLOP per byte the blocks ask of global memory (static napkin maths at the timed shape)")
+    ax.set_ylabel("measured TFLOP/s")
+    b, i, o = r["shape"]
+    ax.set_title(f"Forward at B={b} I={i} O={o}, float32: speed against arithmetic intensity "
+                 f"(% of cuBLAS)\n{r['device']}, docs/results/{name} and {STATIC}", fontsize=9.5)
+    ax.grid(True, which="major", lw=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(__doc__ or "")
     drawn = ", ".join(f"v{v}" for v in SHOWN)
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help=f"folder to write {' and '.join(NAMES)} into (cuda_tiles.png draws {drawn})")
+                        help=f"folder to write {', '.join(NAMES)} into (cuda_tiles.png draws {drawn})")
     args = parser.parse_args(argv)
     out = Path(args.out).expanduser()
     if not out.is_dir():
         raise cli.UserError(f"--out {args.out}: not a folder (create it first)")
     paths = [cli.check_plot(str(out / name), "--out") for name in NAMES]
+    timings, numbers = roofline_of()  # before drawing anything: a missing record is one line
     draw_gemm(paths[0])
     draw_tiles(paths[1])
+    draw_roofline(paths[2], timings, numbers)
     for p in paths:
         print(f"wrote {p}")
     return 0

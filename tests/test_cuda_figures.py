@@ -3,6 +3,7 @@ against the kernels themselves, and the script's output."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -10,20 +11,24 @@ from collections import Counter
 
 import pytest
 
+import cli
 from conftest import ROOT, load_script, run_script
 
 figures = load_script("cuda/figures.py")
-TILES = figures.tiles()
+# chapter 4's versions (the CUDA cores'): the tensor-core versions in TILES have tiles of their own
+TILES = {v: t for v, t in figures.tiles().items()
+         if v in cli.load_file("cuda/catalog.py", "dense_cuda_catalog").cuda_core_versions()}
 
 # The kernels as the CPU emulation runs them (cuda/emulate/emulate.cpp, the launch code and the
 # geometry of cuda/dense_kernels.h), with one change: every output is stored as the linear id of
 # the thread that stores it instead of its value. The macro replaces the calls to epilogue() in
-# the kernels' stores, after common.cuh has defined the function.
+# the kernels' stores, after common.cuh has defined the function; it takes the accumulator's type
+# from its argument (the tensor-core kernels included beside them are not all templates on T).
 HARNESS = r"""
 #include "emulate/cuda_emu.h"
 #include "kernels/common.cuh"
 #define epilogue(acc, bias, n, kind) \
-  static_cast<acc_t<T>>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))
+  static_cast<std::decay_t<decltype(acc)>>(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z))
 #include "emulate/emulate.cpp"
 #include <cstdio>
 #include <cstdlib>
@@ -98,13 +103,53 @@ def test_the_versions_not_drawn_compute_the_outputs_of_the_version_named():
         assert figures.ownership(version) == figures.ownership(same), f"v{version} vs v{same}"
 
 
+def test_the_roofs_come_from_the_timing_records_card():
+    """The FFMA roof is the record's SMs × 128 lanes × 2 FLOPs × its maximum SM clock (66.9 TFLOP/s
+    on the H100 of cuda_gpu_h100.json); the bandwidth roof is the card's datasheet figure."""
+    name, r = figures.roofline_of()
+    timed = json.loads((figures.RESULTS / name).read_text())
+    gpu = timed["gpu"]
+    assert r["peak_flops"] == gpu["sm_count"] * 128 * 2 * 1e6 * float(gpu["nvidia_smi"]["clocks.max.sm"].split()[0])
+    h100 = figures.roofline(json.loads((figures.RESULTS / "cuda_gpu_h100.json").read_text()),
+                            json.loads((figures.RESULTS / figures.STATIC).read_text()))
+    assert h100["peak_flops"] / 1e12 == pytest.approx(66.9, abs=0.05) and h100["bandwidth"] == 3.35e12
+    assert h100["ridge"] == pytest.approx(20, abs=0.1)
+
+
+def test_each_point_is_a_timed_versions_intensity_at_the_timed_shape_and_lies_under_its_roof():
+    timed = json.loads((figures.RESULTS / "cuda_gpu_h100.json").read_text())
+    r = figures.roofline(timed, json.loads((figures.RESULTS / figures.STATIC).read_text()))
+    points = {p["version"]: p for p in r["points"]}
+    assert sorted(points) == sorted(int(row["line"][1:]) for row in timed["gemm"]["rows"] if row["line"][0] == "v")
+    assert all(0 < p["of_roof"] < 1 for p in points.values()), points  # nothing runs above the roofs
+    # v9 splits nothing at 4096³: its tile and bytes are v8's, and v5 to v9 ask the same 31.5 FLOP/B
+    assert points[9]["slices"] == 1 and points[9]["requested_bytes"] == points[8]["requested_bytes"]
+    assert {round(points[v]["flop_per_byte"], 1) for v in range(5, 10)} == {31.5}
+    assert points[1]["flop_per_byte"] == pytest.approx(0.25, rel=1e-3)
+    # bytes: a 128×128 tile asks (128 + 128)·4096 operands and writes its 128·128 outputs, 4 bytes each
+    assert points[8]["requested_bytes"] == 32 * 32 * ((128 + 128) * 4096 + 128 * 128) * 4
+
+
+def test_a_card_without_a_known_bandwidth_is_refused_in_one_line():
+    timed = json.loads((figures.RESULTS / "cuda_gpu_h100.json").read_text())
+    other = {**timed, "gpu": {**timed["gpu"], "device": "NVIDIA A100-SXM4-80GB"}}
+    with pytest.raises(cli.UserError, match="A100.*BANDWIDTH"):
+        figures.roofline(other, json.loads((figures.RESULTS / figures.STATIC).read_text()))
+
+
 @pytest.mark.plot
-def test_figures_script_draws_both_figures(tmp_path):
+def test_figures_script_draws_the_three_figures(tmp_path):
     pytest.importorskip("matplotlib")
     result = run_script("cuda/figures.py", "--out", str(tmp_path), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    for name in ("cuda_gemm.png", "cuda_tiles.png"):
+    for name in figures.NAMES:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert len(figures.NAMES) == 3 and "cuda_roofline.png" in figures.NAMES
+
+
+def test_the_roofline_needs_a_timing_record(tmp_path):
+    with pytest.raises(cli.UserError, match=r"no record of kind cuda_gpu_\{card\}\.json"):
+        figures.roofline_of(tmp_path)
 
 
 def test_figures_script_says_what_to_install_without_matplotlib(tmp_path):
