@@ -173,26 +173,18 @@ def _library():
     return lib
 
 
-# dense_kernels::launch_sigmoid_grad, which the library exports with C++ linkage only: its name as
-# the Itanium C++ ABI mangles the declaration in cuda/dense_kernels.h, (int version, int dtype,
-# bool x4, const void* g, const void* y, void* dz, void* db, int64_t rows, int64_t cols,
-# int sm_count, void* workspace, Stream stream). A C export of that name is preferred where there is one.
-GRAD_LAUNCH = ("dense_sigmoid_grad_launch",
-               "_ZN13dense_kernels19launch_sigmoid_gradEiibPKvS1_PvS2_lliS2_P11CUstream_st")
-
-
 def _grad_launcher(lib):
+    """dense_kernels::launch_sigmoid_grad through its C export (cuda/dense_kernels.cu)."""
     import ctypes
 
-    for name in GRAD_LAUNCH:
-        fn = getattr(lib, name, None)
-        if fn is not None:
-            p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-            fn.argtypes = [i32, i32, ctypes.c_bool, p, p, p, p, i64, i64, i32, p, p]
-            fn.restype = i32
-            return fn
-    raise cli.UserError(f"the cuda stage's library exports none of {', '.join(GRAD_LAUNCH)}: "
-                        "the sigmoid-grad kernels cannot be launched one by one")
+    fn = getattr(lib, "dense_sigmoid_grad_launch", None)
+    if fn is None:
+        raise cli.UserError("the cuda stage's library does not export dense_sigmoid_grad_launch: rebuild it "
+                            "(python -c \"import modes; modes.build('cuda')\")")
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    fn.argtypes = [i32, i32, ctypes.c_bool, p, p, p, p, i64, i64, i32, p, p]
+    fn.restype = i32
+    return fn
 
 
 def _operands(layout: str, m: int, n: int, k: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -118,6 +118,13 @@ DENSE_EXPORT int dense_gemm_launch(int version, const char* layout, int dtype, c
   return dense_kernels::launch_gemm(version, layout, dtype, A, B, C, bias, M, N, K, epilogue, sm_count, workspace,
                                     static_cast<dense_kernels::Stream>(stream));
 }
+// The backward's sigmoid-grad kernels one by one, for cuda/bench_gpu.py grad.
+DENSE_EXPORT int dense_sigmoid_grad_launch(int version, int dtype, bool x4, const void* g, const void* y, void* dz,
+                                           void* db, int64_t rows, int64_t cols, int sm_count, void* workspace,
+                                           void* stream) {
+  return dense_kernels::launch_sigmoid_grad(version, dtype, x4, g, y, dz, db, rows, cols, sm_count, workspace,
+                                            static_cast<dense_kernels::Stream>(stream));
+}
 DENSE_EXPORT int64_t dense_gemm_workspace(int version, int dtype, int64_t M, int64_t N, int64_t K, int sm_count) {
   if (!dense_kernels::valid_dtype(dtype)) return -1;
   const auto t = static_cast<dense_kernels::DType>(dtype);

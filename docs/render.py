@@ -92,7 +92,7 @@ def renderers() -> dict[str, Callable[[dict], str]]:
             "gpu_small": _script("cuda/bench_gpu.py").small_table, "gpu_grad": _script("cuda/bench_gpu.py").grad_table,
             "gpu_bf16": _script("cuda/bench_gpu.py").bf16_table,
             "counters": _script("cuda/counters.py").chapter_table,
-            "tensor_counters": _script("cuda/counters.py").tensor_core_table,
+            "counters_tc": _script("cuda/counters.py").tensor_core_table,
             "tensor_static": _script("cuda/static_report.py").tensor_core_table,
             "triton_gpu": _script("tiles/bench_gpu.py").table}
 

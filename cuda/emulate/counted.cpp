@@ -1,3 +1,4 @@
+//   python cuda/counters.py --help   (builds this file with counters.cpp, and runs them)
 // The instrumented half of the memory counters (cuda/emulate/counters.cpp says how they work):
 // the chapter's kernels exactly as the plain emulation builds them, plus nine planted patterns
 // whose counts are known by hand, for the tests (tests/test_counters.py). cuda/counters.py

@@ -1,3 +1,4 @@
+//   python cuda/counters.py --help   (builds this file with counters.cpp, and runs them)
 // Nsight Compute's memory counters, counted on the CPU: what the emulated threads load, store and
 // copy, grouped into warp requests, then the 32-byte sectors of each global request and the
 // wavefronts of each shared one.

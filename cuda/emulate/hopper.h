@@ -1,3 +1,4 @@
+//   pytest tests/test_hopper.py   (held against separate encodings of the PTX ISA's definitions)
 // Hopper's asynchronous instructions on the CPU: wgmma (warpgroup MMA on shared-memory operands
 // named by matrix descriptors), TMA (cp.async.bulk.tensor, a tile of a tensor copied by the copy
 // engine) and mbarrier (the barrier in shared memory that counts arrivals and bytes). Included by

@@ -1,3 +1,4 @@
+//   pytest tests/test_instructions.py   (held against separate encodings of the PTX ISA's tables)
 // The warp-wide matrix instructions of the tensor-core kernels, modelled on the CPU: mma.sync
 // (bfloat16/float16 m16n8k16 and tf32 m16n8k8, float32 accumulators), ldmatrix (x1, x2, x4,
 // .trans) and cvt.rna.tf32.f32. Included by cuda_emu.h; the kernels reach these through

@@ -1,3 +1,4 @@
+//   nvcc -c -std=c++17 -O3 -arch=sm_90a cuda/dense_kernels.cu -o /tmp/dense_kernels.o   (its GPU side)
 // The host side, written once: which entry for (version, layout, type), and the launch sequence
 // (split-K's reduction, the bias gradient's second pass). A "version" tune_id(I) is autotuning
 // candidate I (float32 only; dense_kernels.h). cuda/dense_kernels.cu includes it with
