@@ -302,7 +302,8 @@ def _loop_cell(loop: dict | None) -> str:
     if not loop:
         return "–"
     cell = sr._mix_cell(loop)
-    mma = sum(loop.get("mma", {}).values())
+    mma = loop.get("mma") or 0  # a count, or (Triton's rows) a count per instruction name
+    mma = sum(mma.values()) if isinstance(mma, dict) else mma
     return f"{cell} + MMA {mma}" if mma else cell
 
 
