@@ -329,6 +329,14 @@ def test_chapter_4_prediction_arithmetic():
     assert round(3 * 4096 * 4096 * 4 / 3.35e12 * 1e6) == 60 and "60 µs at 4096×4096" in said
 
 
+def test_chapter_4_says_which_entry_spills_as_the_static_record_has_it():
+    archs = _record("cuda_static_sm90.json")["archs"]
+    spills = {(arch, name): (e["spill_stores"], e["spill_loads"]) for arch, figures in archs.items()
+              for name, e in figures["entries"].items() if e["spill_stores"] or e["spill_loads"]}
+    assert sorted(archs) == ["sm_80", "sm_90a"] and spills == {("sm_80", "dense_gemm_v4_nt_f32"): (8, 8)}
+    assert "none spills but v4's `nt` float32 kernel on sm_80 (8 bytes)" in _fold(CUDA_CHAPTER.read_text())
+
+
 def test_chapter_4_slices_of_v9_and_v12_at_b32():
     sr = load_script("cuda/static_report.py", "static_report")
     assert sr.splitk_slices(32, 4096, 4096, 128, 128, 132) == 5 and "5 slices at B = 32 on 132 SMs" in _fold(_entry(9))
