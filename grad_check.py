@@ -70,6 +70,10 @@ another (in bfloat16 and float16 the versions built for the type; the others are
 the reason). gradcheck makes 2·(B·I + O·I + O) forward calls and B·O backward calls per version, and
 each call costs more as B·I·O grows: before each version the script times a call at the sizes
 given and prints what the whole check will cost (it refuses one that would take over two minutes).
+The tensor-core versions that compute float32 take no float64, so no gradcheck: split-TF32 (26,
+34) is judged by the rule above in float32, plain TF32 (25) against a TF32 GEMM's error
+(TF32Linear) with TF32's u = 2^-11. The TMA versions (32-35) copy rows of whole 16 bytes: where
+B, I or O is not a multiple of 16 bytes' elements, they are checked at the next multiples, and say so.
 """
 
 from __future__ import annotations
@@ -148,6 +152,35 @@ def compare(actual: torch.Tensor, ref: torch.Tensor, rtol: float = RTOL, atol: f
 
 def reference(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return torch.sigmoid(F.linear(x, weight, bias))
+
+
+def tf32(t: Tensor) -> Tensor:
+    """A float32 tensor rounded to TF32 as cvt.rna.tf32.f32 rounds it: its 13 low bits to nearest,
+    ties away from zero (adding half of the dropped place to the magnitude's bits); NaN and ±inf
+    kept. The result is a float32 holding a value with 10 bits of mantissa."""
+    bits = t.contiguous().view(torch.int32)
+    special = (bits & 0x7F800000) == 0x7F800000
+    return torch.where(special, bits, (bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+class TF32Linear(torch.autograd.Function):
+    """nn.Linear + sigmoid as a float32 GEMM on TF32 tensor cores computes it (PyTorch's
+    allow_tf32): each GEMM's operands rounded to TF32, products exact in float32 (11 × 11
+    significant bits), sums in float32; dz and the bias gradient in float32. The reference a
+    kernel that computes float32 in TF32 is judged against."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        y = torch.sigmoid(F.linear(tf32(x), tf32(weight), bias))
+        ctx.save_for_backward(x, weight, y)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight, y = ctx.saved_tensors
+        dz = grad * y * (1 - y)
+        return tf32(dz) @ tf32(weight), tf32(dz).t() @ tf32(x), dz.sum(0) if ctx.has_bias else None
 
 
 def forward_backward(fn: Callable[..., Tensor], inputs: Sequence[Tensor | None], grad_out: Tensor) -> list[Tensor]:
@@ -248,6 +281,7 @@ class Judged:
     of_bound: float = math.nan
     linear_of_bound: float = math.nan
     problem: str = ""  # a reason the numbers do not cover: a type, a shape, NaN or ±inf misplaced
+    reference: str = "nn.Linear"  # whose error the stage's is compared with
 
     @property
     def ratio(self) -> float:
@@ -256,21 +290,21 @@ class Judged:
     def detail(self) -> str:
         if self.problem:
             return self.problem
-        bound = f"{self.of_bound:.2f} of the bound"
+        bound = "" if math.isnan(self.of_bound) else f"; {self.of_bound:.2f} of the bound"
         if self.of_bound > 1:
-            bound += f" (nn.Linear's {self.linear_of_bound:.2f})"
-        return (f"max |err| {self.error:.2e}, nn.Linear's {self.linear_error:.2e}, ratio {self.ratio:.2f} "
-                f"(allowed {self.allowed:.2e}: {FACTOR:g}× + {FLOOR:g}u·size); {bound}")
+            bound += f" ({self.reference}'s {self.linear_of_bound:.2f})"
+        return (f"max |err| {self.error:.2e}, {self.reference}'s {self.linear_error:.2e}, ratio {self.ratio:.2f} "
+                f"(allowed {self.allowed:.2e}: {FACTOR:g}× + {FLOOR:g}u·size){bound}")
 
 
 def judge(actual: Tensor, linear: Tensor, exact: Tensor, dtype: torch.dtype, bound: Tensor | None = None,
-          size: Tensor | None = None) -> Judged:
+          size: Tensor | None = None, unit: float | None = None) -> Judged:
     """The rule of the docstring for one tensor: ``actual`` (the stage's), ``linear`` (nn.Linear's
     on the same inputs, in the same type) against ``exact`` (the float64 truth). NaN and ±inf must
     be where nn.Linear has them; the errors are taken where nn.Linear and the truth are finite.
     With ``bound`` (error_bound's), the stage must also stay within it, unless nn.Linear does not
     (then the bound, not the stage, is wrong for these inputs). ``size`` (magnitudes') sets the
-    floor of 2u; without it, |exact| does."""
+    floor of 2u; without it, |exact| does. ``unit``: u, where it is not dtype's (TF32's 2^-11)."""
     if actual.dtype != linear.dtype or actual.shape != linear.shape:
         return Judged(False, problem=f"{dtype_name(actual.dtype)} {tuple(actual.shape)}, "
                       f"nn.Linear gives {dtype_name(linear.dtype)} {tuple(linear.shape)}")
@@ -288,12 +322,12 @@ def judge(actual: Tensor, linear: Tensor, exact: Tensor, dtype: torch.dtype, bou
         return Judged(True, 0.0, 0.0, 0.0, 0.0, 0.0)
     error, linear_error = (a - t).abs(), (lin - t).abs()
     scale = t.abs() if size is None else size.detach().cpu().double()[finite]
-    allowed = FACTOR * linear_error.max().item() + FLOOR * UNIT_ROUNDOFF[dtype] * scale.max().item()
-    of_bound = linear_of_bound = 0.0
+    allowed = FACTOR * linear_error.max().item() + FLOOR * (unit or UNIT_ROUNDOFF[dtype]) * scale.max().item()
+    of_bound = linear_of_bound = 0.0 if bound is not None else math.nan
     if bound is not None:
         e = bound.detach().cpu().double()[finite]
         of_bound, linear_of_bound = (error / e).max().item(), (linear_error / e).max().item()
-    passed = error.max().item() <= allowed and (of_bound <= 1 or linear_of_bound > 1)
+    passed = error.max().item() <= allowed and (bound is None or of_bound <= 1 or linear_of_bound > 1)
     return Judged(passed, error.max().item(), linear_error.max().item(), allowed, of_bound, linear_of_bound)
 
 
@@ -312,9 +346,11 @@ def draw(batch: int, in_f: int, out_f: int, bias: bool, dtype: torch.dtype, seed
 
 
 def low_precision_checks(mode: str, fn: modes.DenseFn, batch: int, in_f: int, out_f: int, device: str,
-                         bias: bool, seed: int, dtype: torch.dtype) -> Iterator[Check]:
-    """The output and every gradient in ``dtype`` against the float64 truth, by the rule."""
-    name = dtype_name(dtype)
+                         bias: bool, seed: int, dtype: torch.dtype, in_tf32: bool = False) -> Iterator[Check]:
+    """The output and every gradient in ``dtype`` against the float64 truth, by the rule. With
+    ``in_tf32`` (a float32 kernel on TF32 tensor cores), against TF32Linear's error and TF32's u,
+    without the float32 bound."""
+    name = "float32 in TF32" if in_tf32 else dtype_name(dtype)
     inputs, grad_out = draw(batch, in_f, out_f, bias, dtype, seed, device)
     try:
         got = forward_backward(fn, inputs, grad_out)
@@ -323,12 +359,15 @@ def low_precision_checks(mode: str, fn: modes.DenseFn, batch: int, in_f: int, ou
         yield Check(mode, f"forward and backward in {name}", False, f"{type(e).__name__}: {text}")
         return
     with float32_accumulation():
-        linear = forward_backward(reference, inputs, grad_out)
+        linear = forward_backward(TF32Linear.apply if in_tf32 else reference, inputs, grad_out)
     cpu = [None if t is None else t.cpu() for t in inputs]
-    bounds, sizes = error_bound(*cpu, grad_out.cpu(), dtype), magnitudes(*cpu, grad_out.cpu())
+    sizes = magnitudes(*cpu, grad_out.cpu())
+    bounds = [None] * len(sizes) if in_tf32 else error_bound(*cpu, grad_out.cpu(), dtype)
     for label, a, lin, t, e, m in zip(TENSORS[:3] + (TENSORS[3:] if bias else ()), got, linear,
                                       truth(inputs, grad_out), bounds, sizes):
-        verdict = judge(a, lin, t, dtype, e, m)
+        verdict = judge(a, lin, t, dtype, e, m, unit=2.0**-11 if in_tf32 else None)
+        if in_tf32:
+            verdict.reference = "TF32 nn.Linear"
         yield Check(mode, f"{label} {name} vs float64 truth", verdict.passed, verdict.detail())
 
 
@@ -557,31 +596,42 @@ def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace, dtype: t
     failed = 0
     for v in versions:
         fn = emu.dense(v)
+        b, i, o = args.batch, args.in_features, args.out_features
+        if (r := emu.row_multiple(v, dtype)) > 1 and (b % r or i % r or o % r):
+            b, i, o = (-(-n // r) * r for n in (b, i, o))  # the next multiples, tiles still partial
+            print(f"v{v}: takes its operands through TMA, whose rows are whole 16-byte multiples: checked at "
+                  f"B={b} in={i} out={o}", flush=True)
         try:
-            seconds = measured_cost(fn, b, i, o, bias, args.fast_gradcheck, dtype)
+            gradcheck = dtype not in LOW_PRECISION and v in emu.versions(torch.float64)
+            seconds = measured_cost(fn, b, i, o, bias, args.fast_gradcheck, dtype, gradcheck)
             if seconds > GRADCHECK_MAX_S:
                 raise cli.UserError(f"v{v}: gradcheck at B={b} I={i} O={o} on the emulated kernels would take about "
                                     f"{seconds / 60:,.0f} min: use smaller sizes (the defaults -b 8 -i 16 -o 12 "
                                     "check the same code paths)" + ("" if args.fast_gradcheck else
                                                                     " or --fast-gradcheck"))
             print(f"v{v}: {emu.idea(v)}; about {seconds:.1f} s", flush=True)
-            for check in iter_checks(f"v{v}", b, i, o, bias=bias, fast=args.fast_gradcheck, fn=fn, dtype=dtype):
+            if dtype == torch.float32 and not gradcheck:  # tensor cores: the rule, not gradcheck
+                checks = low_precision_checks(f"v{v}", fn, b, i, o, "cpu", bias, 0, dtype, v in emu.TF32_VERSIONS)
+            else:
+                checks = iter_checks(f"v{v}", b, i, o, bias=bias, fast=args.fast_gradcheck, fn=fn, dtype=dtype)
+            for check in checks:
                 print(check.line(), flush=True)
                 failed += not check.passed
         except RuntimeError as e:  # a kernel that could not finish (the emulation said why on stderr)
             print(Check(f"v{v}", "run the emulated kernels", False, str(e)).line(), flush=True)
             failed += 1
     print(f"{'all checks passed' if not failed else f'{failed} check(s) FAILED'} (cuda kernels emulated on the "
-          f"CPU, versions {', '.join(map(str, versions))}; B={b}, in={i}, out={o}, {name})")
+          f"CPU, versions {', '.join(map(str, versions))}; B={args.batch}, in={args.in_features}, "
+          f"out={args.out_features}, {name})")
     return 1 if failed else 0
 
 
 def measured_cost(fn: modes.DenseFn, batch: int, in_f: int, out_f: int, bias: bool, fast: bool,
-                  dtype: torch.dtype = torch.float32) -> float:
+                  dtype: torch.dtype = torch.float32, gradcheck: bool = True) -> float:
     """Seconds the checks of a slow stage (an emulated version, Triton's interpreter) will take,
     from forward and backward calls timed at these sizes (in float64, as gradcheck calls them;
-    in bfloat16 and float16, one call each is all the checks make)."""
-    low = dtype in LOW_PRECISION
+    in bfloat16 and float16, or without ``gradcheck``, one call each is all the checks make)."""
+    low = dtype in LOW_PRECISION or not gradcheck
     timed_in = dtype if low else torch.float64
     x = torch.randn(batch, in_f, dtype=timed_in, requires_grad=True)
     w = torch.randn(out_f, in_f, dtype=timed_in, requires_grad=True)

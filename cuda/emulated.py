@@ -181,6 +181,18 @@ def gemm(version: int, layout: str, a: Tensor, b: Tensor, c: Tensor, bias: Tenso
     _raise_for(rc, f"emulated GEMM version {version} for layout {layout!r} and dtype {a.dtype}")
 
 
+# The versions that compute float32 in TF32 (10 bits of mantissa), judged against a TF32 GEMM's
+# error (grad_check.TF32Linear); the split-TF32 ones (26, 34) are judged by float32's rule.
+TF32_VERSIONS = (25,)
+
+
+def row_multiple(version: int, dtype: torch.dtype) -> int:
+    """What every dimension of a Dense layer must be a multiple of for GEMM version ``version``
+    to run its forward and backward in ``dtype``: a TMA version copies rows of whole 16 bytes,
+    and each of B, in and out is a row's length in one of the three layouts; 1 for the others."""
+    return 16 // torch.empty((), dtype=dtype).element_size() if library().emu_uses_tma(version) else 1
+
+
 def _tune_api(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i64, i32 = ctypes.POINTER(ctypes.c_int), ctypes.c_int64, ctypes.c_int
     lib.emu_tune_count.argtypes, lib.emu_tune_count.restype = [], i32

@@ -292,6 +292,19 @@ def test_cvt_rna_tf32_rounds_to_nearest_ties_away_on_every_boundary(lib):
     assert out[3] == 0x7F800000 and list(out[4:]) == [0, 0x80000000]
 
 
+def test_grad_checks_tf32_reference_rounds_as_the_definition_does():
+    """grad_check.TF32Linear, the reference a TF32 kernel is judged against, rounds with
+    grad_check.tf32: the same definition, on every boundary."""
+    import grad_check
+
+    x = boundary_floats()
+    got = grad_check.tf32(torch.from_numpy(x.copy())).numpy().view(np.uint32)
+    want = np.array([rna_tf32(float(v)) for v in x], np.float32).view(np.uint32)
+    nan = np.isnan(x)
+    assert np.isnan(got[nan].view(np.float32)).all()
+    assert np.array_equal(got[~nan], want[~nan]), f"{np.count_nonzero(got[~nan] != want[~nan])} differ"
+
+
 # ---------------------------------------------------------------------------------------------
 # bfloat16 and float16: the emulator's conversions against torch's, on every pattern
 # ---------------------------------------------------------------------------------------------

@@ -191,7 +191,8 @@ def test_grad_check_refuses_a_single_mode_that_does_not_take_the_type(capsys):
 
 
 def test_grad_check_emulated_cuda_in_bfloat16_on_odd_shapes(capsys):
-    """Every version built for bfloat16 checked, on partial tiles at every edge; the others skipped."""
+    """Every version built for bfloat16 checked, on partial tiles at every edge (the TMA versions at
+    the next multiples of 8, as they say); the others skipped."""
     import grad_check
 
     emu = grad_check.load_emulation()
@@ -202,9 +203,30 @@ def test_grad_check_emulated_cuda_in_bfloat16_on_odd_shapes(capsys):
     for v in emu.versions():
         if v in emu.versions(torch.bfloat16):
             assert len(re.findall(rf"^PASS  v{v} +\S.* bfloat16 vs float64 truth", out, re.M)) == 4, (v, out)
+            # a TMA version, whose rows are whole 16 bytes, at the next multiples of 8: still partial tiles
+            tma = (f"v{v}: takes its operands through TMA, whose rows are whole 16-byte multiples: "
+                   "checked at B=40 in=72 out=40")
+            assert (tma in out) == (emu.row_multiple(v, torch.bfloat16) == 8), (v, out)
         else:
             assert re.search(rf"^SKIP  v{v} +does not take bfloat16: built for float32", out, re.M), (v, out)
     assert 0 in emu.versions(torch.bfloat16) and "FAIL" not in out
+
+
+def test_grad_check_judges_the_tensor_core_float32_versions_by_the_rule(capsys):
+    """v25 (TF32) against a TF32 GEMM's error, which float32's rule would reject; v26 and v34
+    (split-TF32) by float32's rule itself: none of them takes float64, so none is gradchecked."""
+    import grad_check
+
+    emu = grad_check.load_emulation()
+    if emu.unavailable_reason():
+        pytest.skip(emu.unavailable_reason())
+    for v, says in ((25, "float32 in TF32 vs float64 truth"), (26, "float32 vs float64 truth"),
+                    (34, "float32 vs float64 truth")):
+        code, out = _grad_check(capsys, "cuda", "--emulate", "--kernel", str(v), "-b", "9", "-i", "200", "-o", "12")
+        assert code == 0 and len(re.findall(rf"^PASS  v{v} +\S.* {says}", out, re.M)) == 4, out
+        assert "gradcheck" not in out and ("TF32 nn.Linear's" in out) == (v == 25), out
+    as_float32 = grad_check.low_precision_checks("v25", emu.dense(25), 9, 200, 12, "cpu", True, 0, torch.float32)
+    assert not all(check.passed for check in as_float32)
 
 
 def test_error_table_measures_every_variant_in_three_types():
