@@ -88,9 +88,17 @@ METRICS = (
 # between the addresses of one request; KNOWN_DIFFERENCES below).
 BANK_CONFLICT_COUNTERS = {kind: f"l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{kind}.sum"
                           for kind in ("ld", "st")}
-# The kernels of chapter 4's ncu table (docs/results/ncu_gemm_h200.json): every version's
-# forward, and v1's and v2's GEMM of the gradient of x.
-NCU_RECORD = ROOT / "docs" / "results" / "ncu_gemm_h200.json"
+# The kernels of chapter 4's ncu table (the newest docs/results/ncu_gemm_{card}.json): every
+# version's forward, and v1's and v2's GEMM of the gradient of x.
+
+
+def ncu_record() -> Path | None:
+    """The newest ncu record of kind ncu_gemm_{card}.json (docs/records.py), or None."""
+    found = cli.load_file("docs/records.py", "dense_docs_records").of_kind("ncu_gemm_{card}.json")
+    return ROOT / "docs" / "results" / found[0][0] if found else None
+
+
+
 LAYOUTS = ("nt", "nn", "tn")
 # The element types and their bytes, in dense_kernels::DType order (their codes: cuda/emulated.py's
 # dtype_code); a kernel's name ends in its type's suffix (cuda/catalog.py's DTYPES: f32, ..., f16).
@@ -661,8 +669,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the SMs of the device assumed (v9's and v12's slices of K, the backward's v3)")
     parser.add_argument("--full", action="store_true", help="run every block instead of a sample")
     parser.add_argument("--planted", action="store_true", help="count the nine planted patterns instead")
-    parser.add_argument("--compare", metavar="PATH", default=str(NCU_RECORD.relative_to(ROOT)),
-                        help="an ncu record to set beside (default: %(default)s; 'none' for none)")
+    parser.add_argument("--compare", metavar="PATH",
+                        help="an ncu record to set beside (default: the newest docs/results/ncu_gemm_{card}.json; "
+                             "'none' for none)")
     parser.add_argument("--json", metavar="PATH", help="also write the counts as a record")
     args = parser.parse_args(argv)
 
@@ -679,6 +688,8 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.UserError("the autotuning candidates are float32 only (--dtype float32)")
     out = cli.check_output(args.json, "--json")
     compare = None
+    if args.compare is None:
+        args.compare = str(ncu_record() or "none")
     if args.compare != "none":
         cli.read_record(args.compare, "--compare", keys=("kernels", "shape"))  # one line if it is unusable
         compare = os.path.relpath(Path(args.compare).resolve(), ROOT)

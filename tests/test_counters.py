@@ -231,7 +231,7 @@ def test_a_sample_of_blocks_scaled_equals_the_whole_grid(kernel, shape):
 @pytest.mark.slow
 def test_the_counts_agree_with_nsight_compute_kernel_by_kernel(tmp_path):
     # All eleven kernels of the ncu record at its shape, 2048³ float32, as the chapter shows them.
-    ncu = json.loads(counters.NCU_RECORD.read_text())
+    ncu = json.loads(counters.ncu_record().read_text())
     kernels = [k["kernel"] for k in ncu["kernels"]]
     args = sorted({f"{int(k.split('_v')[1].split('_')[0])}:{k.split('_')[3]}" for k in kernels})
     out = tmp_path / "counts.json"
@@ -270,7 +270,7 @@ def test_ncu_numbers_a_record_lacks_are_said_to_be_not_measured_yet():
     # ncu's record holds the kernel but not its wavefronts: the table says so, and tells a kernel
     # ncu never profiled (v10) by a dash.
     record = json.loads((RESULTS / "counters_2048.json").read_text())
-    ncu = json.loads(counters.NCU_RECORD.read_text())
+    ncu = json.loads(counters.ncu_record().read_text())
     assert not any("wavefronts" in name for k in ncu["kernels"] for name in k["metrics"])
     lines = {line.split(" | ")[0].strip("| "): line for line in counters.chapter_table(record).splitlines()}
     assert "| 3.9e+04, 1.2e+06 |" in lines["dense_gemm_v3_nt_f32"]  # the counter, beside the excessive wavefronts

@@ -3,7 +3,7 @@
 // threadIdx.x now runs along n: at each k a warp's lanes read one element of A (a broadcast)
 // and 32 neighbouring elements of B when B is K×N ("nn", "tn": one 128-byte transaction), and
 // write 32 neighbouring outputs. In "nt" (the forward) B is N×K, so B is still read K elements
-// apart: only staging tiles in shared memory (v3) fixes that.
+// apart: only loading W's tile along k (v6) fixes that.
 #pragma once
 
 #include "common.cuh"
