@@ -1,4 +1,4 @@
-"""Check and time chapter 4's GEMM versions and chapter 5's PTX edits on a GPU, in one process.
+"""Check and time chapter 4's GEMM versions (the tensor cores' too) and chapter 5's PTX edits on a GPU.
 
 Parts (any of them, in this order; each adds one key to the record, written again after every
 measurement, so that a run stopped half-way keeps what it measured):
@@ -8,7 +8,9 @@ measurement, so that a run stopped half-way keeps what it measured):
   exact    every GEMM entry (each version and autotuning candidate of cuda/dense_kernels.h, each
            element type it lists, layouts nt, nn and tn, odd shapes, no epilogue) on the GPU
            against the CPU emulation of the same kernels (cuda/emulated.py), bit for bit, on small
-           integers, where every product and sum is exact: any difference is a bug in one of them
+           integers, where every product and sum is exact: any difference is a bug in one of them.
+           The TMA versions, whose rows must be whole 16 bytes, take the shapes whose every
+           dimension is a multiple of 8 (16-bit types) or 4 (float32), which leave partial tiles too
   gemm     SGEMM_CUDA's table: each of those versions' forward at B = I = O = 4096, GFLOP/s and
            its speed as a share of cuBLAS's x·Wᵀ (TF32 off) and of the reference
            sigmoid(x·Wᵀ + b) (cuBLAS GEMM with the bias, then the sigmoid's own kernel)
@@ -22,6 +24,19 @@ measurement, so that a run stopped half-way keeps what it measured):
            of 4096 columns
   bf16     the versions built for bfloat16, each checked against float64 first, against cuBLAS's
            bfloat16 x·Wᵀ and the reference in bfloat16, at 4096³ and at B = 32
+  roof     the tensor cores' roofs (cuda/tensor_cores/roof.cuh): mma.sync m16n8k16 and wgmma
+           m64n256k16 in loops with nothing else to do, each result checked, in TFLOP/s, beside
+           cuBLAS's bfloat16 x·Wᵀ and each tensor-core version's bfloat16 forward (checked against
+           float64 first) at 4096³, each as a share of its own instruction's roof measured in the
+           same rounds (goal: v24 ≥ 0.85 of mma.sync's)
+  tf32     the float32 versions on the tensor cores (TF32, split-TF32): their error against float64
+           beside cuBLAS float32's and cuBLAS TF32's at 256³, 1024³ and 4096³, as a multiple of
+           cuBLAS float32's (goal: split-TF32 at most 2×), then their forward at 4096³ against
+           cuBLAS's x·Wᵀ and the reference, TF32 off (goal: v34 ≥ 1.5× the reference)
+  goals16  the stage's goals in bfloat16: the automatic version's forward against the reference at
+           4096³ (goal ≥ 1.0), its forward + backward (≥ 0.90), its forward at B = 32, I = O = 4096
+           (≥ 1.0) beside the time to read W once at the bandwidth a device copy reaches here and
+           at the card's datasheet bandwidth; version 0 checked against float64 first
   ptx      the ptx stage with the hand-edited PTX against the compiler's own (ptx/generated/,
            written by bash ptx/regen.sh), alternating round by round: at 4096³, where EDIT-A's
            sigmoid is in the GEMM's epilogue, and at B = 65536, I = 64, O = 4096, where the
@@ -43,6 +58,7 @@ Examples:
   python cuda/bench_gpu.py exact                          # GPU: every entry against the CPU emulation
   python cuda/bench_gpu.py gemm goals --json /tmp/gpu.json
   python cuda/bench_gpu.py small grad bf16 --rounds 10
+  python cuda/bench_gpu.py roof tf32 goals16 --rounds 10 --json /tmp/tc.json
   python cuda/bench_gpu.py ptx --rounds 10
   python cuda/bench_gpu.py candidates --rounds 10 --json /tmp/tune.json
   compute-sanitizer --tool racecheck python cuda/bench_gpu.py check --odd-only
@@ -70,7 +86,8 @@ import modes  # noqa: E402
 
 catalog = cli.load_file("cuda/catalog.py", "dense_cuda_catalog")  # what dense_kernels.h declares, as text
 
-PARTS = ("check", "exact", "gemm", "goals", "small", "grad", "bf16", "ptx", "profile", "candidates")
+PARTS = ("check", "exact", "gemm", "goals", "small", "grad", "bf16", "roof", "tf32", "goals16", "ptx", "profile",
+         "candidates")
 BIG = (4096, 4096, 4096)
 SMALL_BATCH = (32, 4096, 4096)
 WIDE = (65536, 64, 4096)
@@ -78,8 +95,14 @@ CHECK_SHAPES = ((33, 65, 17), (257, 1031, 129), BIG)
 TOLERANCE = 1e-4  # float32 against float64: far under 1e-3 (TF32 would be near 3e-4)
 BF16_TOLERANCE = 1e-2  # bfloat16 rounds each output once at the store: 2^-9 ≈ 2e-3 relative
 GOALS = {"forward": 0.90, "fwd+bwd": 0.75, "forward, B=32": 1.0}
+GOALS16 = {"forward": 1.0, "fwd+bwd": 0.90, "forward, B=32": 1.0}  # the Hopper versions' (bfloat16)
 GRAD_ROWS = (32, 4096, 65536)  # the backward's elementwise kernels: rows of 4096 columns
-EXACT_SHAPES = ((33, 17, 65), (1, 129, 31), (67, 45, 257))  # M, N, K: odd, a single row, K longer than a tile
+# M, N, K. Odd, a single row, K longer than a tile; then shapes whose every dimension is a multiple
+# of 8, the only ones the TMA versions take (their rows are whole 16 bytes), which still leave
+# partial tiles: 72×40 against tiles of 64 rows and 128 or 256 columns, K in 3 steps of 64, the
+# last one partial; a batch of 8 with K under one step; K = 264, 5 steps through the 4-stage rings.
+EXACT_SHAPES = ((33, 17, 65), (1, 129, 31), (67, 45, 257), (72, 40, 136), (8, 136, 40), (40, 24, 264))
+ALIGNED_CHECK = (264, 1032, 136)  # CHECK_SHAPES[1] for the TMA versions: multiples of 8, partial tiles
 DTYPE_CODES = {name: code for code, name in enumerate(catalog.DTYPES)}  # dense_kernels::DType
 TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
 CODE_OF = {TORCH_DTYPES[name]: code for name, code in DTYPE_CODES.items()}
@@ -204,8 +227,24 @@ def exact_entries() -> list[tuple[str, int, str]]:
 def integer_operands(shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
     """Small integers, -2 to 2: every product and every partial sum of up to 2^20 of them is an
     integer float32 holds exactly, so any order of summation gives the same bits (bfloat16 and
-    float16 hold the inputs exactly; their one rounding is at the store, to nearest even on both)."""
+    float16 hold the inputs exactly; their one rounding is at the store, to nearest even on both).
+    TF32 holds them exactly too (they need 2 bits of its 11), so cvt.rna.tf32 leaves them as they
+    are, and split-TF32's small parts (a − tf32(a)) are 0: the tensor cores' float32 versions are
+    compared bit for bit like the others."""
     return torch.randint(-2, 3, shape, generator=gen).float()
+
+
+def _row_multiple() -> Callable[[int, torch.dtype], int]:
+    """emulated.row_multiple: what every dimension must be a multiple of for a version (a TMA
+    version's rows are whole 16 bytes), from the emulation's own launcher (cuda/emulated.py)."""
+    return cli.load_file("cuda/emulated.py", "dense_cuda_emulated").row_multiple
+
+
+def exact_shapes(version: int, dtype: str, row_multiple: Callable[[int, torch.dtype], int]) -> list[tuple]:
+    """The shapes of EXACT_SHAPES that `version` takes in `dtype`: all of them, or for a TMA version
+    those whose every dimension is a multiple of its row_multiple (8 for 16-bit types, 4 for float32)."""
+    r = row_multiple(version, TORCH_DTYPES[dtype])
+    return [s for s in EXACT_SHAPES if all(d % r == 0 for d in s)]
 
 
 def first_difference(got: torch.Tensor, want: torch.Tensor) -> str | None:
@@ -223,19 +262,29 @@ def first_difference(got: torch.Tensor, want: torch.Tensor) -> str | None:
 
 
 def exact(gpu_gemm: Callable | None = None, emu_gemm: Callable | None = None, seed: int = 7,
-          out: dict | None = None, save: Save = _nothing) -> dict:
-    """Every entry of exact_entries(), layouts nt, nn and tn, EXACT_SHAPES, epilogue kPlain: the
-    GPU's result against the CPU emulation's, bit for bit. gpu_gemm / emu_gemm(version, layout,
-    a, b, m, n, k) -> C (or raise): the launchers, the GPU's and the emulation's by default."""
+          out: dict | None = None, save: Save = _nothing,
+          row_multiple: Callable[[int, torch.dtype], int] | None = None) -> dict:
+    """Every entry of exact_entries(), layouts nt, nn and tn, the shapes of EXACT_SHAPES it takes
+    (exact_shapes), epilogue kPlain: the GPU's result against the CPU emulation's, bit for bit.
+    gpu_gemm / emu_gemm(version, layout, a, b, m, n, k) -> C (or raise): the launchers, the GPU's
+    and the emulation's by default; row_multiple(version, dtype): emulated.row_multiple by default.
+    An entry that takes none of the shapes is a mismatch: it would otherwise go unchecked."""
     gpu_gemm = gpu_gemm or _gpu_gemm()
     emu_gemm = emu_gemm or _emu_gemm()
+    row_multiple = row_multiple or _row_multiple()
     out = {} if out is None else out
-    out.update({"shapes": [list(s) for s in EXACT_SHAPES], "compared": 0, "mismatches": []})
+    out.update({"shapes": [list(s) for s in EXACT_SHAPES], "compared": 0, "mismatches": [], "aligned_only": {}})
     gen = torch.Generator().manual_seed(seed)
     for label, version, dtype in exact_entries():
         bad = []
+        shapes = exact_shapes(version, dtype, row_multiple)
+        if len(shapes) < len(EXACT_SHAPES):
+            out["aligned_only"][f"{label} {dtype}"] = row_multiple(version, TORCH_DTYPES[dtype])
+        if not shapes:
+            bad.append(f"{label} {dtype}: none of the shapes is a multiple of "
+                       f"{row_multiple(version, TORCH_DTYPES[dtype])} in every dimension, as it needs")
         for layout in ("nt", "nn", "tn"):
-            for m, n, k in EXACT_SHAPES:
+            for m, n, k in shapes:
                 sa, sb = _operands(layout, m, n, k)
                 a = integer_operands(sa, gen).to(TORCH_DTYPES[dtype])
                 b = integer_operands(sb, gen).to(TORCH_DTYPES[dtype])
@@ -379,14 +428,17 @@ def small(rounds: int, out: dict | None = None, save: Save = _nothing) -> dict:
     return _table_at(SMALL_BATCH, rounds, torch.float32, [0, *_versions()], out, save)
 
 
-def goals(rounds: int, out: dict | None = None, save: Save = _nothing) -> dict:
+def goals(rounds: int, out: dict | None = None, save: Save = _nothing, dtype: torch.dtype = torch.float32,
+          targets: dict[str, float] | None = None) -> dict:
+    """Version 0 against the reference, in `dtype`, for each goal of `targets` (GOALS by default)."""
+    targets = GOALS if targets is None else targets
     torch.backends.cuda.matmul.allow_tf32 = False
     modes.stage("cuda").select_kernel(0)
     dense = modes.dense("cuda")
     out = {} if out is None else out
-    out.update({"rounds": rounds, "version": "automatic", "goals": {}})
+    out.update({"rounds": rounds, "version": "automatic", "dtype": str(dtype).removeprefix("torch."), "goals": {}})
     for shape in (BIG, SMALL_BATCH):
-        tensors, g = benchmark._inputs(*shape, "cuda", torch.float32, 0)
+        tensors, g = benchmark._inputs(*shape, "cuda", dtype, 0)
         fns = {"reference/forward": _forward(benchmark.reference, tensors),
                "cuda/forward": _forward(dense, tensors)}
         if shape == BIG:
@@ -400,9 +452,9 @@ def goals(rounds: int, out: dict | None = None, save: Save = _nothing) -> dict:
             r = _ratio(stats, f"cuda/{what}", f"reference/{what}")
             lo = r["ci"][0] if r["ci"] else None
             out["goals"][name] = {"shape": list(shape), "cuda_us": stats[f"cuda/{what}"].median,
-                                  "reference_us": stats[f"reference/{what}"].median, **r, "goal": GOALS[name],
-                                  "met": lo is not None and lo >= GOALS[name],
-                                  "missed": r["ci"] is not None and r["ci"][1] < GOALS[name]}
+                                  "reference_us": stats[f"reference/{what}"].median, **r, "goal": targets[name],
+                                  "met": lo is not None and lo >= targets[name],
+                                  "missed": r["ci"] is not None and r["ci"][1] < targets[name]}
         save()
     return out
 
@@ -466,26 +518,376 @@ def bf16(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int 
     bfloat16 x·Wᵀ and the reference in bfloat16, at 4096³ and at B = 32."""
     out = {} if out is None else out
     versions = [0, *_versions("bf16")]
-    cuda, dense = modes.stage("cuda"), modes.dense("cuda")
-    out["checked"] = {}
-    for v in versions:
-        (x, w, b), _ = benchmark._inputs(*CHECK_SHAPES[1], "cuda", torch.bfloat16, seed + v)
-        try:
-            cuda.select_kernel(v)
-            with torch.no_grad():
-                error = _rel(dense(x, w, b), benchmark.reference(*(t.detach().double() for t in (x, w, b))))
-            out["checked"][f"v{v}"] = {"rel_error": error, "ok": error < BF16_TOLERANCE}
-        except RuntimeError as e:
-            out["checked"][f"v{v}"] = {"error": _first_line(e), "ok": False}
-        print(f"{'PASS' if out['checked'][f'v{v}']['ok'] else 'FAIL'}  bfloat16 v{v}: {out['checked'][f'v{v}']}",
-              flush=True)
-    cuda.select_kernel(0)
+    out["checked"] = check_bf16(versions, seed)
     passed = [v for v in versions if out["checked"][f"v{v}"]["ok"]]
     out["tolerance"], out["shapes"] = BF16_TOLERANCE, {}
     save()
     for shape in (BIG, SMALL_BATCH):
         _table_at(shape, rounds, torch.bfloat16, passed, out["shapes"].setdefault("×".join(map(str, shape)), {}), save)
     return out
+
+
+def check_shape(version: int, dtype: torch.dtype, row_multiple: Callable[[int, torch.dtype], int] | None = None
+                ) -> tuple[int, int, int]:
+    """Where a version is checked against float64: CHECK_SHAPES[1], odd in every dimension, or
+    for a TMA version (rows of whole 16 bytes) ALIGNED_CHECK, multiples of 8 that leave partial tiles."""
+    r = (row_multiple or _row_multiple())(version, dtype)
+    return CHECK_SHAPES[1] if r == 1 else ALIGNED_CHECK
+
+
+def check_bf16(versions: list[int], seed: int = 50) -> dict:
+    """Each version's bfloat16 forward against float64 on fresh inputs, {"v<N>": {"rel_error",
+    "ok"} or {"error", "ok": False}}: a version that fails is not timed."""
+    cuda, dense = modes.stage("cuda"), modes.dense("cuda")
+    checked = {}
+    for v in versions:
+        (x, w, b), _ = benchmark._inputs(*check_shape(v, torch.bfloat16), "cuda", torch.bfloat16, seed + v)
+        try:
+            cuda.select_kernel(v)
+            with torch.no_grad():
+                error = _rel(dense(x, w, b), benchmark.reference(*(t.detach().double() for t in (x, w, b))))
+            checked[f"v{v}"] = {"rel_error": error, "ok": error < BF16_TOLERANCE}
+        except RuntimeError as e:
+            checked[f"v{v}"] = {"error": _first_line(e), "ok": False}
+        print(f"{'PASS' if checked[f'v{v}']['ok'] else 'FAIL'}  bfloat16 v{v}: {checked[f'v{v}']}", flush=True)
+    cuda.select_kernel(0)
+    return checked
+
+
+# ---- the tensor cores' roofs, split-TF32's error and speed, the bfloat16 goals ----
+ROOFS = {"mma.sync": 0, "wgmma": 1}  # dense_kernels::RoofKind (cuda/tensor_cores/roof.cuh)
+ROOF_INSTRUCTIONS = {"mma.sync": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                     "wgmma": "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"}
+ROOF_GOALS = {"v24": ("mma.sync", 0.85)}  # a version, its instruction's roof, the share it must reach
+ROOF_TARGET_MS = 2.0  # a roof launch: long beside its launch's microseconds, short for a lease
+ROOF_MAX_ITERATIONS = 1 << 18  # powers of two up to 2^20 keep every sum of the check exact
+TF32_SIZES = (256, 1024, 4096)  # B = I = O; multiples of 4, as the TMA version (v34) needs in float32
+TF32_TOLERANCE = 1e-2  # a sanity check before timing: TF32's own error at 4096 is about 1e-3
+TF32_SPEED_GOALS = {"v34": 1.5}  # forward / the reference's, float32, 4096³
+TF32_ERROR_GOALS = {"v26": 2.0, "v34": 2.0}  # the largest error / cuBLAS float32's, at every size
+COPY_BYTES = 1 << 30  # the device copy that measures the bandwidth W is read at
+
+
+def _static_report():
+    return cli.load_file("cuda/static_report.py", "dense_cuda_static_report")
+
+
+def roof_instruction(version: int) -> str | None:
+    """The tensor-core instruction a version's main loop issues, from cuda/static_report.py's TILES
+    ("mma" m16n8k16 or m16n8k8: mma.sync; m64nNk..: wgmma); None for the CUDA cores' versions."""
+    mma = _static_report().TILES.get(version, {}).get("mma")
+    return None if mma is None else "wgmma" if mma.startswith("m64") else "mma.sync"
+
+
+def roof_versions(dtype: str = "bf16") -> list[int]:
+    """The versions built for `dtype` that run on the tensor cores (v21-v24 and v31-v35 in bfloat16,
+    v25, v26 and v34 in float32), as cuda/dense_kernels.h and TILES list them."""
+    return [v for v in _versions(dtype) if roof_instruction(v)]
+
+
+def roof_expected(flops: int, threads: int, iterations: int) -> float:
+    """What each thread of a roof writes: half its share of a block's FLOPs per iteration, times
+    the iterations (every operand is 1.0, so its accumulators add up to its multiply-adds)."""
+    return flops / threads / 2 * iterations
+
+
+def check_roof(out: torch.Tensor, flops: int, threads: int, iterations: int) -> str | None:
+    """None if every thread wrote roof_expected, else the first that did not and how many."""
+    want = roof_expected(flops, threads, iterations)
+    wrong = (out != want).nonzero()
+    if len(wrong) == 0:
+        return None
+    i = int(wrong[0])
+    return f"thread {i} wrote {float(out[i])!r}, not {want!r} ({len(wrong)} of {out.numel()} threads wrong)"
+
+
+def roof_iterations(seconds: Callable[[int], float], target_s: float = ROOF_TARGET_MS / 1e3,
+                    cap: int = ROOF_MAX_ITERATIONS) -> int:
+    """The iterations, a power of two, that make one launch last at least target_s (seconds(n): one
+    launch of n iterations, timed), or cap."""
+    n = 64
+    while n < cap and seconds(n) < target_s:
+        n *= 2
+    return n
+
+
+def _roof_api(lib):
+    """dense_roof_launch and dense_roof_info of the cuda stage's library (cuda/dense_kernels.cu)."""
+    import ctypes
+
+    launch, info = getattr(lib, "dense_roof_launch", None), getattr(lib, "dense_roof_info", None)
+    if launch is None or info is None:
+        raise cli.UserError("the cuda stage's library does not export dense_roof_launch: rebuild it "
+                            "(python -c \"import modes; modes.build('cuda')\")")
+    launch.argtypes, launch.restype = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p], \
+        ctypes.c_int
+    info.argtypes, info.restype = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int
+    return launch, info
+
+
+def _gpu_seconds(call: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _roof_lines(lib, sms: int, out: dict) -> dict[str, tuple[Callable[[], object], int]]:
+    """Each roof, sized (a full wave of blocks, iterations for ROOF_TARGET_MS) and checked:
+    {line: (its launch, FLOPs a launch)}; a roof that cannot run or computes wrong is in out["failed"]."""
+    import ctypes
+
+    launch, info = _roof_api(lib)
+    lines = {}
+    for name, kind in ROOFS.items():
+        line = f"roof: {name}"
+        got = (ctypes.c_int64 * 3)()
+        rc = info(kind, got)
+        if rc != 0:
+            out["failed"][line] = f"dense_roof_info failed with cudaError {rc}"
+            continue
+        threads, flops, per_sm = (int(g) for g in got)
+        blocks = sms * max(per_sm, 1)
+        buf = torch.full((blocks * threads,), float("nan"), device="cuda")
+
+        def run(n: int, kind: int = kind, blocks: int = blocks, buf: torch.Tensor = buf, name: str = name) -> None:
+            rc = launch(kind, blocks, n, buf.data_ptr(), torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"the {name} roof's launch failed with cudaError {rc}")
+        try:
+            n = roof_iterations(lambda n, run=run: _gpu_seconds(lambda: run(n)))
+            buf.fill_(float("nan"))
+            run(n)
+            torch.cuda.synchronize()
+            wrong = check_roof(buf.cpu(), flops, threads, n)
+        except RuntimeError as e:
+            out["failed"][line] = _first_line(e)
+            print(f"FAIL  {line}: {out['failed'][line]} (not timed)", flush=True)
+            continue
+        out["roofs"][name] = {"instruction": ROOF_INSTRUCTIONS[name], "blocks": blocks, "threads": threads,
+                              "blocks_per_sm": per_sm, "iterations": n, "flops": flops * blocks * n,
+                              "checked": wrong is None}
+        if wrong:
+            out["failed"][line] = f"wrong result: {wrong}"
+            print(f"FAIL  {line}: {out['failed'][line]} (not timed)", flush=True)
+            continue
+        print(f"PASS  {line}: {blocks} blocks × {n} iterations, every thread's sum exact", flush=True)
+        lines[line] = (lambda run=run, n=n: run(n), flops * blocks * n)
+    return lines
+
+
+def _tflops(flops: int, stats) -> dict:
+    """Median TFLOP/s and its interquartile range, from per-call µs."""
+    import statistics
+
+    q = statistics.quantiles(stats.samples, n=4) if len(stats.samples) > 1 else [stats.median] * 3
+    return {"tflops": flops / stats.median / 1e6, "tflops_iqr": [flops / q[2] / 1e6, flops / q[0] / 1e6]}
+
+
+def _share(stats: dict, line: str, flops: int, roof_line: str, roof_flops: int) -> dict:
+    """`line`'s FLOP rate as a share of the roof line's, round by round (paired): (its FLOPs / its
+    time) / (the roof's FLOPs / the roof's time)."""
+    paired = benchmark.paired_ratio(stats[roof_line].samples, stats[line].samples)
+    scale = flops / roof_flops
+    return {"roof": roof_line.removeprefix("roof: "), "share": paired["ratio"] * scale,
+            "ci": [c * scale for c in paired["ci"]] if paired["ci"] else None}
+
+
+def _verdict(value_ci: list[float] | None, goal: float, at_least: bool = True) -> str:
+    if value_ci is None:
+        return "not settled"
+    lo, hi = value_ci
+    if at_least:
+        return "met" if lo >= goal else "missed" if hi < goal else "not settled"
+    return "met" if hi <= goal else "missed" if lo > goal else "not settled"
+
+
+def roof(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int = 70) -> dict:
+    """The roofs, cuBLAS's bfloat16 x·Wᵀ and each tensor-core version's bfloat16 forward at 4096³,
+    timed side by side (see the module's doc)."""
+    out = {} if out is None else out
+    lib = _library()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out.update({"rounds": rounds, "shape": list(BIG), "dtype": "bfloat16", "roofs": {}, "failed": {}})
+    lines = _roof_lines(lib, sms, out)
+    versions = roof_versions("bf16")
+    out["checked"] = check_bf16(versions, seed)
+    out["tolerance"] = BF16_TOLERANCE
+    save()
+    flops = 2 * BIG[0] * BIG[1] * BIG[2]
+    (x, w, b), _ = benchmark._inputs(*BIG, "cuda", torch.bfloat16, 0)
+    dense = modes.dense("cuda")
+    fns = {line: call for line, (call, _) in lines.items()}
+    fns["cuBLAS bf16 x·Wᵀ"] = _forward(lambda x, w, b: torch.mm(x, w.t()), [x, w, b])
+    for v in versions:
+        if out["checked"][f"v{v}"]["ok"]:
+            fns[f"v{v}"] = _version(v, dense, [x, w, b])
+        else:
+            out["failed"][f"v{v}"] = "failed the float64 check"
+    fns, failed = runnable(fns)
+    out["failed"].update(failed)
+    modes.stage("cuda").select_kernel(0)
+    stats = benchmark.measure(fns, device="cuda", rounds=rounds)
+    modes.stage("cuda").select_kernel(0)
+    out["gpu_after"] = benchmark.describe_gpu().get("nvidia_smi")  # the clocks just after the roofs ran
+    work = {line: lines[line][1] if line in lines else flops for line in stats}
+    instruction = {f"roof: {r}": r for r in ROOFS} | {f"v{v}": roof_instruction(v) for v in versions}
+    instruction["cuBLAS bf16 x·Wᵀ"] = "wgmma"  # (on Hopper; its share of that roof says how close a library gets)
+    out["rows"] = []
+    for line, s in stats.items():
+        row = {"line": line, "instruction": instruction.get(line), "us": s.median, "spread_us": s.spread,
+               **_tflops(work[line], s)}
+        roof_line = f"roof: {instruction.get(line)}"
+        if roof_line in stats:
+            row["of_roof"] = _share(stats, line, work[line], roof_line, work[roof_line])
+        if not line.startswith("roof") and "cuBLAS bf16 x·Wᵀ" in stats:
+            row["of_cublas"] = _ratio(stats, line, "cuBLAS bf16 x·Wᵀ")
+        out["rows"].append(row)
+    out["goals"] = {}
+    for line, (roof_name, goal) in ROOF_GOALS.items():
+        row = next((r for r in out["rows"] if r["line"] == line and "of_roof" in r), None)
+        out["goals"][line] = {"roof": roof_name, "goal": goal,
+                              **({"share": row["of_roof"]["share"], "ci": row["of_roof"]["ci"],
+                                  "verdict": _verdict(row["of_roof"]["ci"], goal)} if row else
+                                 {"verdict": "not measured"})}
+    save()
+    return out
+
+
+def tf32(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int = 80) -> dict:
+    """The tensor cores' float32 versions: error against float64 beside cuBLAS's, then speed."""
+    out = {} if out is None else out
+    versions = roof_versions("f32")
+    out.update({"rounds": rounds, "sizes": list(TF32_SIZES), "versions": versions, "tolerance": TF32_TOLERANCE,
+                "errors": {}})
+    out["errors"] = tf32_errors(versions, _gpu_gemm(), seed, save=save, out=out["errors"])
+    passed = [v for v in versions
+              if all(e["lines"].get(f"v{v}", {}).get("rel", float("inf")) < TF32_TOLERANCE
+                     for e in out["errors"].values())]
+    out["timing"] = {}
+    _table_at(BIG, rounds, torch.float32, passed, out["timing"], save)
+    out["timing"]["failed"].update({f"v{v}": "failed the float64 check" for v in versions if v not in passed})
+    out["goals"] = tf32_goals(out)
+    save()
+    return out
+
+
+def tf32_errors(versions: list[int], gemm: Callable, seed: int = 80, save: Save = _nothing,
+                out: dict | None = None, device: str = "cuda", sizes: tuple[int, ...] = TF32_SIZES) -> dict:
+    """x·Wᵀ (no epilogue) at each of `sizes` against float64: cuBLAS float32 (TF32 off), cuBLAS
+    TF32 (torch.backends.cuda.matmul.allow_tf32) and each version through gemm(version, "nt", x, w,
+    m, n, k) -> C; per line the largest error, ‖error‖ / ‖truth‖ and the largest error as a
+    multiple of cuBLAS float32's (the project's rule: a result is judged against the reference's
+    own error on the same inputs). On device "cpu" (the tests) the library lines are torch's CPU
+    GEMM, where allow_tf32 changes nothing."""
+    out = {} if out is None else out
+    for n in sizes:
+        gen = torch.Generator().manual_seed(seed + n)
+        x = torch.randn(n, n, generator=gen)
+        w = torch.randn(n, n, generator=gen) * n ** -0.5  # nn.Linear's scale: x·Wᵀ ~ N(0, 1)
+        xg, wg = x.to(device), w.to(device)
+        truth = (xg.double() @ wg.double().t())
+        got: dict[str, torch.Tensor | str] = {}
+        try:
+            for name, tf32_on in (("cuBLAS float32", False), ("cuBLAS TF32", True)):
+                torch.backends.cuda.matmul.allow_tf32 = tf32_on
+                got[name] = torch.mm(xg, wg.t())
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = False
+        for v in versions:
+            try:
+                got[f"v{v}"] = gemm(v, "nt", x, w, n, n, n).to(truth.device)
+            except (RuntimeError, ValueError) as e:
+                got[f"v{v}"] = _first_line(e)
+        lines = {}
+        for name, c in got.items():
+            if isinstance(c, str):
+                lines[name] = {"error": c}
+                continue
+            diff = (c.double() - truth).abs()
+            lines[name] = {"max_abs": float(diff.max()) if torch.isfinite(c).all() else float("inf"),
+                           "rel": _rel(c, truth)}
+        base = lines["cuBLAS float32"]["max_abs"]
+        for entry in lines.values():
+            if "max_abs" in entry:
+                entry["of_cublas_f32"] = entry["max_abs"] / base if base > 0 else float("inf")
+        out[str(n)] = {"shape": [n, n, n], "lines": lines}
+        print(f"errors at {n}³: " + ", ".join(f"{k} {v['max_abs']:.2e}" if "max_abs" in v else f"{k} {v['error']}"
+                                              for k, v in lines.items()), flush=True)
+        save()
+    return out
+
+
+def tf32_goals(part: dict) -> list[dict]:
+    """Issue's goals for split-TF32 from the tf32 part's record: speed (with its interval) and the
+    largest error over the sizes as a multiple of cuBLAS float32's."""
+    goals = []
+    rows = {r["line"]: r for r in part.get("timing", {}).get("rows", [])}
+    for line, goal in TF32_SPEED_GOALS.items():
+        r = rows.get(line)
+        goals.append({"goal": f"{line} forward / reference (float32, 4096³)", "target": f"≥ {goal}",
+                      **({"value": r["of_reference"]["speed"], "ci": r["of_reference"]["ci"],
+                          "verdict": _verdict(r["of_reference"]["ci"], goal)} if r else {"verdict": "not measured"})})
+    for line, goal in TF32_ERROR_GOALS.items():
+        ratios = [e["lines"].get(line, {}).get("of_cublas_f32") for e in part.get("errors", {}).values()]
+        worst = None if not ratios or None in ratios else max(ratios)
+        goals.append({"goal": f"{line} largest error / cuBLAS float32's (every size)", "target": f"≤ {goal}",
+                      **({"value": worst, "ci": None, "verdict": "met" if worst <= goal else "missed"}
+                         if worst is not None else {"verdict": "not measured"})})
+    return goals
+
+
+def copy_bandwidth(rounds: int, nbytes: int = COPY_BYTES) -> dict:
+    """Bytes read plus written per second by a device-to-device copy of `nbytes`, timed as the
+    kernels are (benchmark.measure)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    stats = benchmark.measure({"copy": lambda: dst.copy_(src)}, device="cuda", rounds=rounds)["copy"]
+    return {"bytes": 2 * nbytes, "us": stats.median, "bytes_per_s": 2 * nbytes / stats.median * 1e6}
+
+
+def goals16(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int = 90) -> dict:
+    """The bfloat16 goals (GOALS16), version 0 checked against float64 at both shapes first; at
+    B = 32 the time to read W once beside it, at a copy's measured bandwidth and the datasheet's."""
+    out = {} if out is None else out
+    cuda, dense = modes.stage("cuda"), modes.dense("cuda")
+    cuda.select_kernel(0)
+    out["checked"] = {}
+    for shape in (BIG, SMALL_BATCH):
+        (x, w, b), _ = benchmark._inputs(*shape, "cuda", torch.bfloat16, seed)
+        try:
+            with torch.no_grad():
+                error = _rel(dense(x, w, b), benchmark.reference(*(t.detach().double() for t in (x, w, b))))
+            out["checked"]["×".join(map(str, shape))] = {"rel_error": error, "ok": error < BF16_TOLERANCE}
+        except RuntimeError as e:
+            out["checked"]["×".join(map(str, shape))] = {"error": _first_line(e), "ok": False}
+    out["tolerance"] = BF16_TOLERANCE
+    if not all(c["ok"] for c in out["checked"].values()):
+        print(f"FAIL  bfloat16 version 0 against float64: {out['checked']} (not timed)", flush=True)
+        out.update({"rounds": rounds, "version": "automatic", "goals": {}})
+        save()
+        return out
+    goals(rounds, out, save, dtype=torch.bfloat16, targets=GOALS16)
+    b, i, o = SMALL_BATCH
+    size = 2  # bytes of a bfloat16
+    w_bytes, other = o * i * size, (b * i + b * o + o) * size  # W; x, y and the bias
+    copy = copy_bandwidth(rounds)
+    sheet = _datasheet_bandwidth(torch.cuda.get_device_name())
+    small = out["goals"].get("forward, B=32")
+    out["w_read"] = {"shape": list(SMALL_BATCH), "w_bytes": w_bytes, "other_bytes": other, "copy": copy,
+                     "datasheet_bytes_per_s": sheet,
+                     "bound_us": (w_bytes + other) / copy["bytes_per_s"] * 1e6,
+                     "datasheet_bound_us": (w_bytes + other) / sheet * 1e6 if sheet else None,
+                     "cuda_us": small["cuda_us"] if small else None}
+    save()
+    return out
+
+
+def _datasheet_bandwidth(device: str) -> float | None:
+    """The card's DRAM bandwidth from NVIDIA's datasheet (cuda/figures.py's BANDWIDTH), or None."""
+    return cli.load_file("cuda/figures.py", "dense_cuda_figures").BANDWIDTH.get(device)
 
 
 def ptx(rounds: int, out: dict | None = None, save: Save = _nothing) -> dict:
@@ -718,6 +1120,84 @@ def goals_table(record: dict) -> str:
     return "\n".join(rows) + f"\n\nThe automatic version, {record['goals']['rounds']} rounds; {tail}."
 
 
+def roof_table(record: dict) -> str:
+    """The roofs beside cuBLAS and the tensor-core versions: TFLOP/s, the share of each one's own
+    instruction's roof, the speed against cuBLAS's bfloat16 x·Wᵀ; the goal; how each roof ran."""
+    r = record["roof"]
+    rows = ["| line | instruction | µs (IQR) | TFLOP/s (IQR) | share of its instruction's roof (95% CI) | "
+            "speed / cuBLAS bf16 x·Wᵀ (95% CI) |", "|---|---|---:|---:|---:|---:|"]
+    for row in r["rows"]:
+        share = row.get("of_roof")
+        cublas = row.get("of_cublas")
+        lo, hi = row["tflops_iqr"]
+        rows.append(f"| {row['line']} | {row['instruction'] or '–'} | {row['us']:.0f} ({row['spread_us']:.0f}) | "
+                    f"{row['tflops']:.0f} ({lo:.0f}–{hi:.0f}) | "
+                    + (f"{share['share']:.3f} ({_ci(share['ci'])}) | " if share else "– | ")
+                    + (f"{cublas['speed']:.3f} ({_ci(cublas['ci'])}) |" if cublas else "– |"))
+    ran = "; ".join(f"{name}: {x['blocks']} blocks of {x['threads']} threads ({x['blocks_per_sm']} an SM), "
+                    f"{x['iterations']} iterations, every thread's sum {'exact' if x['checked'] else 'WRONG'}"
+                    for name, x in r["roofs"].items())
+    goals = " ".join(f"Goal: {line} ≥ {g['goal']} of the {g['roof']} roof: {g['verdict']}"
+                     + (f" ({g['share']:.3f}, {_ci(g['ci'])})." if "share" in g else ".")
+                     for line, g in r["goals"].items())
+    bad = [f"{v} ({c['error'] if 'error' in c else format(c['rel_error'], '.1e')})"
+           for v, c in r["checked"].items() if not c["ok"]]
+    failed = {k: why for k, why in r["failed"].items() if k not in r["checked"]}
+    return ("\n".join(rows) + f"\n\nbfloat16, forward only, B=I=O={r['shape'][0]}, {r['rounds']} rounds; a share is "
+            "the line's FLOP rate over its roof's in the same round. The cuBLAS line's instruction on Hopper is "
+            f"wgmma. Roofs: {ran or 'none ran'}. {goals}"
+            + (f" Not timed (failed the float64 check, tolerance {r['tolerance']}): {', '.join(bad)}." if bad else "")
+            + "".join(f" Not timed: {line} ({why})." for line, why in failed.items()) + _footer(record))
+
+
+def tf32_table(record: dict) -> str:
+    """The float32 tensor-core versions: speed at 4096³, then their errors against float64 beside
+    cuBLAS's, as a multiple of cuBLAS float32's; the goals."""
+    t = record["tf32"]
+    timing = t["timing"]
+    b, i, o = timing["shape"]
+    parts = [_gemm_rows(timing) + f"\n\nfloat32, forward only, B={b} I={i} O={o}, {timing['rounds']} rounds, "
+             f"TF32 off for cuBLAS and the reference.{_not_timed(timing)}"]
+    rows = ["| B = I = O | line | largest error | ‖error‖ / ‖truth‖ | largest error / cuBLAS float32's |",
+            "|---:|---|---:|---:|---:|"]
+    for entry in t["errors"].values():
+        for name, e in entry["lines"].items():
+            rows.append(f"| {entry['shape'][0]} | {name} | " + (
+                f"failed: {e['error']} | – | – |" if "error" in e else
+                f"{e['max_abs']:.2e} | {e['rel']:.2e} | {e['of_cublas_f32']:.2f} |"))
+    parts.append("\n".join(rows) + "\n\nx·Wᵀ alone (no bias, no sigmoid), x ~ N(0, 1), W ~ N(0, 1/I), against "
+                 "float64 arithmetic on the same float32 inputs; cuBLAS TF32 is torch's allow_tf32.")
+    goals = ["| goal | value (95% CI) | target | verdict |", "|---|---:|---:|---|"]
+    for g in t["goals"]:
+        value = "–" if "value" not in g else f"{g['value']:.3f}" + (f" ({_ci(g['ci'])})" if g.get("ci") else "")
+        goals.append(f"| {g['goal']} | {value} | {g['target']} | {g['verdict']} |")
+    parts.append("\n".join(goals))
+    return "\n\n".join(parts) + _footer(record)
+
+
+def goals16_table(record: dict) -> str:
+    """goals_table's rows in bfloat16, and at B = 32 the time to read W once beside the forward's."""
+    g = record["goals16"]
+    if not g["goals"]:
+        bad = ", ".join(f"{shape}: {c.get('error', c.get('rel_error'))}" for shape, c in g["checked"].items())
+        return f"Not timed: version 0 failed the bfloat16 check against float64 ({bad})." + _footer(record)
+    rows = goals_table({**record, "goals": g}).split("\n\n")[0]
+    text = rows + f"\n\nThe automatic version in bfloat16, {g['rounds']} rounds, checked against float64 first."
+    w = g.get("w_read")
+    if w:
+        b, i, o = w["shape"]
+        sheet = w["datasheet_bytes_per_s"]
+        text += (f" At B = {b}, I = O = {i}: W is {w['w_bytes'] / 2**20:.0f} MiB in bfloat16 (x, y and b "
+                 f"{w['other_bytes'] / 2**20:.2f} MiB more); reading them once at the bandwidth a device copy "
+                 f"reaches here ({w['copy']['bytes_per_s'] / 1e12:.2f} TB/s, bytes read plus written, of "
+                 f"{w['copy']['bytes'] // 2**30} GiB) takes {w['bound_us']:.1f} µs"
+                 + (f", at the datasheet's {sheet / 1e12:.2f} TB/s {w['datasheet_bound_us']:.1f} µs" if sheet else
+                    " (no datasheet bandwidth known for this card)")
+                 + (f"; the forward takes {w['cuda_us']:.1f} µs, {w['cuda_us'] / w['bound_us']:.2f} times the "
+                    "measured bound." if w["cuda_us"] else "."))
+    return text + _footer(record)
+
+
 def ptx_table(record: dict) -> str:
     rows = ["| shape B, I, O | timed | compiler's PTX µs | edited PTX µs | speed-up (95% CI) | verdict |",
             "|---|---|---:|---:|---:|---|"]
@@ -834,14 +1314,18 @@ def ncu_table(record: dict) -> str:
 
 def exact_summary(record: dict) -> str:
     e = record["exact"]
+    aligned = e.get("aligned_only") or {}
     lines = [f"exact: {e['compared'] - len(e['mismatches'])} of {e['compared']} GEMMs the same bits on the GPU as "
-             f"in the CPU emulation (integers, M, N, K in {e['shapes']})"]
+             f"in the CPU emulation (integers, M, N, K in {e['shapes']}"
+             + (f"; {', '.join(aligned)}: only those whose every dimension is a multiple of "
+                f"{'/'.join(map(str, sorted(set(aligned.values()))))}, as TMA needs" if aligned else "") + ")"]
     return "\n".join(lines + [f"  DIFFERENT: {m}" for m in e["mismatches"]])
 
 
 def table(record: dict) -> str:
     shown = {"exact": exact_summary, "gemm": gemm_table, "goals": goals_table, "small": small_table,
-             "grad": grad_table, "bf16": bf16_table, "ptx": ptx_table, "candidates": candidates_table}
+             "grad": grad_table, "bf16": bf16_table, "roof": roof_table, "tf32": tf32_table,
+             "goals16": goals16_table, "ptx": ptx_table, "candidates": candidates_table}
     parts = [show(record) for part, show in shown.items() if part in record]
     if "check" in record:
         c = record["check"]
@@ -890,7 +1374,9 @@ def main(argv: list[str] | None = None) -> int:
            "exact": lambda out: exact(out=out, save=save),
            "gemm": lambda out: gemm(args.rounds, out, save), "goals": lambda out: goals(args.rounds, out, save),
            "small": lambda out: small(args.rounds, out, save), "grad": lambda out: grad(args.rounds, out, save),
-           "bf16": lambda out: bf16(args.rounds, out, save), "ptx": lambda out: ptx(args.rounds, out, save),
+           "bf16": lambda out: bf16(args.rounds, out, save), "roof": lambda out: roof(args.rounds, out, save),
+           "tf32": lambda out: tf32(args.rounds, out, save), "goals16": lambda out: goals16(args.rounds, out, save),
+           "ptx": lambda out: ptx(args.rounds, out, save),
            "profile": lambda out: out.update(profile()),
            "candidates": lambda out: candidates(args.rounds, out=out, save=save)}
     for part in PARTS:
@@ -901,7 +1387,9 @@ def main(argv: list[str] | None = None) -> int:
             save()
     code = cli.publish(table(record), [(json_path, cli.json_writer(record))])
     failed_candidates = any(not c["ok"] for c in record.get("candidates", {}).get("checked", []))
-    failed = record.get("check", {}).get("failed") or record.get("exact", {}).get("failed") or failed_candidates
+    wrong_roof = any(not r["checked"] for r in record.get("roof", {}).get("roofs", {}).values())
+    failed = (record.get("check", {}).get("failed") or record.get("exact", {}).get("failed") or failed_candidates
+              or wrong_roof)
     return code or (1 if failed else 0)
 
 

@@ -63,6 +63,7 @@ int encode_tensor_map_2d(CUtensorMap* map, int elem_bytes, const void* base, uin
 }  // namespace
 
 #include "kernels/launch.cuh"
+#include "tensor_cores/roof.cuh"  // launch_roof: the tensor cores' roofs
 
 // Writes 1 where this build's code for the device is sm_90a's (the Hopper versions' instructions).
 __global__ void dense_sm90a_probe(int* out) {
@@ -132,3 +133,24 @@ DENSE_EXPORT int64_t dense_gemm_workspace(int version, int dtype, int64_t M, int
   return dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(t), M, N, K, sm_count);
 }
 
+// The tensor cores' roofs (cuda/tensor_cores/roof.cuh), for cuda/bench_gpu.py roof: kind 0 is
+// mma.sync, 1 wgmma (sm_90a only). `blocks` blocks of kRoofThreads threads, each writing one float
+// of `out`; 0 or a cudaError_t.
+DENSE_EXPORT int dense_roof_launch(int kind, int blocks, int iterations, void* out, void* stream) {
+  return dense_kernels::launch_roof(kind, blocks, iterations, static_cast<float*>(out),
+                                    static_cast<dense_kernels::Stream>(stream));
+}
+// out[3]: a block's threads, the FLOPs of one block's iteration, and how many blocks an SM of this
+// device holds at once (the occupancy calculator's: blocks × SMs is one full wave). 0 or a cudaError_t.
+DENSE_EXPORT int dense_roof_info(int kind, int64_t* out) {
+  if (kind < 0 || kind >= dense_kernels::kRoofKinds || out == nullptr) return DENSE_INVALID;
+  const void* fn = dense_kernels::roof_entry(kind);
+  if (fn == nullptr) return DENSE_NOT_BUILT;
+  int per_sm = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, dense_kernels::kRoofThreads, 0);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  out[0] = dense_kernels::kRoofThreads;
+  out[1] = dense_kernels::roof_flops(kind);
+  out[2] = per_sm;
+  return 0;
+}

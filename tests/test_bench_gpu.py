@@ -101,15 +101,25 @@ def emulation():
     return bench_gpu._emu_gemm()
 
 
+def _tma(version: int, dtype: str) -> bool:
+    return bench_gpu._row_multiple()(version, bench_gpu.TORCH_DTYPES[dtype]) > 1
+
+
 def test_the_exact_comparison_finds_the_same_bits_where_they_are(emulation, monkeypatch):
-    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7),))
+    """Every entry, the TMA versions on the shape whose rows are whole 16 bytes only."""
+    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7), (8, 16, 24)))
     result = bench_gpu.exact(gpu_gemm=emulation, emu_gemm=emulation)
     assert result["failed"] == 0 and result["mismatches"] == []
-    assert result["compared"] == 3 * len(bench_gpu.exact_entries())  # each entry in nt, nn and tn
+    entries = bench_gpu.exact_entries()
+    tma = [(label, dtype) for label, v, dtype in entries if _tma(v, dtype)]
+    assert {label for label, _ in tma} == {"v32", "v33", "v34", "v35"}
+    # each entry in nt, nn and tn, on both shapes or (TMA) on the aligned one
+    assert result["compared"] == 3 * (2 * len(entries) - len(tma))
+    assert result["aligned_only"] == {f"{label} {dtype}": 4 if dtype == "f32" else 8 for label, dtype in tma}
 
 
 def test_a_difference_or_a_failed_launch_names_where_and_the_rest_still_run(emulation, monkeypatch, capsys):
-    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7), (33, 17, 65)))
+    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7), (33, 17, 65), (8, 16, 24)))
 
     def planted(version, layout, a, b, m, n, k):
         c = emulation(version, layout, a, b, m, n, k)
@@ -117,14 +127,58 @@ def test_a_difference_or_a_failed_launch_names_where_and_the_rest_still_run(emul
             c[4, 2] += 1  # one element one off
         if version == 5 and a.dtype == torch.float32 and layout == "tn" and m == 5:
             raise RuntimeError("the launch failed with cudaError 719")
+        if version == 34 and layout == "nt":  # split-TF32 on wgmma, through TMA: its last element
+            c[-1, -1] = -c[-1, -1] if c[-1, -1] != 0 else 1
         return c
 
     result = bench_gpu.exact(gpu_gemm=planted, emu_gemm=emulation)
-    assert result["failed"] == 2 and result["compared"] == 6 * len(bench_gpu.exact_entries())
+    tma = sum(_tma(v, dtype) for _, v, dtype in bench_gpu.exact_entries())
+    assert result["failed"] == 3 and result["compared"] == 3 * (3 * len(bench_gpu.exact_entries()) - 2 * tma)
     assert result["mismatches"][0].startswith("v3 f64 nn M=33 N=17 K=65: first at [4, 2]: ")
     assert result["mismatches"][1] == "v5 f32 tn M=5 N=3 K=7: failed: the launch failed with cudaError 719"
+    assert result["mismatches"][2].startswith("v34 f32 nt M=8 N=16 K=24: first at [7, 15]: ")
     out = capsys.readouterr().out
     assert "FAIL  v3 f64: v3 f64 nn M=33 N=17 K=65: first at [4, 2]" in out and "SAME  v12 f32:" in out
+    assert "SAME  v33 bf16:" in out and "SAME  v25 f32:" in out and "SAME  v26 f32:" in out
+
+
+def test_an_entry_that_takes_none_of_the_shapes_is_a_mismatch(emulation, monkeypatch):
+    """Odd shapes only: the TMA versions would go unchecked, which must not pass as agreement."""
+    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7),))
+    monkeypatch.setattr(bench_gpu, "exact_entries", lambda: [("v33", 33, "bf16"), ("v24", 24, "bf16")])
+    result = bench_gpu.exact(gpu_gemm=emulation, emu_gemm=emulation)
+    assert result["failed"] == 1 and result["compared"] == 3
+    assert result["mismatches"] == ["v33 bf16: none of the shapes is a multiple of 8 in every dimension, as it needs"]
+
+
+def test_the_exact_shapes_give_the_tma_versions_partial_tiles(emulation):
+    """Each TMA version (32-35, rows of whole 16 bytes) takes the shapes that are multiples of 8 in
+    every dimension, and they still leave partial tiles: M and N not multiples of the 64-row and
+    128-column tiles, K not a multiple of 64-wide k-steps, a batch under 32 (v35's), and K long
+    enough for 5 k-steps, more than the 4 stages of v32's and v33's rings."""
+    aligned = [s for s in bench_gpu.EXACT_SHAPES if all(d % 8 == 0 for d in s)]
+    odd = [s for s in bench_gpu.EXACT_SHAPES if s not in aligned]
+    assert len(aligned) >= 3 and odd and all(any(d % 2 for d in s) for s in odd)
+    assert any(m % 64 and n % 128 and k % 64 for m, n, k in aligned)
+    assert any(m < 32 for m, _, _ in aligned) and max(k for _, _, k in aligned) > 4 * 64
+    for label, v, dtype in bench_gpu.exact_entries():
+        shapes = bench_gpu.exact_shapes(v, dtype, bench_gpu._row_multiple())
+        assert shapes == (aligned if _tma(v, dtype) else list(bench_gpu.EXACT_SHAPES)), label
+
+
+def test_the_exact_inputs_are_exact_in_tf32_and_leave_split_tf32_nothing_small(emulation):
+    """cvt.rna.tf32 (the emulation's, held to the PTX ISA's rounding by tests/test_instructions.py)
+    leaves -2..2 unchanged: v25's rounding changes nothing, and split-TF32's a − tf32(a) is 0."""
+    import ctypes
+
+    emulated = load_script("cuda/emulated.py", "dense_cuda_emulated")
+    lib = emulated.library()
+    lib.emu_cvt_rna_tf32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    values = torch.arange(-2, 3, dtype=torch.float32)
+    bits = torch.empty(5, dtype=torch.int32)
+    lib.emu_cvt_rna_tf32(values.data_ptr(), bits.data_ptr(), 5)
+    assert torch.equal(bits.view(torch.float32), values) and torch.equal(values - bits.view(torch.float32),
+                                                                         torch.zeros(5))
 
 
 def test_the_exact_inputs_make_every_sum_exact():

@@ -36,6 +36,7 @@ inline int device_arch = 90;
 #include "kernels/all.cuh"
 #include "kernels/instructions.cuh"
 #include "kernels/launch.cuh"
+#include "units/tc_roof.cu"  // the tensor cores' roofs: micro-benchmarks, not GEMM entries
 
 int dense_kernels::device_arch() { return emu::device_arch; }
 
@@ -222,6 +223,21 @@ EMU_API void emu_convert(int kind, int to_float, const void* in, void* out, int6
       static_cast<uint16_t*>(out)[i] = kind == 0 ? __float2bfloat16(f).__x : __float2half(f).__x;
     }
   }
+}
+
+
+// ---- the tensor cores' roofs (cuda/tensor_cores/roof.cuh), for tests/test_roof.py ----
+// dense_kernels::launch_roof: kind 0 mma.sync, 1 wgmma; `blocks` blocks of kRoofThreads threads,
+// each writing one float of `out`. 0, 1 for an invalid request, 2 when a block could not finish.
+EMU_API int emu_roof(int kind, int blocks, int iterations, float* out) {
+  return dense_kernels::launch_roof(kind, blocks, iterations, out, nullptr);
+}
+// out[2]: a block's threads and the FLOPs of one block's iteration; 0, or 1 for no such kind.
+EMU_API int emu_roof_info(int kind, int64_t* out) {
+  if (kind < 0 || kind >= dense_kernels::kRoofKinds) return 1;
+  out[0] = dense_kernels::kRoofThreads;
+  out[1] = dense_kernels::roof_flops(kind);
+  return 0;
 }
 
 
