@@ -9,7 +9,8 @@ selections, one command each, whose deadlines add up, with the start, to no more
            bfloat16; every GEMM entry on the GPU against the CPU emulation, bit for bit; NCCL's
            refusal of two ranks. Then the timings, most valuable first: every GEMM version
            (checked against float64 first) and the goals; B = 32, the backward's elementwise
-           kernels and bfloat16; the PTX edits
+           kernels and bfloat16, the tensor cores' roofs, split-TF32's error and speed and the
+           bfloat16 goals; the PTX edits
   explain  (4 min, a second call on the machine the first left warm) Nsight Compute's counters
            for every version; compute-sanitizer's memcheck and racecheck
 
@@ -285,9 +286,14 @@ def parts() -> dict[str, Part]:
                           "--json", f"{RESULTS}/cuda_gpu_{TAG}.json"),
              "every version checked against float64, then timed at 4096³; the goals",
              records=(f"{RESULTS}/cuda_gpu_{TAG}.json",), needs=("build",)),
-        Part("kernels", 45, (py, "cuda/bench_gpu.py", "small", "grad", "bf16", "--rounds", "15",
-                             "--json", f"{RESULTS}/cuda_kernels_{TAG}.json"),
-             "every version at B = 32; the backward's elementwise kernels; bfloat16 (checked first)",
+        # The tensor-core chapter's measurements (roof, tf32, goals16) join this command and its
+        # record, not a record of their own: each is seconds of GPU work (the kernels last
+        # milliseconds, a round is a fraction of a second; the float64 checks and the first launch
+        # of each module are most of it), and the 18 s they add are what the lease had left.
+        Part("kernels", 45 + 18, (py, "cuda/bench_gpu.py", "small", "grad", "bf16", "roof", "tf32", "goals16",
+                                  "--rounds", "15", "--json", f"{RESULTS}/cuda_kernels_{TAG}.json"),
+             "every version at B = 32; the backward's elementwise kernels; bfloat16 (checked first); the tensor "
+             "cores' roofs beside their versions, split-TF32's error and speed, the bfloat16 goals",
              records=(f"{RESULTS}/cuda_kernels_{TAG}.json",), needs=("build", "exact")),
         Part("ptx-regen", 10, ("bash", "ptx/regen.sh"), "the compiler's own PTX, the baseline of the PTX edits",
              produces=(generated,)),
@@ -327,7 +333,7 @@ def parts() -> dict[str, Part]:
 
 # What can fail first, then the timings, most valuable first: chapter 4's table (v10 to v12 are
 # not in its record yet), then what no chapter has measured (B = 32, the backward's kernels,
-# bfloat16), then chapter 5's PTX edits.
+# bfloat16, the tensor cores against their roofs and goals), then chapter 5's PTX edits.
 SELECTIONS: dict[str, list[str]] = {
     "lease": ["env", "build", "pytest", "grad-check", "grad-check-bf16", "exact", "nccl-refusal",
               "gemm", "kernels", "ptx-regen", "ptx"],

@@ -106,6 +106,7 @@ ALIGNED_CHECK = (264, 1032, 136)  # CHECK_SHAPES[1] for the TMA versions: multip
 DTYPE_CODES = {name: code for code, name in enumerate(catalog.DTYPES)}  # dense_kernels::DType
 TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
 CODE_OF = {TORCH_DTYPES[name]: code for name, code in DTYPE_CODES.items()}
+DEVICE = "cuda"  # where the tensor-core parts run; tests/test_roof.py runs them on "cpu", in the emulation
 
 
 def _versions(dtype: str = "f32") -> list[int]:
@@ -300,7 +301,9 @@ def exact(gpu_gemm: Callable | None = None, emu_gemm: Callable | None = None, se
                     bad.append(f"{where}: {diff}")
         out["mismatches"] += bad
         said = "; ".join(bad[:2]) + (f" (and {len(bad) - 2} more)" if len(bad) > 2 else "")
-        print(f"{'FAIL' if bad else 'SAME'}  {label} {dtype}: {said or 'every layout and shape, bit for bit'}",
+        every = ("every layout and shape" if len(shapes) == len(EXACT_SHAPES) else
+                 f"every layout, the {len(shapes)} shapes whose rows are whole 16 bytes")
+        print(f"{'FAIL' if bad else 'SAME'}  {label} {dtype}: {said or every + ', bit for bit'}",
               flush=True)
         save()
     out["failed"] = len(out["mismatches"])
@@ -398,7 +401,7 @@ def _table_at(shape: tuple[int, int, int], rounds: int, dtype: torch.dtype, vers
               out: dict, save: Save) -> dict:
     """cuBLAS's x·Wᵀ, the reference and each version's forward at `shape`, in `dtype`, timed side by side."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    (x, w, b), _ = benchmark._inputs(*shape, "cuda", dtype, 0)
+    (x, w, b), _ = benchmark._inputs(*shape, DEVICE, dtype, 0)
     fns = {"cuBLAS x·Wᵀ": _forward(lambda x, w, b: torch.mm(x, w.t()), [x, w, b]),
            "reference": _forward(benchmark.reference, [x, w, b])}
     dense = modes.dense("cuda")
@@ -407,7 +410,7 @@ def _table_at(shape: tuple[int, int, int], rounds: int, dtype: torch.dtype, vers
     fns, failed = runnable(fns)
     modes.stage("cuda").select_kernel(0)
     out.update({"shape": list(shape), "rounds": rounds, "tf32": False, "failed": failed})
-    stats = benchmark.measure(fns, device="cuda", rounds=rounds)
+    stats = benchmark.measure(fns, device=DEVICE, rounds=rounds)
     modes.stage("cuda").select_kernel(0)
     out["rows"] = _rows(stats, shape, ("cuBLAS x·Wᵀ", "reference"))
     save()
@@ -438,13 +441,13 @@ def goals(rounds: int, out: dict | None = None, save: Save = _nothing, dtype: to
     out = {} if out is None else out
     out.update({"rounds": rounds, "version": "automatic", "dtype": str(dtype).removeprefix("torch."), "goals": {}})
     for shape in (BIG, SMALL_BATCH):
-        tensors, g = benchmark._inputs(*shape, "cuda", dtype, 0)
+        tensors, g = benchmark._inputs(*shape, DEVICE, dtype, 0)
         fns = {"reference/forward": _forward(benchmark.reference, tensors),
                "cuda/forward": _forward(dense, tensors)}
         if shape == BIG:
             fns["reference/fwd+bwd"] = _both(benchmark.reference, tensors, g)
             fns["cuda/fwd+bwd"] = _both(dense, tensors, g)
-        stats = benchmark.measure(fns, device="cuda", rounds=rounds)
+        stats = benchmark.measure(fns, device=DEVICE, rounds=rounds)
         for what in ("forward", "fwd+bwd"):
             if f"cuda/{what}" not in stats:
                 continue
@@ -541,7 +544,7 @@ def check_bf16(versions: list[int], seed: int = 50) -> dict:
     cuda, dense = modes.stage("cuda"), modes.dense("cuda")
     checked = {}
     for v in versions:
-        (x, w, b), _ = benchmark._inputs(*check_shape(v, torch.bfloat16), "cuda", torch.bfloat16, seed + v)
+        (x, w, b), _ = benchmark._inputs(*check_shape(v, torch.bfloat16), DEVICE, torch.bfloat16, seed + v)
         try:
             cuda.select_kernel(v)
             with torch.no_grad():
@@ -601,11 +604,12 @@ def check_roof(out: torch.Tensor, flops: int, threads: int, iterations: int) -> 
     return f"thread {i} wrote {float(out[i])!r}, not {want!r} ({len(wrong)} of {out.numel()} threads wrong)"
 
 
-def roof_iterations(seconds: Callable[[int], float], target_s: float = ROOF_TARGET_MS / 1e3,
-                    cap: int = ROOF_MAX_ITERATIONS) -> int:
-    """The iterations, a power of two, that make one launch last at least target_s (seconds(n): one
-    launch of n iterations, timed), or cap."""
-    n = 64
+def roof_iterations(seconds: Callable[[int], float], target_s: float | None = None, cap: int | None = None) -> int:
+    """The iterations, a power of two, that make one launch last at least target_s (ROOF_TARGET_MS
+    by default; seconds(n): one launch of n iterations, timed), or cap (ROOF_MAX_ITERATIONS)."""
+    target_s = ROOF_TARGET_MS / 1e3 if target_s is None else target_s
+    cap = cap or ROOF_MAX_ITERATIONS
+    n = min(64, cap)
     while n < cap and seconds(n) < target_s:
         n *= 2
     return n
@@ -625,13 +629,34 @@ def _roof_api(lib):
     return launch, info
 
 
-def _gpu_seconds(call: Callable[[], object]) -> float:
+def _seconds(call: Callable[[], object]) -> float:
+    """One call's seconds: CUDA events on the GPU, the wall clock elsewhere (the tests)."""
+    if DEVICE != "cuda":
+        import time
+
+        t0 = time.perf_counter()
+        call()
+        return time.perf_counter() - t0
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     call()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3
+
+
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def _stream() -> int | None:
+    """torch's current CUDA stream, for the library's launches (None, the default, elsewhere)."""
+    return torch.cuda.current_stream().cuda_stream if DEVICE == "cuda" else None
+
+
+def _synchronize() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def _roof_lines(lib, sms: int, out: dict) -> dict[str, tuple[Callable[[], object], int]]:
@@ -650,17 +675,19 @@ def _roof_lines(lib, sms: int, out: dict) -> dict[str, tuple[Callable[[], object
             continue
         threads, flops, per_sm = (int(g) for g in got)
         blocks = sms * max(per_sm, 1)
-        buf = torch.full((blocks * threads,), float("nan"), device="cuda")
+        buf = torch.full((blocks * threads,), float("nan"), device=DEVICE)
 
         def run(n: int, kind: int = kind, blocks: int = blocks, buf: torch.Tensor = buf, name: str = name) -> None:
-            rc = launch(kind, blocks, n, buf.data_ptr(), torch.cuda.current_stream().cuda_stream)
+            rc = launch(kind, blocks, n, buf.data_ptr(), _stream())
             if rc != 0:
                 raise RuntimeError(f"the {name} roof's launch failed with cudaError {rc}")
         try:
-            n = roof_iterations(lambda n, run=run: _gpu_seconds(lambda: run(n)))
+            run(1)  # the first launch loads the module: not a cost of the loop
+            _synchronize()
+            n = roof_iterations(lambda n, run=run: _seconds(lambda: run(n)))
             buf.fill_(float("nan"))
             run(n)
-            torch.cuda.synchronize()
+            _synchronize()
             wrong = check_roof(buf.cpu(), flops, threads, n)
         except RuntimeError as e:
             out["failed"][line] = _first_line(e)
@@ -708,16 +735,14 @@ def roof(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int 
     """The roofs, cuBLAS's bfloat16 x·Wᵀ and each tensor-core version's bfloat16 forward at 4096³,
     timed side by side (see the module's doc)."""
     out = {} if out is None else out
-    lib = _library()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     out.update({"rounds": rounds, "shape": list(BIG), "dtype": "bfloat16", "roofs": {}, "failed": {}})
-    lines = _roof_lines(lib, sms, out)
+    lines = _roof_lines(_library(), _sm_count(), out)
     versions = roof_versions("bf16")
     out["checked"] = check_bf16(versions, seed)
     out["tolerance"] = BF16_TOLERANCE
     save()
     flops = 2 * BIG[0] * BIG[1] * BIG[2]
-    (x, w, b), _ = benchmark._inputs(*BIG, "cuda", torch.bfloat16, 0)
+    (x, w, b), _ = benchmark._inputs(*BIG, DEVICE, torch.bfloat16, 0)
     dense = modes.dense("cuda")
     fns = {line: call for line, (call, _) in lines.items()}
     fns["cuBLAS bf16 x·Wᵀ"] = _forward(lambda x, w, b: torch.mm(x, w.t()), [x, w, b])
@@ -729,9 +754,10 @@ def roof(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int 
     fns, failed = runnable(fns)
     out["failed"].update(failed)
     modes.stage("cuda").select_kernel(0)
-    stats = benchmark.measure(fns, device="cuda", rounds=rounds)
+    stats = benchmark.measure(fns, device=DEVICE, rounds=rounds)
     modes.stage("cuda").select_kernel(0)
-    out["gpu_after"] = benchmark.describe_gpu().get("nvidia_smi")  # the clocks just after the roofs ran
+    if DEVICE == "cuda":
+        out["gpu_after"] = benchmark.describe_gpu().get("nvidia_smi")  # the clocks just after the roofs ran
     work = {line: lines[line][1] if line in lines else flops for line in stats}
     instruction = {f"roof: {r}": r for r in ROOFS} | {f"v{v}": roof_instruction(v) for v in versions}
     instruction["cuBLAS bf16 x·Wᵀ"] = "wgmma"  # (on Hopper; its share of that roof says how close a library gets)
@@ -775,15 +801,16 @@ def tf32(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int 
 
 
 def tf32_errors(versions: list[int], gemm: Callable, seed: int = 80, save: Save = _nothing,
-                out: dict | None = None, device: str = "cuda", sizes: tuple[int, ...] = TF32_SIZES) -> dict:
+                out: dict | None = None, device: str | None = None, sizes: tuple[int, ...] | None = None) -> dict:
     """x·Wᵀ (no epilogue) at each of `sizes` against float64: cuBLAS float32 (TF32 off), cuBLAS
     TF32 (torch.backends.cuda.matmul.allow_tf32) and each version through gemm(version, "nt", x, w,
     m, n, k) -> C; per line the largest error, ‖error‖ / ‖truth‖ and the largest error as a
     multiple of cuBLAS float32's (the project's rule: a result is judged against the reference's
-    own error on the same inputs). On device "cpu" (the tests) the library lines are torch's CPU
-    GEMM, where allow_tf32 changes nothing."""
+    own error on the same inputs). `device` and `sizes`: DEVICE and TF32_SIZES by default; on
+    "cpu" (the tests) the library lines are torch's CPU GEMM, where allow_tf32 changes nothing."""
     out = {} if out is None else out
-    for n in sizes:
+    device = device or DEVICE
+    for n in sizes or TF32_SIZES:
         gen = torch.Generator().manual_seed(seed + n)
         x = torch.randn(n, n, generator=gen)
         w = torch.randn(n, n, generator=gen) * n ** -0.5  # nn.Linear's scale: x·Wᵀ ~ N(0, 1)
@@ -839,12 +866,13 @@ def tf32_goals(part: dict) -> list[dict]:
     return goals
 
 
-def copy_bandwidth(rounds: int, nbytes: int = COPY_BYTES) -> dict:
-    """Bytes read plus written per second by a device-to-device copy of `nbytes`, timed as the
-    kernels are (benchmark.measure)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+def copy_bandwidth(rounds: int, nbytes: int | None = None) -> dict:
+    """Bytes read plus written per second by a device-to-device copy of `nbytes` (COPY_BYTES by
+    default), timed as the kernels are (benchmark.measure)."""
+    nbytes = nbytes or COPY_BYTES
+    src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
-    stats = benchmark.measure({"copy": lambda: dst.copy_(src)}, device="cuda", rounds=rounds)["copy"]
+    stats = benchmark.measure({"copy": lambda: dst.copy_(src)}, device=DEVICE, rounds=rounds)["copy"]
     return {"bytes": 2 * nbytes, "us": stats.median, "bytes_per_s": 2 * nbytes / stats.median * 1e6}
 
 
@@ -856,7 +884,7 @@ def goals16(rounds: int, out: dict | None = None, save: Save = _nothing, seed: i
     cuda.select_kernel(0)
     out["checked"] = {}
     for shape in (BIG, SMALL_BATCH):
-        (x, w, b), _ = benchmark._inputs(*shape, "cuda", torch.bfloat16, seed)
+        (x, w, b), _ = benchmark._inputs(*shape, DEVICE, torch.bfloat16, seed)
         try:
             with torch.no_grad():
                 error = _rel(dense(x, w, b), benchmark.reference(*(t.detach().double() for t in (x, w, b))))
@@ -874,7 +902,7 @@ def goals16(rounds: int, out: dict | None = None, save: Save = _nothing, seed: i
     size = 2  # bytes of a bfloat16
     w_bytes, other = o * i * size, (b * i + b * o + o) * size  # W; x, y and the bias
     copy = copy_bandwidth(rounds)
-    sheet = _datasheet_bandwidth(torch.cuda.get_device_name())
+    sheet = _datasheet_bandwidth(torch.cuda.get_device_name() if DEVICE == "cuda" else "")
     small = out["goals"].get("forward, B=32")
     out["w_read"] = {"shape": list(SMALL_BATCH), "w_bytes": w_bytes, "other_bytes": other, "copy": copy,
                      "datasheet_bytes_per_s": sheet,
@@ -1143,7 +1171,8 @@ def roof_table(record: dict) -> str:
     bad = [f"{v} ({c['error'] if 'error' in c else format(c['rel_error'], '.1e')})"
            for v, c in r["checked"].items() if not c["ok"]]
     failed = {k: why for k, why in r["failed"].items() if k not in r["checked"]}
-    return ("\n".join(rows) + f"\n\nbfloat16, forward only, B=I=O={r['shape'][0]}, {r['rounds']} rounds; a share is "
+    b, i, o = r["shape"]
+    return ("\n".join(rows) + f"\n\nbfloat16, forward only, B={b} I={i} O={o}, {r['rounds']} rounds; a share is "
             "the line's FLOP rate over its roof's in the same round. The cuBLAS line's instruction on Hopper is "
             f"wgmma. Roofs: {ran or 'none ran'}. {goals}"
             + (f" Not timed (failed the float64 check, tolerance {r['tolerance']}): {', '.join(bad)}." if bad else "")
@@ -1187,7 +1216,7 @@ def goals16_table(record: dict) -> str:
     if w:
         b, i, o = w["shape"]
         sheet = w["datasheet_bytes_per_s"]
-        text += (f" At B = {b}, I = O = {i}: W is {w['w_bytes'] / 2**20:.0f} MiB in bfloat16 (x, y and b "
+        text += (f" At B = {b}, I = {i}, O = {o}: W is {w['w_bytes'] / 2**20:.0f} MiB in bfloat16 (x, y and b "
                  f"{w['other_bytes'] / 2**20:.2f} MiB more); reading them once at the bandwidth a device copy "
                  f"reaches here ({w['copy']['bytes_per_s'] / 1e12:.2f} TB/s, bytes read plus written, of "
                  f"{w['copy']['bytes'] // 2**30} GiB) takes {w['bound_us']:.1f} µs"
@@ -1317,8 +1346,8 @@ def exact_summary(record: dict) -> str:
     aligned = e.get("aligned_only") or {}
     lines = [f"exact: {e['compared'] - len(e['mismatches'])} of {e['compared']} GEMMs the same bits on the GPU as "
              f"in the CPU emulation (integers, M, N, K in {e['shapes']}"
-             + (f"; {', '.join(aligned)}: only those whose every dimension is a multiple of "
-                f"{'/'.join(map(str, sorted(set(aligned.values()))))}, as TMA needs" if aligned else "") + ")"]
+             + (f"; the {len(aligned)} TMA entries only on those whose every dimension is a multiple of "
+                f"{' or '.join(map(str, sorted(set(aligned.values()))))}" if aligned else "") + ")"]
     return "\n".join(lines + [f"  DIFFERENT: {m}" for m in e["mismatches"]])
 
 

@@ -116,6 +116,10 @@ def test_the_exact_comparison_finds_the_same_bits_where_they_are(emulation, monk
     # each entry in nt, nn and tn, on both shapes or (TMA) on the aligned one
     assert result["compared"] == 3 * (2 * len(entries) - len(tma))
     assert result["aligned_only"] == {f"{label} {dtype}": 4 if dtype == "f32" else 8 for label, dtype in tma}
+    summary = bench_gpu.exact_summary({"exact": result})
+    assert summary == (f"exact: {result['compared']} of {result['compared']} GEMMs the same bits on the GPU as in the "
+                       "CPU emulation (integers, M, N, K in [[5, 3, 7], [8, 16, 24]]; the 7 TMA entries only on those "
+                       "whose every dimension is a multiple of 4 or 8)")
 
 
 def test_a_difference_or_a_failed_launch_names_where_and_the_rest_still_run(emulation, monkeypatch, capsys):

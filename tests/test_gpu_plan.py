@@ -118,6 +118,19 @@ def test_timings_run_only_after_a_check_on_the_gpu():
     assert "exact" in every["kernels"].needs
 
 
+def test_the_tensor_core_measurements_run_in_the_lease_after_the_exact_comparison():
+    """cuda/bench_gpu.py's roof, tf32 and goals16 join the kernels part's command and record (no
+    record kind of their own), after every entry was compared with the emulation bit for bit; every
+    part the command names is one bench_gpu.py has (its --help, which the dry run asks, would not say)."""
+    kernels = plan.parts()["kernels"]
+    named = kernels.argv[2:kernels.argv.index("--rounds")]
+    assert {"roof", "tf32", "goals16"} <= set(named)
+    assert set(named) <= set(plan._constant(ROOT / "cuda" / "bench_gpu.py", "PARTS"))
+    assert kernels.records == (f"{plan.RESULTS}/cuda_kernels_{plan.TAG}.json",) and "exact" in kernels.needs
+    lease = [p.name for p in selection("lease")]
+    assert lease.index("exact") < lease.index("kernels") and plan.plan_problems(selection("lease"), 480) == []
+
+
 def test_every_gpu_record_a_chapter_shows_is_retaken_under_its_name():
     """The plan writes each committed GPU record at the path the chapters cite (on that card)."""
     written = {r.replace(plan.TAG, tag).removeprefix("docs/results/")

@@ -297,3 +297,103 @@ def test_the_help_names_the_new_parts_with_examples():
     for part in ("roof", "tf32", "goals16"):
         assert part in bench_gpu.PARTS and re.search(rf"^  {part} +\S", doc, re.M), part
     assert "python cuda/bench_gpu.py roof tf32 goals16 --rounds 10 --json /tmp/tc.json" in doc
+
+
+# ---------------------------------------------------------------------------------------
+# The three parts end to end on the CPU: the emulation stands in for the GPU's library and op
+# ---------------------------------------------------------------------------------------
+class _Stage:
+    """modes.stage("cuda")'s select_kernel, over the emulation."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    def select_kernel(self, version: int) -> None:
+        self.version = version
+
+
+def _emulated_library(lib: ctypes.CDLL):
+    """The GPU library's roof exports (dense_roof_launch, dense_roof_info), served by the emulation;
+    one block an SM."""
+    from types import SimpleNamespace
+
+    def dense_roof_launch(kind, blocks, iterations, out, stream):
+        return lib.emu_roof(kind, blocks, iterations, out)
+
+    def dense_roof_info(kind, out):
+        got = (ctypes.c_int64 * 2)()
+        rc = lib.emu_roof_info(kind, got)
+        out[0], out[1], out[2] = got[0], got[1], 1
+        return rc
+    return SimpleNamespace(dense_roof_launch=dense_roof_launch, dense_roof_info=dense_roof_info)
+
+
+@pytest.fixture
+def on_the_cpu(lib, monkeypatch):
+    """bench_gpu's tensor-core parts on CPU tensors at small shapes, every kernel emulated."""
+    from types import SimpleNamespace
+
+    stage = _Stage()
+
+    def dense(mode):
+        return lambda x, w, b: emulated.dense(stage.version)(x, w, b)
+    monkeypatch.setattr(bench_gpu, "modes", SimpleNamespace(stage=lambda mode: stage, dense=dense))
+    monkeypatch.setattr(bench_gpu, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_gpu, "_library", lambda: _emulated_library(lib))
+    monkeypatch.setattr(bench_gpu, "_sm_count", lambda: 2)
+    monkeypatch.setattr(bench_gpu, "_gpu_gemm", bench_gpu._emu_gemm)
+    monkeypatch.setattr(bench_gpu, "BIG", (16, 24, 40))  # multiples of 8: the TMA versions take it
+    monkeypatch.setattr(bench_gpu, "SMALL_BATCH", (32, 24, 40))  # the goal is named by its batch
+    monkeypatch.setattr(bench_gpu, "CHECK_SHAPES", ((5, 3, 7), (9, 17, 13)))
+    monkeypatch.setattr(bench_gpu, "ALIGNED_CHECK", (16, 24, 16))
+    monkeypatch.setattr(bench_gpu, "TF32_SIZES", (16, 32))
+    monkeypatch.setattr(bench_gpu, "COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(bench_gpu, "ROOF_MAX_ITERATIONS", 2)
+    return stage
+
+
+@needs_emulation
+def test_the_roof_part_runs_end_to_end_in_the_emulation(on_the_cpu):
+    saved = []
+    part = bench_gpu.roof(2, save=lambda: saved.append(1))
+    assert part["failed"] == {} and saved
+    assert {name: (r["blocks"], r["iterations"], r["checked"]) for name, r in part["roofs"].items()} == {
+        "mma.sync": (2, 2, True), "wgmma": (2, 2, True)}
+    rows = {r["line"]: r for r in part["rows"]}
+    assert set(rows) == {"roof: mma.sync", "roof: wgmma", "cuBLAS bf16 x·Wᵀ",
+                         *(f"v{v}" for v in bench_gpu.roof_versions("bf16"))}
+    assert rows["v24"]["of_roof"]["roof"] == "mma.sync" and rows["v33"]["of_roof"]["roof"] == "wgmma"
+    assert rows["roof: wgmma"]["of_roof"]["share"] == pytest.approx(1.0)
+    # the FLOPs behind each rate: a GEMM's 2·B·I·O, a roof's blocks × iterations × a block's iteration
+    assert rows["v24"]["tflops"] == pytest.approx(2 * 16 * 24 * 40 / rows["v24"]["us"] / 1e6)
+    assert part["roofs"]["wgmma"]["flops"] == 2 * 2 * (2 * 4 * 2 * 64 * 256 * 16)
+    assert part["goals"]["v24"]["verdict"] in ("met", "missed", "not settled")
+    assert on_the_cpu.version == 0  # the automatic choice again, for whatever runs next
+    text = bench_gpu.table({**HEADER, "roof": part})
+    assert "| v24 | mma.sync |" in text and "Goal: v24 ≥ 0.85 of the mma.sync roof:" in text
+    assert "bfloat16, forward only, B=16 I=24 O=40, 2 rounds;" in text
+
+
+@needs_emulation
+def test_the_tf32_part_runs_end_to_end_in_the_emulation(on_the_cpu):
+    part = bench_gpu.tf32(2)
+    assert set(part["errors"]) == {"16", "32"} and part["timing"]["failed"] == {}
+    assert {r["line"] for r in part["timing"]["rows"]} == {"cuBLAS x·Wᵀ", "reference", "v25", "v26", "v34"}
+    verdicts = {g["goal"]: g["verdict"] for g in part["goals"]}
+    assert verdicts["v26 largest error / cuBLAS float32's (every size)"] == "met"
+    text = bench_gpu.table({**HEADER, "tf32": part})
+    assert "| 32 | v25 |" in text and "| v34 forward / reference (float32, 4096³) |" in text
+
+
+@needs_emulation
+def test_the_goals16_part_runs_end_to_end_in_the_emulation(on_the_cpu):
+    part = bench_gpu.goals16(2)
+    assert all(c["ok"] for c in part["checked"].values()) and part["dtype"] == "bfloat16"
+    assert set(part["goals"]) == {"forward", "fwd+bwd", "forward, B=32"}
+    w = part["w_read"]
+    assert w["w_bytes"] == 40 * 24 * 2 and w["other_bytes"] == (32 * 24 + 32 * 40 + 40) * 2  # x, y, b
+    assert w["copy"]["bytes"] == 2 << 16 and w["datasheet_bytes_per_s"] is None
+    assert w["bound_us"] == pytest.approx((w["w_bytes"] + w["other_bytes"]) / w["copy"]["bytes_per_s"] * 1e6)
+    text = bench_gpu.table({**HEADER, "goals16": part})
+    assert "| forward, B=32 | 32, 24, 40 |" in text and "(no datasheet bandwidth known for this card)" in text
+    assert "At B = 32, I = 24, O = 40:" in text
