@@ -1040,6 +1040,7 @@ def tensor_core_table(record: dict) -> str:
     return "\n".join(head + rows + notes)
 
 
+ROOF_PREFIX = "dense_roof_"  # cuda/tensor_cores/roof.cuh's entries: in the record, not in the backward's table
 OTHER_ORDER = ("dense_sigmoid_grad_v1", "dense_sigmoid_grad_v1_x4", "dense_sigmoid_grad_v2", "dense_sigmoid_grad_v3",
                "dense_bias_grad_v3", "dense_splitk_reduce")
 
@@ -1050,6 +1051,8 @@ def _other_table(record: dict) -> list[str]:
     counted over the whole kernel (static counts, loops once)."""
     by: dict[str, dict] = {}
     for k in record.get("other_kernels", []):
+        if k["name"].startswith(ROOF_PREFIX):  # the tensor cores' roofs: micro-benchmarks, not the backward's
+            continue
         base, _, dt = k["name"].rpartition("_")
         by.setdefault(base, {})[dt] = k
     if not by:

@@ -960,3 +960,15 @@ def test_ptx_excerpts_in_the_chapter_occur_in_the_committed_ptx():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def test_the_roofs_stay_out_of_the_backwards_table():
+    """The tensor cores' roofs (cuda/units/tc_roof.cu) are kernels that are not GEMMs, so the
+    report records them with the others (their registers and spills, on every architecture); the
+    table of the backward's kernels and the second passes leaves them out."""
+    record = json.loads(COMMITTED.read_text())
+    grad = next(k for k in record["other_kernels"] if k["name"] == "dense_sigmoid_grad_v1_bf16")
+    record["other_kernels"] += [{**grad, "name": name} for name in ("dense_roof_mma_bf16", "dense_roof_wgmma_bf16")]
+    table = "\n".join(sr._other_table(record))
+    assert "| `dense_sigmoid_grad_v1` |" in table and "roof" not in table
+    assert all(name.startswith(sr.ROOF_PREFIX) for name in ("dense_roof_mma_bf16", "dense_roof_wgmma_bf16"))
