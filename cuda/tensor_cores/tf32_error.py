@@ -5,7 +5,8 @@ grad_check.draw does (x ~ N(0, 1), W and b ~ N(0, 1/K), grad_out ~ N(0, 1)), the
 against the float64 truth on the very values drawn:
 
 - the forward GEMM x·Wᵀ alone, the error that grows with K, computed by torch in float32 on this
-  CPU (the stand-in for cuBLAS float32 here), by a TF32 GEMM (grad_check.tf32 operands, the
+  CPU (whose sums run in vector lanes and blocks), by chapter 4's v8 (float32 on the CUDA cores,
+  emulated: one serial sum per output, as a SIMT GEMM's thread keeps), by a TF32 GEMM (grad_check.tf32 operands, the
   forward of grad_check.TF32Linear), by split-TF32's three products summed exactly in float64
   (split_gemm: the split's own error, without an accumulator's), and by the tensor-core versions
   v25 (TF32 on mma.sync), v26 (split-TF32 on mma.sync) and v34 (split-TF32 on wgmma), run by the
@@ -61,6 +62,10 @@ import grad_check  # noqa: E402
 
 VERSIONS = (25, 26, 34)
 SPLIT_VERSIONS = (26, 34)
+# Chapter 4's v8 on the CUDA cores, GEMM only: each thread sums its outputs' K products one after
+# another in float32, as a SIMT GEMM's thread does, where torch on the CPU sums in vector lanes
+# and blocks (a smaller error): the baseline a GPU's float32 GEMM is closer to.
+SERIAL_VERSION = 8
 DEFAULT_K = (64, 256, 1024, 4096)
 DEFAULT_BATCH, DEFAULT_OUT = 128, 256
 TF32_UNIT = 2.0**-11  # TF32's unit roundoff: 10 bits of mantissa
@@ -69,6 +74,7 @@ TENSORS = (GEMM, *grad_check.TENSORS)  # the GEMM, then the layer's output and g
 # Every variant, by the name the record uses, and what it is.
 LABELS = {
     "float32": "float32 (torch, CPU)",
+    "v8": "v8: float32, CUDA cores",
     "tf32": "TF32 GEMM (TF32Linear)",
     "split": "split-TF32, float64 sums",
     "v25": "v25: TF32, mma.sync",
@@ -147,7 +153,7 @@ def measure(batch: int, out_f: int, ks: tuple[int, ...], seed: int = 0, versions
         size = x.double().abs() @ w.double().abs().t()
         got = {"float32": F.linear(x, w), "tf32": F.linear(grad_check.tf32(x), grad_check.tf32(w)),
                "split": split_gemm(x, w)}
-        for v in versions:
+        for v in (SERIAL_VERSION, *versions):
             c = torch.empty(batch, out_f)
             emu.gemm(v, "nt", x, w, c, None, batch, out_f, k, emu.KPLAIN)
             got[f"v{v}"] = c
@@ -184,7 +190,7 @@ def record(batch: int, out_f: int, ks: tuple[int, ...], seed: int = 0,
         "rule": {"factor": grad_check.FACTOR, "floor_unit_roundoffs": grad_check.FLOOR,
                  "float32_unit_roundoff": grad_check.UNIT_ROUNDOFF[torch.float32], "tf32_unit_roundoff": TF32_UNIT},
         "variants": {**{k: v for k, v in LABELS.items() if not k.startswith("v")},
-                     **{f"v{v}": emu.idea(v) for v in VERSIONS}},
+                     **{f"v{v}": emu.idea(v) for v in (SERIAL_VERSION, *VERSIONS)}},
         "model": MODEL,
         "results": results,
     }
