@@ -94,6 +94,7 @@ def renderers() -> dict[str, Callable[[dict], str]]:
             "counters": _script("cuda/counters.py").chapter_table,
             "counters_tc": _script("cuda/counters.py").tensor_core_table,
             "tensor_static": _script("cuda/static_report.py").tensor_core_table,
+            "tf32_error": _script("cuda/tensor_cores/tf32_error.py").table,
             "triton_gpu": _script("tiles/bench_gpu.py").table}
 
 
