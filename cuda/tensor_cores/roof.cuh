@@ -15,22 +15,24 @@
 //
 // Predictions for an H100 SXM (made before any timing; the chapter quotes them):
 // - wgmma: NVIDIA's datasheet gives 989.4 TFLOP/s dense bfloat16, which is 132 SMs × 4,096 FLOP
-//   a clock at 1.83 GHz (nvidia-smi's maximum SM clock on the H100 we timed on is 1,980 MHz, where
-//   the same count would give 1,070). Predicted: 900-990 TFLOP/s, the clock the card holds under
-//   this load deciding where. A public microbenchmark study of Hopper (arXiv 2402.13499, as quoted
-//   in NVIDIA/cutlass issue 2373; not read here, unverified) reports about 970 TFLOP/s for wgmma
-//   on an H800, whose SMs and clocks are the H100 SXM's.
+//   a clock at 1.83 GHz (nvidia-smi's maximum SM clock on the H100 of docs/results/cuda_gpu_h100.json
+//   is 1,980 MHz, where the same count would give 1,070). Predicted: 900-990 TFLOP/s, the clock the
+//   card holds under this load deciding where. A public microbenchmark study of Hopper (arXiv
+//   2402.13499, as quoted in NVIDIA/cutlass issue 2373; not read here, unverified) reports about
+//   970 TFLOP/s for wgmma on an H800, whose SMs and clocks are the H100 SXM's.
 // - mma.sync: predicted about half the wgmma roof, 450-550 TFLOP/s (unverified: no published
-//   measurement of this instruction alone on an H100 was found). Why less: Hopper doubled each
-//   SM's tensor-core work per clock over the A100 (1,024 dense bfloat16 multiply-adds a clock an
-//   SM there, 2,048 here), but mma.sync is still the A100's instruction: one warp, a 16×8×16
-//   product, every operand and accumulator passed through that warp's registers, and the warp
-//   waits for its result. wgmma hands a 64×N×16 product of shared-memory operands to the tensor
-//   cores of all four sub-partitions at once and returns before it completes. The public figures
-//   around it (unverified here): FlashAttention-2, built on mma.sync, reaches about 35% of an
-//   H100's peak (the FlashAttention-3 paper); one study measured mma.sync's TF32 at about a third
-//   of wgmma's (95 against 301 TFLOP/s, /work/shared/NOTES.md).
-// - H200: the same GH100 chip and clocks, so the same two roofs.
+//   measurement of this instruction alone on an H100 was found). The reasoning: Hopper doubled
+//   each SM's tensor-core work per clock over the A100 (1,024 dense bfloat16 multiply-adds a clock
+//   an SM there, 2,048 here, each from its datasheet's peak, SM count and clock), but mma.sync is
+//   the A100's instruction: one warp's 16×8×16 product, its operands read from and its results
+//   written to that warp's registers, one instruction for every 2,048 multiply-adds. wgmma hands a
+//   64×N×16 product of operands in shared memory to the tensor cores of all four sub-partitions
+//   at once (128 times the work of one mma.sync at N = 256) and returns before it completes.
+//   The public figures around it (unverified here): FlashAttention-2, built on mma.sync, reaches
+//   about 35% of an H100's peak (the FlashAttention-3 paper); one public H100 study measured
+//   mma.sync in TF32 at about a third of wgmma's rate (95 against 301 TFLOP/s).
+// - H200: the same GH100 chip, 132 SMs and maximum clock (docs/results/triton_gpu_h200_4096.json),
+//   so the same two roofs.
 #pragma once
 
 #include "../kernels/hopper_instructions.cuh"
