@@ -91,6 +91,8 @@ def renderers() -> dict[str, Callable[[dict], str]]:
             "gpu_ptx": _script("cuda/bench_gpu.py").ptx_table, "ncu": _script("cuda/bench_gpu.py").ncu_table,
             "gpu_small": _script("cuda/bench_gpu.py").small_table, "gpu_grad": _script("cuda/bench_gpu.py").grad_table,
             "gpu_bf16": _script("cuda/bench_gpu.py").bf16_table,
+            "gpu_roof": _script("cuda/bench_gpu.py").roof_table, "gpu_tf32": _script("cuda/bench_gpu.py").tf32_table,
+            "gpu_goals16": _script("cuda/bench_gpu.py").goals16_table,
             "counters": _script("cuda/counters.py").chapter_table,
             "counters_tc": _script("cuda/counters.py").tensor_core_table,
             "tensor_static": _script("cuda/static_report.py").tensor_core_table,
