@@ -19,7 +19,7 @@ two ranks training on the GPU) is run by name, as the first call of another leas
   bash .ci/gpu triton-4096 triton-b32 --out "$OUT"   (the parts they need come with them)
 
 The build part's limit comes from a measurement (--time-build, the record docs/results/
-build_sm90.json): each source of each stage compiled alone, for sm_90; on the lease's 16 cores
+build_sm90a.json): each source of each stage compiled alone, for sm_90a; on the lease's 16 cores
 they compile side by side, so the build takes about its slowest source and the link; the
 limit is that, doubled, plus the time to load the stages.
 
@@ -46,7 +46,7 @@ Examples:
   bash .ci/gpu lease --out "$OUT"            # GPU: the first call of a lease
   bash .ci/gpu explain --out "$OUT"          # GPU: the second, on the same machine
   bash .ci/gpu gemm ptx --out /tmp/gpu       # GPU: named parts (and the parts they need)
-  python .ci/gpu.py --time-build 9.0 --json /tmp/build.json   # CUDA torch and nvcc, no GPU: time the build
+  python .ci/gpu.py --time-build 9.0a --json /tmp/build.json   # CUDA torch and nvcc, no GPU: time the build
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ FIRST_CALL_S = 8 * 60
 SECOND_CALL_S = LEASE_S - START_S - FIRST_CALL_S
 COMMAND_S = 10 * 60       # one command of a lease at most
 LEASE_CORES = 16
-LEASE_ARCH = "9.0"        # the cards lent (H100, H200): what the build is measured for
+LEASE_ARCH = "9.0a"       # the cards lent (H100, H200), as lease_arch builds them: what the build is measured for
 BUILD_RECORD = f"{RESULTS}/build_sm{LEASE_ARCH.replace('.', '')}.json"
 BUILD_MARGIN = 2.0        # the lease's CPUs are not the ones measured, and ~25 compilers share its 16 cores
 BUILD_LOAD_S = 20         # after the link: each stage's process imports torch and loads its library

@@ -169,7 +169,7 @@ def test_list_and_dry_run_run_nothing():
                 and not (r.needs_cuda_torch and torch.version.cuda is None)]
     assert dry.stdout.count("] ") == len(runnable)
     if torch.version.cuda is None:
-        assert "skip  build_sm90.json: needs a CUDA build of torch and nvcc" in dry.stderr
+        assert "skip  build_sm90a.json: needs a CUDA build of torch and nvcc" in dry.stderr
     unknown = run_script("docs/records.py", "--run", "no_such_record", timeout=120)
     assert unknown.returncode == 2 and "no record named no_such_record.json" in unknown.stderr
 
