@@ -858,7 +858,7 @@ def table(record: dict) -> str:
     head = ["| v | dtype | tile BM×BN (TM×TN) | threads | FLOP/B | regs nt/nn/tn | smem B | spills | blocks/SM "
             f"nt/nn/tn (bound by) | inner loop FMA:LDS:LDG |{timed}",
             "|---|---|---|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if times else "")]
-    rows = []
+    rows: list = []
     for (v, dt), lay in sorted(by.items(), key=lambda kv: (kv[0][0], _dtype_order(kv[0][1]))):
         nt = lay.get("nt") or next(iter(lay.values()))
         tile = nt.get("tile")
@@ -994,7 +994,7 @@ def tensor_core_table(record: dict) -> str:
     head = [f"| v | dtype | tile BM×BN×BK (warp) | threads | FLOP/B | {per_arch} | smem B | spills, stack B | "
             f"{blocks_head} | MMA per pass {'/'.join(archs)} | main loop per pass, nt, {record['arch']} |",
             "|---|---|---|---:|---:|" + "---:|" * len(archs) + "---:|---:|" + "---:|" * len(archs) + "---:|---|"]
-    rows = []
+    rows: list = []
     for (v, dt), lay in sorted(by.items(), key=lambda kv: (kv[0][0], _dtype_order(kv[0][1]))):
         nt = lay.get("nt") or next(iter(lay.values()))
         names = [lay[x]["name"] if x in lay else None for x in ("nt", "nn", "tn")]
@@ -1021,17 +1021,22 @@ def tensor_core_table(record: dict) -> str:
         hmma = "/".join(str(entries[a].get(nt["name"], {}).get("loop", {}).get("mma", "–")) if a in runs else "–"
                         for a in archs) if sass else "no SASS"
         loop = _loop_cell(nt.get("inner_loop")) if sass else "no SASS"
-        rows.append(f"| {v} | {dt} | {tile_cell} | {nt['threads']} | {ai} | "
-                    + " | ".join(each(a, "registers") for a in archs)
-                    + f" | {smem} | {spills}, {stack} | " + " | ".join(each(a, "blocks_per_sm") for a in archs)
-                    + f" | {hmma} | {loop} |")
+        cells = (f"{tile_cell} | {nt['threads']} | {ai} | " + " | ".join(each(a, "registers") for a in archs)
+                 + f" | {smem} | {spills}, {stack} | " + " | ".join(each(a, "blocks_per_sm") for a in archs)
+                 + f" | {hmma}")
+        if dt == "f16" and rows and rows[-1][:2] == (v, cells):  # float16 as bfloat16: one row for both
+            rows[-1] = (v, cells, "bf16, f16", rows[-1][3])
+            continue
+        rows.append((v, cells, dt, loop))
+    rows = [f"| {v} | {dt} | {cells} | {loop} |" for v, cells, dt, loop in rows]
     devices = {a: record.get("archs", {}).get(a, {}).get("device", record["device"])["name"] for a in archs}
     notes = ["", f"{', '.join(f'{a} ({devices[a]})' for a in archs)}, ptxas {record['tools']['ptxas']}, "
                  f"K={record['k']} for FLOP/B, {record['date']}: `{record['command']}`",
              "Static counts, each instruction once, in the address range a loop's backward branch closes: "
              "a pass's global loads include the element-by-element path taken where a tile is not 16-byte "
              "aligned, and where ptxas lays out other code inside that range (the TMA versions) it is counted "
-             "too. smem B: static and dynamic, per layout nt/nn/tn where they differ."]
+             "too. smem B: static and dynamic, per layout nt/nn/tn where they differ. \"bf16, f16\": the same "
+             "figures in both types (the main loop shown is bfloat16's)."]
     for arch, versions in sorted(elsewhere.items()):
         notes.append(f"{', '.join(f'v{v}' for v in sorted(versions))}: {arch} only, "
                      f"`python cuda/static_report.py --arch {arch}`.")

@@ -726,7 +726,12 @@ def test_tensor_core_table_shows_both_architectures():
     head, _, *rows = [r for r in text.splitlines() if r.startswith("|")]
     assert f"regs nt/nn/tn {archs[0]} | regs nt/nn/tn {archs[1]}" in head
     assert f"blocks/SM {archs[0]} | blocks/SM {archs[1]}" in head
-    cells = {(int(r.split("|")[1]), r.split("|")[2].strip()): [c.strip() for c in r.split("|")[1:-1]] for r in rows}
+    cells, merged = {}, set()
+    for r in rows:  # a row "bf16, f16" stands for both types, whose figures it must then be
+        for dt in r.split("|")[2].strip().split(", "):
+            cells[int(r.split("|")[1]), dt] = [c.strip() for c in r.split("|")[1:-1]]
+        if ", " in r.split("|")[2]:
+            merged.add(int(r.split("|")[1]))
     hopper = {(v, dt) for v in (31, 32, 33, 35) for dt in ("bf16", "f16")} | {(34, "f32")}
     want = {(v, dt) for v in (11, 12, 21, 22, 23, 24) for dt in ("bf16", "f16")} | {(25, "f32"), (26, "f32")}
     assert set(cells) == want | (hopper if "sm_90a" in archs else set())
@@ -739,12 +744,14 @@ def test_tensor_core_table_shows_both_architectures():
                 continue  # a trap there: checked below
             assert row[columns.index(f"regs nt/nn/tn {a}")] == "/".join(str(entries[a][n]["registers"]) for n in names)
             assert row[columns.index(f"blocks/SM {a}")] == "/".join(str(entries[a][n]["blocks_per_sm"]) for n in names)
+        shown = "bf16" if v in merged else dt  # a merged row's main loop is bfloat16's
         if 21 <= v <= 26:
-            assert HMMA[dt] in row[-1] and row[columns.index(f"MMA per pass {'/'.join(archs)}")] == \
+            assert HMMA[shown] in row[-1] and row[columns.index(f"MMA per pass {'/'.join(archs)}")] == \
                 "/".join(str(entries[a][names[0]]["loop"]["mma"]) for a in archs)
         elif v > 30:  # Hopper's: no figures on sm_80, where the kernels are a trap
-            assert sass_mma(sr.TILES[v]["mma"], dt) in row[-1] and row[columns.index("blocks/SM sm_80")] == "–/–/–"
+            assert sass_mma(sr.TILES[v]["mma"], shown) in row[-1] and row[columns.index("blocks/SM sm_80")] == "–/–/–"
     assert "LDSM.16.M88.4" in cells[24, "bf16"][-1] and "FFMA" in cells[11, "bf16"][-1]
+    assert merged >= {21, 22, 23, 24, 31, 32, 33, 35}  # float16's figures are bfloat16's in these versions
     assert bool(re.search(r"v31(, v\d+)*: sm_90a only", text)) == ("sm_90a" not in archs)
 
 
