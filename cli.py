@@ -24,13 +24,14 @@ messages name the script as it was typed (``python -m parallel.collectives.costm
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -39,6 +40,20 @@ ROOT = Path(__file__).resolve().parent
 # torch is imported only where it is needed: the scripts import this module before torch, so
 # that a Ctrl-C during their imports (importing torch takes seconds) is one line too.
 _excepthook = sys.excepthook
+
+
+@contextlib.contextmanager
+def build_lock(out: Path) -> Iterator[None]:
+    """Held while ``out`` is built: a second process about to build the same file waits for the
+    first, then finds the file there (the caller checks again inside), so that a library is
+    compiled once however many processes ask for it at the same time (tests/conftest.py builds
+    ahead, in the background, while tests run)."""
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f"{out.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
 
 
 def load_file(path: str, name: str) -> ModuleType:

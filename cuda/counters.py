@@ -159,6 +159,13 @@ def build() -> Path:
     out = library_path()
     if out.exists():
         return out
+    with cli.build_lock(out):
+        return _build(out)
+
+
+def _build(out: Path) -> Path:
+    if out.exists():  # (another process may have built it while this one waited for the lock)
+        return out
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(f"the counting build {reason}")

@@ -96,6 +96,13 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     digest.update(" ".join(CXX_FLAGS + list(extra_flags)).encode())
     out = ROOT / "build" / "emulate" / f"libdense_emu_{digest.hexdigest()[:12]}.so"
     if not out.exists():
+        with cli.build_lock(out):
+            _build(out, extra_flags)
+    return out
+
+
+def _build(out: Path, extra_flags: tuple[str, ...]) -> None:
+    if not out.exists():  # (another process may have built it while this one waited for the lock)
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(f"the CPU emulation {reason}")
@@ -109,7 +116,6 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
         if result.returncode != 0:
             raise RuntimeError(f"building the CPU emulation failed:\n{' '.join(cmd)}\n{result.stderr[-4000:]}")
         os.replace(tmp, out)  # atomic: a concurrent build never loads half a file
-    return out
 
 
 def load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:

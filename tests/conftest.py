@@ -96,3 +96,62 @@ def world_sizes(*sizes: int, quick: int = 2) -> list:
     """Parametrize a multi-process test over world sizes: up to ``quick`` ranks in the quick suite,
     the larger ones (slower: more processes than this machine has cores) under the slow marker."""
     return [pytest.param(n, marks=[] if n <= quick else [pytest.mark.slow], id=str(n)) for n in sizes]
+
+
+# ---------------------------------------------------------------------------
+# Building ahead: the libraries the tests load, compiled in a background process while the first
+# tests run, so that on 2 cores a whole run does not wait for each build in turn. Each build is
+# made once however many processes ask (torch's lock for the cpp extension, cli.build_lock for
+# the emulation's libraries): a test that needs one waits for it instead of building it again.
+# DENSE_NO_PREBUILD=1 turns this off; a run of one test file never starts it.
+# ---------------------------------------------------------------------------
+PREBUILD = """
+import sys
+import cli
+def step(name, fn):
+    print(name, flush=True)
+    try:
+        fn()
+    except Exception as e:  # the tests that need it will say why, in their own words
+        print(f"{name} failed: {e}", flush=True)
+    print(f"{name} done", flush=True)
+import modes
+if modes.available()["cpp"] is None:
+    step("cpp", lambda: modes.build("cpp"))
+emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+if emulated.unavailable_reason() is None:
+    step("emulation", emulated.build)
+counters = cli.load_file("cuda/counters.py", "dense_cuda_counters")
+if counters.unavailable_reason() is None:
+    step("counters", counters.build)
+"""
+_prebuild: tuple[subprocess.Popen, Path] | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    global _prebuild
+    if os.environ.get("DENSE_NO_PREBUILD") or session.config.option.collectonly:
+        return
+    if len({item.path for item in session.items}) < 2:
+        return
+    log = ROOT / "build" / "prebuild.log"
+    log.parent.mkdir(exist_ok=True)
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-c", PREBUILD], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C: the tests' alone
+    _prebuild = (process, log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A build still running when the tests end is stopped, unless it is the cpp extension's,
+    which torch guards with a lock file that a killed build would leave behind (the next build
+    would wait on it for ever): that one is left to finish."""
+    if _prebuild is None or _prebuild[0].poll() is not None:
+        return
+    process, log = _prebuild
+    lines = log.read_text().splitlines()
+    if lines and lines[-1] == "cpp":
+        process.wait()
+    else:
+        process.terminate()
+        process.wait()

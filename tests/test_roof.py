@@ -110,6 +110,7 @@ def test_the_roof_launch_refuses_what_it_cannot_run(lib):
         lib.emu_set_arch(90)
 
 
+@pytest.mark.slow  # a build of its own (the OS-thread emulation), which the slow suite makes anyway
 @needs_emulation
 def test_the_roofs_run_on_os_threads_too():
     """The OS-thread build (the one ThreadSanitizer needs) gives the same sums."""
