@@ -17,12 +17,14 @@ namespace {
 
 constexpr int kTc2Tile = 64;  // BM = BN = BK = 64: 64 bf16 = 128 bytes a row, 8 chunks of 16 bytes
 
+// region v23
 // Byte offset of element (r, c) of a 64×64 16-bit tile: chunk c/8 of row r, swizzled or not.
 template <bool Swizzle>
 __device__ __forceinline__ int tc2_offset(int r, int c) {
   const int chunk = Swizzle ? (c / 8) ^ (r % 8) : c / 8;
   return r * 128 + chunk * 16 + (c % 8) * 2;
 }
+// endregion
 
 // Stage the 64×64 tile of P at (x0, k0) into S: rows along k if contig_k (P is X×K), else along x
 // (P is K×X); zeros outside. 512 chunks of 16 bytes, 4 for each of the 128 threads.
