@@ -45,7 +45,7 @@ struct VersionInfo {
   const char* idea;
 };
 constexpr VersionInfo kVersionInfo[] = {
-    {0, "f32 f64 bf16 f16", "automatic: cuda/gemm_choice.h's entry for the shape (v8, or v9 when v8's tiles leave SMs idle)"},
+    {0, "f32 f64 bf16 f16", "automatic: cuda/gemm_choice.h's entry for the shape and type (float32: v8, or v9 for a small batch)"},
     {1, "f32 f64", "naive, uncoalesced: one thread per output, a warp's threads walk down a column"},
     {2, "f32 f64", "naive, coalesced: a warp's threads take neighbouring columns"},
     {3, "f32 f64", "shared-memory tiles: a 32x32 tile of A and of B staged once, read 32 times"},
