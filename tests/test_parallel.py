@@ -151,6 +151,7 @@ def alternative_variants() -> dict:
     return out
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 def test_the_benchmarks_alternatives_switch_only_during_their_call():
     got = launch(alternative_variants, 2, deadline_s=60)[0]
     # (right sums, late-send schedules made, a fresh buffer seen, messages cut, posted through
@@ -184,6 +185,7 @@ def segmented_at_sizes() -> dict:
     return out
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 def test_the_benchmarks_segment_sizes_apply_only_during_their_call():
     from parallel.collectives.algorithms import SEGMENT_BYTES
 
@@ -193,6 +195,7 @@ def test_the_benchmarks_segment_sizes_apply_only_during_their_call():
                    8 << 20: (2, True, SEGMENT_BYTES)}
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 @pytest.mark.parametrize("world_size", world_sizes(2, 3))
 def test_the_ring_reuses_its_scratch_buffer_and_never_returns_it(world_size):
     for rank, got in enumerate(launch(scratch_reuse, world_size, deadline_s=60)):
@@ -231,6 +234,7 @@ def broadcast_case() -> list:
     return ring_broadcast_from_rank0(t).numpy().tobytes()
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 def test_broadcast_is_bit_exact_including_negative_zero():
     results = launch(broadcast_case, 3, deadline_s=60)
     assert results[0] == results[1] == results[2] == torch.tensor([-0.0, 1.5, float("inf"), -2.0]).numpy().tobytes()
@@ -556,6 +560,7 @@ def abort_while_exiting() -> int:
     return 1
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 def test_a_rank_skips_the_interpreters_teardown_once_its_result_is_written():
     """gloo's worker threads, kept by a group that outlives destroy_process_group (as DDP's
     does), can abort a rank during that teardown (parallel/common/launch.py, ``_leave``)."""
@@ -581,6 +586,7 @@ def threads_around_a_destroyed_group() -> tuple[int, int, int]:
     return before, during, count()
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads are counted in Linux's /proc")
 def test_our_collectives_keep_no_destroyed_group_alive():
     """A cache that held the group would keep gloo's threads running after
@@ -658,6 +664,7 @@ def io_settings_in_a_group_we_did_not_launch(folder: str) -> list:
     return run_in_process_group(io_thread_nices_once_named, (), "gloo", 30, f"file://{folder}/store", 0, 1)
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names and priorities come from Linux's /proc")
 def test_the_io_setting_is_never_applied_outside_our_own_ranks(tmp_path):
     code = ("import sys, json; sys.path[:0] = ['.', 'tests']; from test_parallel import "
@@ -879,6 +886,7 @@ def clocks_compared(unreadable_on: int | None) -> bool:
     return harness.one_clock()
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ranks' clocks are compared via Linux's boot id")
 def test_ranks_compare_clocks_only_when_every_rank_can_read_the_boot_id():
     assert launch(clocks_compared, 2, (None,), deadline_s=60) == [True, True]  # one machine, one boot

@@ -160,6 +160,7 @@ def subgroup_case() -> list:
     return [ring_all_gather(x, mine), ring_reduce_scatter(torch.arange(4.0) + rank, group=mine)]
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 def test_collectives_on_a_subgroup():
     results = launch(subgroup_case, 4, deadline_s=120)
     assert torch.equal(results[0][0], torch.tensor([0.0, 0, 1, 1])) and torch.equal(results[0][0], results[1][0])
@@ -344,6 +345,7 @@ def layout_groups() -> tuple:
             dist.get_process_group_ranks(layout.dp_group), layout.mesh.mesh.tolist())
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 def test_the_layout_puts_tensor_parallel_ranks_side_by_side_and_data_parallel_ranks_across():
     """4 ranks, tp 2: {0, 1} and {2, 3} split the layers, {0, 2} and {1, 3} the batch (DeviceMesh
     on gloo, on the CPU)."""

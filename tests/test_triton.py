@@ -768,6 +768,7 @@ def test_grad_check_script_on_triton():
     assert result.stdout.count("PASS  triton") == 5 and "FAIL" not in result.stdout
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 @needs_triton
 @pytest.mark.skipif(GPU, reason="checks the interpreter's cost estimate")
 def test_grad_check_refuses_a_shape_the_interpreter_would_take_minutes_over():
@@ -789,6 +790,7 @@ def test_benchmark_says_the_interpreter_is_no_speed_measurement():
     assert "| py |" in both.stdout and "| triton |" not in both.stdout
 
 
+@pytest.mark.slow  # seconds of process start-up for a rarely broken property
 @needs_triton
 def test_gpu_timing_script_smoke_run_checks_every_line():
     result = run_script("tiles/bench_gpu.py", "--smoke")
