@@ -20,9 +20,14 @@ and last block along each grid dimension run, the second standing for every inte
 counts are scaled to the whole grid (the table says how many blocks ran); the backward's
 elementwise kernel is sampled along its columns only (SAMPLE_ELEMENTWISE). --full runs every block.
 
+--shape given again adds a shape: every kernel is counted in every type at each, and the record's
+rows say their shape (at() picks one). The chapters' record holds two: ncu's, 2048³, and the
+timed one, 4096³ (TIMED_SHAPE).
+
 Examples:
   python cuda/counters.py                                  # chapter 4's ncu table, 2048³, float32
   python cuda/counters.py --shape 4096 4096 4096           # the same kernels at the timed shape
+  python cuda/counters.py --shape 256 256 256 --shape 512 512 256 --kernels 8:nt 12:nt   # two shapes
   python cuda/counters.py --shape 256 256 256 --kernels 5:nt 7:nt 10:nt
   python cuda/counters.py --shape 32 4096 4096 --kernels 9:nt 12:nt tune4:nt --sm-count 132
   python cuda/counters.py --shape 65 129 33 --kernels 3:tn --dtype float64 --full
@@ -97,6 +102,10 @@ def ncu_record() -> Path | None:
     found = cli.load_file("docs/records.py", "dense_docs_records").of_kind("ncu_gemm_{card}.json")
     return ROOT / "docs" / "results" / found[0][0] if found else None
 
+
+# The shape of chapter 4's timings (cuda/bench_gpu.py's BIG): the chapters' tables show the counts
+# there, where they sit beside the times (chapter_table, tensor_core_table).
+TIMED_SHAPE = (4096, 4096, 4096)
 
 
 LAYOUTS = ("nt", "nn", "tn")
@@ -382,6 +391,18 @@ def count_planted(which: str) -> Counts:
 # ---------------------------------------------------------------------------------------------
 
 
+def at(record: dict, shape: tuple[int, int, int] | list[int]) -> dict:
+    """The record's counts at one of its shapes, as a record of that shape alone: its "kernels"
+    those counted there, with that shape's "shape" and "seconds". KeyError if it holds none there."""
+    shape = tuple(shape)
+    found = [s for s in record["shapes"] if tuple(s["shape"]) == shape]
+    if not found:
+        held = "; ".join("M={} N={} K={}".format(*s["shape"]) for s in record["shapes"])
+        raise KeyError("the record holds no counts at M={} N={} K={} (it holds {})".format(*shape, held))
+    return {**{key: value for key, value in record.items() if key != "shapes"}, "shape": list(shape),
+            "seconds": found[0]["seconds"], "kernels": [k for k in record["kernels"] if tuple(k["shape"]) == shape]}
+
+
 def ncu_metrics(record: dict | None, shape: tuple[int, int, int]) -> dict[str, dict]:
     if not record or tuple(record.get("shape", ())) != shape:
         return {}
@@ -400,8 +421,9 @@ NOT_MEASURED = "not measured yet"  # ncu's record holds the kernel, but not this
 
 
 def rows(record: dict) -> list[dict]:
-    """The table's rows: each kernel's counts, beside ncu's from the record `compare` names (read
-    now, not copied into the counts' record) where it holds the same kernel at the same shape.
+    """The table's rows of a record at one shape (at()): each kernel's counts, beside ncu's from
+    the record `compare` names (read now, not copied into the counts' record) where it holds the
+    same kernel at the same shape.
     An ncu number is None where that record lacks the kernel or the metric; `in_ncu` says which."""
     ncu = {}
     if record.get("compare") and "float32" in record["dtypes"]:  # (ncu's record: float32 kernels)
@@ -468,8 +490,9 @@ def table(record: dict) -> str:
 
 
 def conditions(record: dict, dtypes: list[str] | None = None) -> str:
-    """The line under a table: where, how and by which command the record was taken (`dtypes`:
-    the types of the rows shown, else the record's)."""
+    """The line under a table of a record at one shape (at()): where, how and by which command the
+    record was taken, and how long that shape's counts took (`dtypes`: the types of the rows
+    shown, else the record's)."""
     m, n, k = record["shape"]
     sampled = "a sample of blocks, scaled to the grid" if record["sample"] else "every block"
     return (f"Emulated on the CPU ({record['compiler']}), M={m} N={n} K={k}, {', '.join(dtypes or record['dtypes'])}, "
@@ -517,8 +540,10 @@ def agreement(row: dict) -> dict[str, bool | None]:
 
 
 def render(record: dict) -> str:
-    """The script's output: every count, beside ncu's where the record has the kernel."""
-    return table(record) + "\n\n" + conditions(record)
+    """The script's output: every count, beside ncu's where its record has the kernel at that
+    shape; a table for each shape."""
+    views = [at(record, s["shape"]) for s in record["shapes"]]
+    return "\n\n".join(table(view) + "\n\n" + conditions(view) for view in views)
 
 
 def _verdict(row: dict) -> str:
@@ -535,11 +560,12 @@ def _verdict(row: dict) -> str:
             f"counter {say('ld_counter', 'st_counter')}")
 
 
-def chapter_table(record: dict) -> str:
-    """Chapter 4's shorter table (docs/render.py's "counters" marker): sectors per load request
-    and shared wavefronts, counted beside ncu's; the excessive wavefronts beside ncu's hardware
-    bank-conflict counter, a different quantity (KNOWN_DIFFERENCES); and whether they agree. The
-    tensor-core versions' rows are left to their chapter's table (tensor_core_table)."""
+def chapter_table(record: dict, shape: tuple[int, int, int] = TIMED_SHAPE) -> str:
+    """Chapter 4's shorter table (docs/render.py's "counters" marker), at `shape`: sectors per
+    load request and shared wavefronts, counted beside ncu's; the excessive wavefronts beside
+    ncu's hardware bank-conflict counter, a different quantity (KNOWN_DIFFERENCES); and whether
+    they agree. The tensor-core versions' rows are left to their chapter's table (tensor_core_table)."""
+    record = at(record, shape)
     lines = ["| kernel | sectors / request (loads): counted, ncu | shared wavefronts (loads, stores): counted | "
              "ncu | excessive wavefronts (loads, stores) | ncu's bank-conflict counter | agree (sectors; "
              "wavefronts; counter) |", "|---|---:|---:|---:|---:|---:|---|"]
@@ -559,7 +585,8 @@ def _dtypes(record: dict, kernels: set[str]) -> list[str]:
 
 
 def tensor_core_rows(record: dict) -> list[dict]:
-    """The rows of the tensor-core versions (above chapter 4's progression) a record holds."""
+    """The rows of the tensor-core versions (above chapter 4's progression) a record at one shape
+    (at()) holds."""
     last = max(catalog().cuda_core_versions())
     out = []
     for row in record["kernels"]:
@@ -569,11 +596,12 @@ def tensor_core_rows(record: dict) -> list[dict]:
     return out
 
 
-def tensor_core_table(record: dict) -> str:
-    """The tensor-core chapter's table (docs/render.py's "counters_tc" marker): for each
-    tensor-core version the record holds, its global loads (sectors per request), its cp.async
-    copies, the shared stores that stage its tiles and the shared loads (ldmatrix's) that read its
-    fragments, each with its wavefronts and the excessive ones."""
+def tensor_core_table(record: dict, shape: tuple[int, int, int] = TIMED_SHAPE) -> str:
+    """The tensor-core chapter's table (docs/render.py's "counters_tc" marker), at `shape`: for
+    each tensor-core version the record holds, its global loads (sectors per request), its
+    cp.async copies, the shared stores that stage its tiles and the shared loads (ldmatrix's) that
+    read its fragments, each with its wavefronts and the excessive ones."""
+    record = at(record, shape)
     lines = ["| kernel | global loads | sectors / request | LDGSTS (sectors / request) | shared stores | "
              "store wavefronts (excessive) | shared loads: LDS, LDSM | load wavefronts (excessive) | "
              "load wavefronts / request |", "|---|" + "---:|" * 8]
@@ -663,8 +691,9 @@ def memory_bytes(kernels: list[tuple[int, str]], m: int, n: int, k: int, dtype: 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser(__doc__ or "")
     size = cli.positive(int)
-    parser.add_argument("--shape", type=size, nargs=3, metavar=("M", "N", "K"), default=[2048, 2048, 2048],
-                        help="C is M×N, the reduction K (default 2048 2048 2048, ncu's record)")
+    parser.add_argument("--shape", type=size, nargs=3, metavar=("M", "N", "K"), action="append",
+                        help="C is M×N, the reduction K; given again, one more shape, every kernel counted at "
+                             "each (default 2048 2048 2048, ncu's record)")
     parser.add_argument("--kernels", nargs="+", metavar="V:LAYOUT",
                         help="e.g. 5:nt 7:nt 2:nn grad:3, counted in each --dtype (default: float32 and float64 "
                              "every version's nt of chapter 4, 1:nn 2:nn, and grad:1 grad:2 grad:3; bfloat16 and "
@@ -700,15 +729,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare != "none":
         cli.read_record(args.compare, "--compare", keys=("kernels", "shape"))  # one line if it is unusable
         compare = os.path.relpath(Path(args.compare).resolve(), ROOT)
-    m, n, k = args.shape
-    what = f"M={m} N={n} K={k}"
+    # (each once, in the order given; argparse's append leaves None where --shape is not given)
+    shapes = list(dict.fromkeys(tuple(shape) for shape in args.shape or [(2048, 2048, 2048)]))
 
-    def most_memory(lib: ctypes.CDLL | None) -> int:
-        return max(memory_bytes([(v, layout) for t, v, layout in kernels if t == dtype], m, n, k, dtype,
-                                args.sm_count, lib) for dtype in dtypes)
+    def check_memory(lib: ctypes.CDLL | None) -> None:
+        """Each shape's kernels run one at a time: the most any one of them holds must fit."""
+        for m, n, k in shapes:
+            most = max(memory_bytes([(v, layout) for t, v, layout in kernels if t == dtype], m, n, k, dtype,
+                                    args.sm_count, lib) for dtype in dtypes)
+            cli.check_memory(most, what=f"M={m} N={n} K={k}")
 
     if not args.planted:  # (without the workspaces first: too large a shape is refused before the build)
-        cli.check_memory(most_memory(None), what=what)
+        check_memory(None)
     if not built() and unavailable_reason():
         raise cli.UserError(f"cannot count: the instrumented build {unavailable_reason()}")
     try:
@@ -733,17 +765,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"{each('data_pipe_lsu_wavefronts_mem_shared_op_{}')} | "
                   f"{each('excessive_wavefronts_mem_shared_op_{}')} |")
         return 0
-    cli.check_memory(most_memory(lib), what=what)
+    check_memory(lib)
 
-    start = time.perf_counter()
-    rows_counted: list[tuple[str, Counts]] = []
-    for dtype, v, layout in kernels:
-        if layout == "grad":
-            counted = count_sigmoid_grad(v, m, n, dtype, args.sm_count, sample=not args.full)
-        else:
-            counted = count_gemm(v, layout, m, n, k, dtype, args.sm_count, sample=not args.full)
-        rows_counted += [(dtype, c) for c in counted]
-    seconds = time.perf_counter() - start
+    rows_counted: list[tuple[tuple[int, int, int], str, Counts]] = []
+    seconds: list[float] = []
+    for m, n, k in shapes:
+        start = time.perf_counter()
+        for dtype, v, layout in kernels:
+            if layout == "grad":
+                counted = count_sigmoid_grad(v, m, n, dtype, args.sm_count, sample=not args.full)
+            else:
+                counted = count_gemm(v, layout, m, n, k, dtype, args.sm_count, sample=not args.full)
+            rows_counted += [((m, n, k), dtype, c) for c in counted]
+        seconds.append(time.perf_counter() - start)
     import benchmark  # the record's date and command, written once
 
     version = subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout.splitlines()[0]
@@ -752,13 +786,13 @@ def main(argv: list[str] | None = None) -> int:
         "compiler": version,
         "torch": __import__("torch").__version__,
         **benchmark.provenance(),
-        "shape": [m, n, k],
+        "shapes": [{"shape": list(shape), "seconds": round(s, 1)} for shape, s in zip(shapes, seconds)],
         "dtypes": dtypes,
         "sm_count": args.sm_count,
         "sample": not args.full,
-        "seconds": round(seconds, 1),
         "metrics": list(METRICS),
-        "kernels": [{"kernel": c.kernel, "dtype": dtype, "metrics": c.metrics} for dtype, c in rows_counted],
+        "kernels": [{"kernel": c.kernel, "dtype": dtype, "shape": list(shape), "metrics": c.metrics}
+                    for shape, dtype, c in rows_counted],
         "compare": compare,  # the ncu record the tables set beside these counts
     }
     return cli.publish(render(record), [(out, cli.json_writer(record))])

@@ -237,7 +237,7 @@ def test_the_counts_agree_with_nsight_compute_kernel_by_kernel(tmp_path):
     out = tmp_path / "counts.json"
     result = run_script("cuda/counters.py", "--kernels", *args, "--json", str(out), timeout=600)
     assert result.returncode == 0, result.stderr
-    rows = {r["kernel"]: r for r in counters.rows(json.loads(out.read_text()))}
+    rows = {r["kernel"]: r for r in counters.rows(counters.at(json.loads(out.read_text()), ncu["shape"]))}
     assert set(kernels) <= set(rows)
     for kernel in kernels:
         _assert_agrees(rows[kernel])
@@ -256,10 +256,14 @@ def _assert_agrees(row: dict) -> None:
             assert verdict[f"{kind}_counter"], (row["kernel"], kind, row)
 
 
+def _ncu_shape() -> tuple[int, int, int]:
+    return tuple(json.loads(counters.ncu_record().read_text())["shape"])
+
+
 def test_the_committed_record_agrees_with_its_ncu_record():
-    # The chapter's table (docs/results/counters_2048.json) passes the same comparison.
-    record = json.loads((RESULTS / "counters_2048.json").read_text())
-    assert record["shape"] == [2048, 2048, 2048] and record["dtypes"] == ["float32"]
+    # The chapter's counts at ncu's shape (docs/results/counters.json, 2048³) pass the same comparison.
+    record = counters.at(json.loads((RESULTS / "counters.json").read_text()), _ncu_shape())
+    assert record["shape"] == [2048, 2048, 2048] and "float32" in record["dtypes"]
     compared = [r for r in counters.rows(record) if r["in_ncu"]]
     assert len(compared) == 11
     for row in compared:
@@ -269,22 +273,23 @@ def test_the_committed_record_agrees_with_its_ncu_record():
 def test_ncu_numbers_a_record_lacks_are_said_to_be_not_measured_yet():
     # ncu's record holds the kernel but not its wavefronts: the table says so, and tells a kernel
     # ncu never profiled (v10) by a dash.
-    record = json.loads((RESULTS / "counters_2048.json").read_text())
+    record = json.loads((RESULTS / "counters.json").read_text())
     ncu = json.loads(counters.ncu_record().read_text())
     assert not any("wavefronts" in name for k in ncu["kernels"] for name in k["metrics"])
-    lines = {line.split(" | ")[0].strip("| "): line for line in counters.chapter_table(record).splitlines()}
+    table = counters.chapter_table(record, _ncu_shape())
+    lines = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()}
     assert "| 3.9e+04, 1.2e+06 |" in lines["dense_gemm_v3_nt_f32"]  # the counter, beside the excessive wavefronts
     assert counters.NOT_MEASURED in lines["dense_gemm_v3_nt_f32"]
     assert counters.NOT_MEASURED not in lines["dense_gemm_v10_nt_f32"]
     # and once a record holds the wavefronts, they are compared
-    row = next(r for r in counters.rows(record) if r["kernel"] == "dense_gemm_v3_nt_f32")
+    row = next(r for r in counters.rows(counters.at(record, _ncu_shape())) if r["kernel"] == "dense_gemm_v3_nt_f32")
     measured = {**row, "ncu_shared_ld_wavefronts": row["shared_ld_wavefronts"] * 1.05,
                 "ncu_shared_st_wavefronts": row["shared_st_wavefronts"] * 1.5}
     verdict = counters.agreement(measured)
     assert verdict["ld_wavefronts"] is True and verdict["st_wavefronts"] is False
 
 
-# The committed records' rows that are cheap to count again (a few seconds in all), by type: the
+# The committed record's rows that are cheap to count again (a few seconds a shape), by type: the
 # backward's three elementwise kernels and v12's forward, which between them take every path of the
 # model but cp.async's (its planted patterns check that one) and v8's tile loader; and v21, the
 # cheapest tensor-core row (2-byte global loads). The ldmatrix rows take a slow test.
@@ -293,7 +298,7 @@ RESULTS = ROOT / "docs" / "results"
 
 
 def _assert_recounted(name: str, record: dict, rows: dict[str, tuple[str, ...]]) -> None:
-    """Each of `rows` (by type) counted now at the record's shape is one of the record's rows."""
+    """Each of `rows` (by type) counted now at the shape of `record` (at()) is one of its rows there."""
     assert record["metrics"] == list(counters.METRICS)
     committed: dict[str, list[dict]] = {}
     for row in record["kernels"]:
@@ -311,44 +316,53 @@ def _assert_recounted(name: str, record: dict, rows: dict[str, tuple[str, ...]])
                     f"{record['command']}")
 
 
-@pytest.mark.parametrize("name", ["counters_2048.json", "counters_4096.json"])
-def test_the_committed_records_rows_are_what_the_counters_count_now(name):
+# The committed record's shapes: ncu's (the ncu comparison) and the timed one (the chapters' tables).
+SHAPES = [(2048, 2048, 2048), counters.TIMED_SHAPE]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_the_committed_records_rows_are_what_the_counters_count_now(shape):
     # A change of the model or of the kernels without the record taken again fails here.
-    record = json.loads((RESULTS / name).read_text())
+    record = counters.at(json.loads((RESULTS / "counters.json").read_text()), shape)
     assert set(record["dtypes"]) <= set(CHEAP_ROWS)
-    _assert_recounted(name, record, CHEAP_ROWS)
+    _assert_recounted("counters.json", record, CHEAP_ROWS)
 
 
 @pytest.mark.slow
 def test_the_committed_ldmatrix_rows_are_what_the_counters_count_now():
     # v22's, v23's and v24's rows at 4096³ (104 s together on the development machine's 2 cores)
-    record = json.loads((RESULTS / "counters_4096.json").read_text())
-    _assert_recounted("counters_4096.json", record, {"bfloat16": ("22:nt", "23:nt", "24:nt")})
+    record = counters.at(json.loads((RESULTS / "counters.json").read_text()), counters.TIMED_SHAPE)
+    _assert_recounted("counters.json", record, {"bfloat16": ("22:nt", "23:nt", "24:nt")})
 
 
-def test_the_4096_record_holds_every_forward_and_the_backwards_kernels_at_the_timed_shape():
-    record = json.loads((RESULTS / "counters_4096.json").read_text())
+def test_the_record_holds_every_forward_and_the_backwards_kernels_at_ncus_shape_and_the_timed_one():
+    record = json.loads((RESULTS / "counters.json").read_text())
     timed = json.loads((RESULTS / "cuda_gpu_h100.json").read_text())
-    assert record["shape"] == timed["gemm"]["shape"] and timed["dtype"] == "float32"
+    assert tuple(timed["gemm"]["shape"]) == counters.TIMED_SHAPE and timed["dtype"] == "float32"
+    assert SHAPES[0] == _ncu_shape()
+    assert [tuple(s["shape"]) for s in record["shapes"]] == SHAPES
+    assert {tuple(r["shape"]) for r in record["kernels"]} == set(SHAPES)  # every row says its shape
     assert record["dtypes"] == ["float32", "bfloat16"]
     assert record["sm_count"] == timed["gpu"]["sm_count"]
-    kernels = {r["kernel"] for r in record["kernels"]}
     versions = cli.load_file("cuda/catalog.py", "dense_cuda_catalog").cuda_core_versions()
-    assert {f"dense_gemm_v{v}_nt_f32" for v in versions} <= kernels
-    assert {f"dense_sigmoid_grad_v{v}_f32" for v in counters.GRAD_VERSIONS} <= kernels
-    # and the tensor-core versions' forward in bfloat16, the tensor-core chapter's table
-    assert [r["kernel"] for r in counters.tensor_core_rows(record)] == \
-        [f"dense_gemm_v{v}_nt_bf16" for v in (21, 22, 23, 24)]
+    for shape in SHAPES:
+        at_shape = counters.at(record, shape)
+        kernels = {r["kernel"] for r in at_shape["kernels"]}
+        assert {f"dense_gemm_v{v}_nt_f32" for v in versions} <= kernels
+        assert {f"dense_sigmoid_grad_v{v}_f32" for v in counters.GRAD_VERSIONS} <= kernels
+        # and the tensor-core versions' forward in bfloat16, the tensor-core chapter's table
+        assert [r["kernel"] for r in counters.tensor_core_rows(at_shape)] == \
+            [f"dense_gemm_v{v}_nt_bf16" for v in (21, 22, 23, 24)]
 
 
 def test_the_tensor_core_table_shows_the_swizzle_taking_the_excessive_wavefronts_to_zero():
-    # What the tensor-core chapter says of its table (docs/results/counters_4096.json): v22's
+    # What the tensor-core chapter says of its table (docs/results/counters.json at 4096³): v22's
     # ldmatrix takes 8 wavefronts a matrix, 32 a request, 28 of them excessive; v23's swizzle, 4
     # and none; v24's swizzled ring none, on its cp.async copies either; the 16-byte stores that
     # stage v22's and v23's tiles none; every shared load of theirs is an ldmatrix.
-    record = json.loads((RESULTS / "counters_4096.json").read_text())
+    record = json.loads((RESULTS / "counters.json").read_text())
     tc = {r["kernel"].split("_")[2]: counters.Counts(r["kernel"], r["metrics"], 0)
-          for r in counters.tensor_core_rows(record)}
+          for r in counters.tensor_core_rows(counters.at(record, counters.TIMED_SHAPE))}
 
     def per_ldsm(c: counters.Counts, what: str) -> float:
         return c.get(what) / c.get("inst_executed_op_ldsm")
@@ -422,16 +436,44 @@ def test_the_memory_asked_for_is_each_kernels_own_workspace_included():
         2 * (32 * 2048 + 128 * 2048 + 32 * 128 + 128) + 4 * 16 * 32 * 128
 
 
+def test_shape_given_again_counts_every_kernel_in_every_type_at_each_shape(tmp_path, capsys):
+    out = tmp_path / "counts.json"
+    argv = ["--shape", "64", "64", "64", "--shape", "128", "128", "64", "--shape", "64", "64", "64",
+            "--kernels", "12:nt", "--dtype", "float32", "bfloat16", "--compare", "none", "--json", str(out)]
+    assert counters.main(argv) == 0
+    record = json.loads(out.read_text())
+    shapes = [(64, 64, 64), (128, 128, 64)]  # each once, in the order given
+    assert [tuple(s["shape"]) for s in record["shapes"]] == shapes and "shape" not in record
+    assert [(r["kernel"], tuple(r["shape"])) for r in record["kernels"]] == \
+        [(f"dense_gemm_v12_nt_{t}", shape) for shape in shapes for t in ("f32", "bf16")]
+    for shape in shapes:  # each row is what that kernel counts at its own shape, sampled there
+        at_shape = counters.at(record, shape)
+        assert at_shape["shape"] == list(shape) and len(at_shape["kernels"]) == 2
+        for row, dtype in zip(at_shape["kernels"], ("float32", "bfloat16")):
+            assert row["metrics"] == counters.count_gemm(12, "nt", *shape, dtype)[0].metrics
+    assert counters.at(record, (128, 128, 64))["kernels"][0]["metrics"]["blocks_run"] == 3
+    # a table for each shape, its line under it naming that shape
+    printed = capsys.readouterr().out
+    assert printed.count("| dense_gemm_v12_nt_f32 |") == 2
+    assert printed.index("M=64 N=64 K=64, float32, bfloat16") < printed.index("M=128 N=128 K=64, float32, bfloat16")
+    # a shape the record does not hold is one line (docs/render.py reports a KeyError as such)
+    with pytest.raises(KeyError, match="no counts at M=4096 N=4096 K=4096 .it holds M=64 N=64 K=64; M=128"):
+        counters.chapter_table(record)
+
+
 @pytest.mark.parametrize("argv, free, refused", [
     # fits in 1 MiB; the estimate of C once per SM (and one more) asked for 35 MiB
     (["--shape", "256", "256", "64", "--kernels", "8:nt"], 2**20, False),
     # 1.6 MB with v12's 16 partial products; C once per SM (4) and one more asked for 1.4 MB
     (["--shape", "32", "128", "2048", "--kernels", "12:nt", "--sm-count", "4"], 1_650_000, True),
+    # the same, a shape that fits after it: each shape is checked
+    (["--shape", "32", "128", "2048", "--shape", "256", "256", "64", "--kernels", "12:nt", "--sm-count", "4"],
+     1_650_000, True),
 ])
 def test_the_memory_check_refuses_what_does_not_fit_and_only_that(argv, free, refused, monkeypatch, capsys):
     monkeypatch.setattr(cli, "available_memory", lambda device="cpu": free)
     if refused:
-        with pytest.raises(cli.UserError, match="GiB of memory"):
+        with pytest.raises(cli.UserError, match="M=32 N=128 K=2048 need about .* GiB of memory"):
             counters.main(argv)
     else:
         assert counters.main(argv) == 0

@@ -177,8 +177,9 @@ def _static() -> dict[str, dict]:
     return {r["name"]: r for r in _record("cuda_static_sm90.json")["kernels"]}
 
 
-def _counted(name: str) -> dict[str, dict]:
-    return {k["kernel"]: k["metrics"] for k in _record(name)["kernels"]}
+def _counted(shape: int) -> dict[str, dict]:
+    """The counters' record (cuda/counters.py) at shape³: each kernel's counts."""
+    return {k["kernel"]: k["metrics"] for k in _record("counters.json")["kernels"] if k["shape"] == [shape] * 3}
 
 
 def _nt(v: int) -> str:
@@ -253,8 +254,8 @@ def test_chapter_4_explains_the_jumps_with_ncus_and_the_compilers_figures():
     assert f"{t_nn[2]:,.0f} µs against v1's {t_nn[1]:,.0f}" in v2
 
 
-def test_chapter_4_counted_figures_are_the_4096_records():
-    c = _counted("counters_4096.json")
+def test_chapter_4_counted_figures_are_the_records_counts_at_4096():
+    c = _counted(4096)
     ld_req, ld_sec = "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"
     wf_ld, wf_st = ("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
                     "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum")
@@ -382,8 +383,8 @@ def test_chapter_4_sgemm_table_states_our_versions_as_the_record_has_them():
         assert line not in timed and f"{line} not yet timed" in table
 
 
-def test_chapter_4_bank_conflict_paragraph_is_the_2048_records():
-    c, ncu = _counted("counters_2048.json"), _ncu()
+def test_chapter_4_bank_conflict_paragraph_is_the_records_counts_at_2048():
+    c, ncu = _counted(2048), _ncu()
     said = _fold(CUDA_CHAPTER.read_text())
     x_ld, x_st = "excessive_wavefronts_mem_shared_op_ld", "excessive_wavefronts_mem_shared_op_st"
     bank = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{}.sum"
@@ -395,7 +396,7 @@ def test_chapter_4_bank_conflict_paragraph_is_the_2048_records():
     counter = [ncu[_nt(v)][bank.format("st")] / 1e6 for v in range(6, 10)]
     assert f"{min(counter):.1f}-{max(counter):.1f} million" in said
     assert c[_nt(12)][x_st] == 10_485_760 == c[_nt(12)]["smsp__inst_executed_op_shared_st.sum"]
-    assert f"{_counted('counters_4096.json')[_nt(12)][x_st]:.3g}" == "8.39e+07" and "(8.39e7 at 4096³)" in said
+    assert f"{_counted(4096)[_nt(12)][x_st]:.3g}" == "8.39e+07" and "(8.39e7 at 4096³)" in said
     shares = [ncu[_nt(v)][bank.format("st")] / c[_nt(v)]["smsp__inst_executed_op_shared_st.sum"] for v in (3, 4, 5)]
     assert all(c[_nt(v)][x_st] == 0 for v in (3, 4, 5))
     assert f"{100 * min(shares):.0f}-{100 * max(shares):.0f}% counted where the addresses make none" in said
