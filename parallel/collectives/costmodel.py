@@ -537,7 +537,7 @@ def predict_table(record: dict) -> str:
 
 
 def plot_predict(record: dict, path: str) -> None:
-    from benchmark import pyplot
+    from benchmark import pyplot, save_figure
 
     plt = pyplot()
     fabrics = list(dict.fromkeys(r["fabric"] for r in record["projections"]))
@@ -554,7 +554,7 @@ def plot_predict(record: dict, path: str) -> None:
     axes[0].set_ylabel("scaling efficiency (%)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)  # the command in the file: docs/records.py redraws it from there
 
 
 def plot_model(records: list[dict], path: str, fit: Path = FIT_PATH) -> None:
