@@ -418,19 +418,21 @@ def test_each_way_of_running_threads_gives_the_known_answer(backend, tmp_path):
 @pytest.mark.slow
 def test_the_kernels_give_the_same_bits_on_fibers_and_on_os_threads():
     """The library built with OS threads (what ThreadSanitizer runs) against the default build:
-    a GEMM per version and layout and the shuffling backward kernel, bit for bit."""
+    a GEMM per version, element type and layout and the shuffling backward kernel, bit for bit."""
     threads = emu.load(("-DCUDA_EMU_THREADS",))
     g = torch.Generator().manual_seed(4)
-    for version in [*VERSIONS, *(c["version"] for c in emu.tune_candidates())]:
+    candidates = [(c["version"], torch.float32) for c in emu.tune_candidates()]
+    for version, dtype in [*CASES, *candidates]:
         for layout in ("nt", "nn", "tn"):
-            m, n, k = 33, 40, 70
-            a = torch.randn((k, m) if layout[0] == "t" else (m, k), generator=g)
-            b = torch.randn((n, k) if layout[1] == "t" else (k, n), generator=g)
-            bias = torch.randn(n, generator=g)
+            # TMA copies whole 16-byte rows: 40 and 72 elements are such rows in every type
+            m, n, k = (40, 40, 72) if uses_tma(version) else (33, 40, 70)
+            a = torch.randn((k, m) if layout[0] == "t" else (m, k), generator=g, dtype=dtype)
+            b = torch.randn((n, k) if layout[1] == "t" else (k, n), generator=g, dtype=dtype)
+            bias = torch.randn(n, generator=g, dtype=dtype)
             ours = run_gemm(version, layout, a, b, bias, emu.KBIAS_SIGMOID, m, n, k)
-            c = torch.full((m, n), float("nan"))
+            c = torch.full((m, n), float("nan"), dtype=dtype)
             emu.gemm(version, layout, a, b, c, bias, m, n, k, emu.KBIAS_SIGMOID, lib=threads)
-            assert torch.equal(ours, c), (version, layout)
+            assert torch.equal(ours, c), (version, dtype, layout)
     gr, y = torch.randn(300, 36, generator=g), torch.rand(300, 36, generator=g)
     for version in emu.GRAD_VERSIONS:
         outs = []

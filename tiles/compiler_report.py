@@ -176,7 +176,8 @@ def main_loop(code: list) -> dict | None:
     if not inner:
         return None
     start, end, body = max(inner, key=lambda s: sum(sr.is_fma(i.op) or is_mma(i.op) for i in s[2]))
-    return {"start": f"{start:#06x}", "end": f"{end:#06x}", **sr.mix(body), "mma": _mma_counts(body)}
+    return {"start": f"{start:#06x}", "end": f"{end:#06x}", **sr.mix(body), "mma": _mma_counts(body),
+            "ldsm": sum(i.op.startswith("LDSM") for i in body)}  # ldmatrix: the MMA's operands from shared
 
 
 def ptx_counts(ptx: str) -> dict:
@@ -304,6 +305,7 @@ def _loop_cell(loop: dict | None) -> str:
     cell = sr._mix_cell(loop)
     mma = loop.get("mma") or 0  # a count, or (Triton's rows) a count per instruction name
     mma = sum(mma.values()) if isinstance(mma, dict) else mma
+    cell += f" + LDSM {loop['ldsm']}" if loop.get("ldsm") else ""
     return f"{cell} + MMA {mma}" if mma else cell
 
 
@@ -314,7 +316,7 @@ def _occ(k: dict) -> str:
 def table(record: dict) -> str:
     """Chapter 4's hand-written forward GEMMs (nt, f32) and Triton's kernels, the same columns."""
     head = ["| kernel | dtype | tile BM×BN×BK | threads | regs | smem B | spills | blocks/SM (occupancy) "
-            "| main loop FMA : LDS : LDG (+ cp.async, + MMA) |",
+            "| main loop FMA : LDS : LDG (+ cp.async, + LDSM, + MMA) |",
             "|---|---|---|---:|---:|---:|---:|---|---|"]
     rows = []
     cuda_path = ROOT / record["compare_with"]

@@ -190,11 +190,8 @@ inline HopperState& hopper() {
   static HopperState* state = new HopperState;  // one launch at a time (emu::launch is serialised)
   return *state;
 }
-inline void hopper_install();
-
 // Called by every Hopper instruction: marks the launch, so the scheduler calls the hooks below.
 inline HopperState& hopper_here() {
-  hopper_install();
   current_block->hopper.store(true);
   return hopper();
 }
@@ -317,9 +314,11 @@ inline void tma_load_2d(void* dst, const void* map, int c0, int c1, void* bar) {
   }
   const uint32_t bytes = m.box[0] * m.box[1] * m.elem_bytes;
   std::lock_guard<std::mutex> lock(s.mutex);
-  initialised(s, bar, "cp.async.bulk.tensor");
+  MBarrier& b = initialised(s, bar, "cp.async.bulk.tensor");
   std::memset(dst, 0xff, bytes);  // in flight: NaN in every float type until the bytes land
   s.tma.push_back({static_cast<unsigned char*>(dst), m, c0, c1, bar, bytes});
+  // A consumer may already wait on this barrier, having found nothing to land: wake it to land this.
+  wake_waiters(b);
 }
 
 // mbarrier.try_wait.parity: true once the phase of this parity has completed. Here it waits until
@@ -505,10 +504,13 @@ inline unsigned hopper_waits(Block&) {
   }
   return waiting;
 }
-inline void hopper_install() {
+// The scheduler's hooks are set once, when the library loads, before any launch: a store from every
+// emulated thread would be a data race (ThreadSanitizer's test finds one), even of the same value.
+inline const bool hopper_installed = [] {
   hopper_block_start = hopper_reset;
   hopper_thread_end = hopper_thread_done;
   hopper_report_waits = hopper_waits;
-}
+  return true;
+}();
 
 }  // namespace emu
