@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
+import hashlib
 import json
 import math
 import os
@@ -641,13 +642,55 @@ class Report:
     archs: dict[str, dict] = field(default_factory=dict)  # per architecture: compact figures of every entry
 
 
+CACHE = ROOT / "build" / "static_report"  # git-ignored; a compile per state of cuda/ and the toolkit
+CACHE_KEEP = 4
+
+
+def _cache_key(sources: list[Path], arch: str, tools: tuple[str, str]) -> str | None:
+    """A digest of everything the compile reads: every source and header under cuda/ (the units
+    include only those, by relative path), the architecture, and which nvcc and ptxas (path, size,
+    modification time). None when a source lies outside cuda/ (a test's planted copy): not cached."""
+    cuda = ROOT / "cuda"
+    if not all(Path(s).resolve().is_relative_to(cuda) for s in sources):
+        return None
+    digest = hashlib.sha256(f"{arch} {[str(Path(s).resolve()) for s in sources]}".encode())
+    for path in sorted(p for p in cuda.rglob("*") if p.suffix in (".cu", ".cuh", ".h") and p.is_file()):
+        digest.update(str(path.relative_to(cuda)).encode() + b"\0" + path.read_bytes())
+    for tool in tools:
+        stat = Path(tool).resolve().stat()
+        digest.update(f"{Path(tool).resolve()} {stat.st_size} {stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
 def compile_sources(sources: list[Path], arch: str, workdir: Path) -> tuple[str, str, list[str]]:
     """nvcc -ptx then ptxas -v for each source, the units side by side (one job per core):
-    (all PTX, all ptxas output, cubin paths), in the order of `sources`."""
+    (all PTX, all ptxas output, cubin paths), in the order of `sources`. The outputs are kept in
+    build/static_report/ and used again while nothing they come from has changed (the report, its
+    --sass and the tests ask for the same compile several times; it takes minutes on 2 cores)."""
     nvcc, ptxas = find_tool("nvcc"), find_tool("ptxas")
     if nvcc is None or ptxas is None:
         raise SystemExit("nvcc and ptxas (the CUDA toolkit) are needed: nothing can be compiled without them")
+    key = _cache_key(sources, arch, (nvcc, ptxas))
+    if key is None:
+        return _compile(sources, arch, workdir, nvcc, ptxas)
+    out = CACHE / key
+    with cli.build_lock(out):
+        if not (out / "done").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            ptx, log, _ = _compile(sources, arch, out, nvcc, ptxas)
+            (out / "all.ptx").write_text(ptx)
+            (out / "ptxas.log").write_text(log)
+            (out / "done").write_text("")
+            finished = [d for d in CACHE.iterdir() if (d / "done").exists() and d != out]  # never one being built
+            for old in sorted(finished, key=lambda d: (d / "done").stat().st_mtime)[:-CACHE_KEEP]:
+                shutil.rmtree(old, ignore_errors=True)
+        (out / "done").touch()  # most recently used
+        cubins = [str(out / f"{arch}_k{n}.cubin") for n in range(len(sources))]
+        return (out / "all.ptx").read_text(), (out / "ptxas.log").read_text(), cubins
 
+
+def _compile(sources: list[Path], arch: str, workdir: Path, nvcc: str, ptxas: str) -> tuple[str, str, list[str]]:
     def one(n: int, src: Path) -> tuple[str, str, str]:
         ptx, cubin = workdir / f"{arch}_k{n}.ptx", workdir / f"{arch}_k{n}.cubin"
         run([nvcc, "-ptx", "-O3", "-std=c++17", f"-arch={arch}", str(src), "-o", str(ptx)], f"nvcc -ptx {src}")

@@ -979,3 +979,46 @@ def test_the_roofs_stay_out_of_the_backwards_table():
     table = "\n".join(sr._other_table(record))
     assert "| `dense_sigmoid_grad_v1` |" in table and "roof" not in table
     assert all(name.startswith(sr.ROOF_PREFIX) for name in ("dense_roof_mma_bf16", "dense_roof_wgmma_bf16"))
+
+
+def test_a_compile_is_used_again_until_a_header_or_the_toolkit_changes(tmp_path, monkeypatch):
+    """The cache of compile_sources: the same sources, headers and tools compile once; a changed
+    header (a file no unit names) or another ptxas compiles again; a source outside cuda/ (a
+    test's planted copy) is never cached."""
+    tree = tmp_path / "repo"
+    (tree / "cuda" / "units").mkdir(parents=True)
+    (tree / "cuda" / "kernels").mkdir()
+    unit, header = tree / "cuda" / "units" / "gemm_v1.cu", tree / "cuda" / "kernels" / "v1.cuh"
+    unit.write_text('#include "../kernels/v1.cuh"\n')
+    header.write_text("// v1\n")
+    tools = tmp_path / "nvcc", tmp_path / "ptxas"
+    for tool in tools:
+        tool.write_text("#!/bin/sh\n")
+    calls = []
+
+    def fake_compile(sources, arch, workdir, nvcc, ptxas):
+        calls.append(workdir)
+        for n in range(len(sources)):
+            (workdir / f"{arch}_k{n}.cubin").write_text("cubin")
+        return f"ptx {header.read_text()}", "ptxas log", []
+
+    monkeypatch.setattr(sr, "ROOT", tree)
+    monkeypatch.setattr(sr, "CACHE", tree / "build" / "static_report")
+    monkeypatch.setattr(sr, "find_tool", lambda name: str(tmp_path / name))
+    monkeypatch.setattr(sr, "_compile", fake_compile)
+    first = sr.compile_sources([unit], "sm_90", tmp_path / "unused")
+    assert sr.compile_sources([unit], "sm_90", tmp_path / "unused") == first and len(calls) == 1
+    assert Path(first[2][0]).read_text() == "cubin"
+    header.write_text("// v1, edited\n")
+    assert sr.compile_sources([unit], "sm_90", tmp_path / "unused")[0] == "ptx // v1, edited\n"
+    assert len(calls) == 2
+    sr.compile_sources([unit], "sm_80", tmp_path / "unused")
+    tools[1].write_text("#!/bin/sh\n# another release\n")
+    sr.compile_sources([unit], "sm_80", tmp_path / "unused")
+    assert len(calls) == 4
+    outside = tmp_path / "planted.cu"
+    outside.write_text(unit.read_text())
+    (tmp_path / "work").mkdir()
+    sr.compile_sources([outside], "sm_90", tmp_path / "work")
+    sr.compile_sources([outside], "sm_90", tmp_path / "work")
+    assert calls[-2:] == [tmp_path / "work"] * 2

@@ -166,8 +166,10 @@ int main(int argc, char** argv) {
     tuned += is_tune(v);
     for (const char* layout : {"nt", "nn", "tn"})
       for (const Shape& s : kShapes) {
-        // --quick: shapes with several k-steps (the barriers' work), aligned ones too, every type once
-        if (quick && !(s.M == 33 || s.M == 37 || s.M == 20 || s.M == 24)) continue;
+        // --quick: two shapes, every type once: ragged edges in every dimension (33×65×17), and
+        // aligned rows with many k-steps (24×136×520), where every pipeline's ring of stages wraps
+        // and TMA can copy the rows (the barriers' and mbarriers' work, what ThreadSanitizer watches)
+        if (quick && !(s.M == 33 || s.M == 24)) continue;
         failures += check_type<float>(v, layout, s, quick, gen, runs) + check_type<double>(v, layout, s, quick, gen, runs) +
                     check_type<__nv_bfloat16>(v, layout, s, quick, gen, runs) +
                     check_type<__half>(v, layout, s, quick, gen, runs);
