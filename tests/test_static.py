@@ -813,7 +813,7 @@ def test_sass_option_names_kernels_that_exist(tmp_path):
 @needs_nvcc
 def test_static_report_without_sass_says_so(tmp_path):
     out = tmp_path / "s.json"
-    result = run_script("cuda/static_report.py", "--arch", "sm_90", "--no-sass", "--json", str(out), timeout=900)
+    result = run_script("cuda/static_report.py", "--arch", sr.ARCHS[0], "--no-sass", "--json", str(out), timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["tools"]["sass"] == {"available": False, "reason": "not asked for (--no-sass)"}

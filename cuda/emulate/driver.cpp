@@ -136,6 +136,10 @@ int check_sigmoid_grad(int version, int x4, int64_t rows, int64_t cols, std::mt1
 template <typename T>
 int check_type(int v, const char* layout, const Shape& s, bool quick, std::mt19937& gen, int& runs) {
   if (!version_builds(v, dtype_of<T>()) && !(is_tune(v) && std::is_same_v<T, float>)) return 0;
+  // float16 takes the same addresses, barriers and instruction order as bfloat16 (two bytes an
+  // element; only the conversions differ): where a version has both, the sanitizers would see
+  // nothing new in the second (tests/test_emulate.py checks float16's results)
+  if (std::is_same_v<T, __half> && version_builds(v, kBF16)) return 0;
   const bool first = std::is_same_v<T, float>;
   int failures = check_gemm<T>(v, layout, s, first || !quick ? kBiasSigmoid : kPlain, first, gen);
   ++runs;
