@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -445,19 +446,28 @@ def test_the_kernels_give_the_same_bits_on_fibers_and_on_os_threads():
 
 # ---- the same kernels under the sanitizers (a standalone driver: cuda/emulate/driver.cpp) ----
 
-def build_driver(tmp_path: Path, sanitizer: str, source_root: Path = ROOT / "cuda") -> Path:
+def build_drivers(tmp_path: Path, *builds: tuple[str, Path]) -> list[Path]:
+    """The driver built once per (sanitizer, copy of cuda/), the compiles side by side (each is one
+    translation unit, 20 to 40 seconds on one core)."""
     if CXX is None:
         pytest.skip("needs a C++ compiler")
-    exe = tmp_path / f"driver_{sanitizer}"
-    cmd = [CXX, "-std=c++17", "-O1", "-g", "-pthread", f"-fsanitize={sanitizer}", "-fno-omit-frame-pointer",
-           f"-I{source_root}", str(source_root / "emulate" / "driver.cpp"), "-o", str(exe)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    runtime = {"address": "asan", "thread": "tsan"}[sanitizer]
-    missing = "cannot find" in result.stderr and (runtime in result.stderr or "sanitize" in result.stderr)
-    if result.returncode != 0 and missing:
-        pytest.skip(f"this compiler has no {sanitizer} sanitizer runtime: {result.stderr[-300:]}")
-    assert result.returncode == 0, result.stderr[-4000:]
-    return exe
+    exes, procs = [], []
+    for n, (sanitizer, source_root) in enumerate(builds):
+        exes.append(tmp_path / f"driver_{sanitizer}_{n}")
+        cmd = [CXX, "-std=c++17", "-O1", "-g", "-pthread", f"-fsanitize={sanitizer}", "-fno-omit-frame-pointer",
+               f"-I{source_root}", str(source_root / "emulate" / "driver.cpp"), "-o", str(exes[-1])]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    errors = [proc.communicate(timeout=600)[1] for proc in procs]
+    for (sanitizer, _), proc, stderr in zip(builds, procs, errors):
+        runtime = {"address": "asan", "thread": "tsan"}[sanitizer]
+        if proc.returncode != 0 and "cannot find" in stderr and (runtime in stderr or "sanitize" in stderr):
+            pytest.skip(f"this compiler has no {sanitizer} sanitizer runtime: {stderr[-300:]}")
+        assert proc.returncode == 0, stderr[-4000:]
+    return exes
+
+
+def build_driver(tmp_path: Path, sanitizer: str, source_root: Path = ROOT / "cuda") -> Path:
+    return build_drivers(tmp_path, (sanitizer, source_root))[0]
 
 
 def run_driver(exe: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -469,24 +479,42 @@ def run_driver(exe: Path, *args: str, env: dict | None = None) -> subprocess.Com
 
 
 # "N of N kernel runs matched the reference (V GEMM versions and candidates, C of them candidates)"
-DRIVER_ALL = re.compile(rf"(\d+) of \1 kernel runs matched the reference \({len(VERSIONS) + len(TUNE_SHAPES)} GEMM "
-                        rf"versions and candidates, {len(TUNE_SHAPES)} of them candidates\)")
+DRIVER_LINE = re.compile(r"(\d+) of (\d+) kernel runs matched the reference \((\d+) GEMM versions and candidates, "
+                         r"(\d+) of them candidates\)")
+
+
+def run_every_kernel(exe: Path, *args: str, env: dict | None = None) -> None:
+    """The driver's whole list in one process per core, each taking every n-th version
+    (--shard i/n); every process must pass, and together they must have run every version and
+    candidate once."""
+    shards = max(1, min(2, os.cpu_count() or 1))
+    with ThreadPoolExecutor(shards) as pool:
+        results = list(pool.map(lambda i: run_driver(exe, *args, "--shard", f"{i}/{shards}", env=env), range(shards)))
+    totals = [0, 0]
+    for result in results:
+        assert "Sanitizer" not in result.stderr, result.stderr[-4000:]
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        line = DRIVER_LINE.search(result.stdout)
+        assert line and line[1] == line[2], result.stdout[-2000:]
+        totals = [totals[0] + int(line[3]), totals[1] + int(line[4])]
+    assert totals == [len(VERSIONS) + len(TUNE_SHAPES), len(TUNE_SHAPES)], totals
+
+
+@pytest.fixture(scope="module")
+def sanitized(tmp_path_factory) -> dict[str, Path]:
+    """The driver under each sanitizer, built side by side."""
+    builds = ("address", ROOT / "cuda"), ("thread", ROOT / "cuda")
+    return dict(zip(("address", "thread"), build_drivers(tmp_path_factory.mktemp("sanitized"), *builds)))
 
 
 @pytest.mark.slow
-def test_every_kernel_under_address_sanitizer(tmp_path):
-    result = run_driver(build_driver(tmp_path, "address"), env={"ASAN_OPTIONS": "detect_leaks=0"})
-    assert "ERROR: AddressSanitizer" not in result.stderr, result.stderr[-4000:]
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert DRIVER_ALL.search(result.stdout), result.stdout
+def test_every_kernel_under_address_sanitizer(sanitized):
+    run_every_kernel(sanitized["address"], env={"ASAN_OPTIONS": "detect_leaks=0"})
 
 
 @pytest.mark.slow
-def test_every_kernel_under_thread_sanitizer(tmp_path):
-    result = run_driver(build_driver(tmp_path, "thread"), "--quick")
-    assert "ThreadSanitizer" not in result.stderr, result.stderr[-4000:]
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert DRIVER_ALL.search(result.stdout), result.stdout
+def test_every_kernel_under_thread_sanitizer(sanitized):
+    run_every_kernel(sanitized["thread"], "--quick")
 
 
 @pytest.mark.slow
@@ -526,11 +554,12 @@ def test_a_pipeline_that_reads_a_stage_before_its_copies_land_is_caught(tmp_path
     text = path.read_text()
     assert text.count("cp_async_wait<kTc3Stages - 2>();") == 1
     path.write_text(text.replace("cp_async_wait<kTc3Stages - 2>();", "cp_async_wait<kTc3Stages - 1>();"))
-    wrong = run_driver(build_driver(tmp_path, "address", copy), "--quick", "24",
-                       env={"ASAN_OPTIONS": "detect_leaks=0"})
-    assert "MISMATCH v24" in wrong.stdout and wrong.returncode != 0, wrong.stdout[-2000:]
     barrier = "__syncthreads();                  // ...everyone's"
     assert text.count(barrier) == 1
-    path.write_text(text.replace(barrier, "/* removed */ // ...everyone's"))
-    racy = run_driver(build_driver(tmp_path, "thread", copy), "--quick", "24", env={"TSAN_OPTIONS": "halt_on_error=1"})
+    unbarred = shutil.copytree(copy, tmp_path / "unbarred")
+    (unbarred / path.relative_to(copy)).write_text(text.replace(barrier, "/* removed */ // ...everyone's"))
+    wrong_exe, racy_exe = build_drivers(tmp_path, ("address", copy), ("thread", unbarred))
+    wrong = run_driver(wrong_exe, "--quick", "24", env={"ASAN_OPTIONS": "detect_leaks=0"})
+    assert "MISMATCH v24" in wrong.stdout and wrong.returncode != 0, wrong.stdout[-2000:]
+    racy = run_driver(racy_exe, "--quick", "24", env={"TSAN_OPTIONS": "halt_on_error=1"})
     assert "WARNING: ThreadSanitizer: data race" in racy.stderr and racy.returncode != 0, racy.stderr[-3000:]

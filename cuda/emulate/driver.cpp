@@ -2,8 +2,10 @@
 // under AddressSanitizer (out-of-bounds reads and writes, global and "shared") and
 // ThreadSanitizer (races between the threads of a block). tests/test_emulate.py builds and runs:
 //   c++ -std=c++17 -O1 -g -pthread -fsanitize=thread -Icuda cuda/emulate/driver.cpp -o /tmp/emu_tsan
-//   /tmp/emu_tsan [--quick] [version ...]      (default: every GEMM version of kVersionInfo and autotuning candidate
-//                                               (version 100 + I, float32); exit status 0 iff all match)
+//   /tmp/emu_tsan [--quick] [--shard I/N] [version ...]
+//     versions: default every GEMM version of kVersionInfo and autotuning candidate (version 100 + I,
+//     float32); --shard I/N: the I-th of every N of them (and the backward kernels in shard 0), so
+//     that N processes share the work on N cores; exit status 0 iff all match
 // Under AddressSanitizer the block's threads are fibers, as in the library; under ThreadSanitizer
 // they are OS threads (cuda_emu.h chooses them there: ThreadSanitizer models pthread barriers).
 // Buffers are allocated at their exact size, so a read one element past the end is caught.
@@ -155,15 +157,23 @@ int check_type(int v, const char* layout, const Shape& s, bool quick, std::mt199
 int main(int argc, char** argv) {
   std::vector<int> versions;
   bool quick = false;  // --quick: fewer shapes and combinations, for ThreadSanitizer's slower runs
+  int shard = 0, shards = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--quick") quick = true;
-    else versions.push_back(std::atoi(argv[i]));
+    else if (std::string(argv[i]) == "--shard" && i + 1 < argc &&
+             std::sscanf(argv[i + 1], "%d/%d", &shard, &shards) == 2 && 0 <= shard && shard < shards) ++i;
+    else if (std::atoi(argv[i]) > 0) versions.push_back(std::atoi(argv[i]));
+    else return std::fprintf(stderr, "usage: %s [--quick] [--shard I/N] [version ...]\n", argv[0]), 2;
   }
   if (versions.empty()) {
     for (const VersionInfo& v : kVersionInfo)
       if (v.id != 0) versions.push_back(v.id);
     for (int i = 0; i < kTuneCount; ++i) versions.push_back(tune_id(i));
   }
+  std::vector<int> mine;  // round robin: neighbouring versions cost about the same
+  for (size_t i = 0; i < versions.size(); ++i)
+    if (int(i % shards) == shard) mine.push_back(versions[i]);
+  versions = mine;
   std::mt19937 gen(0);
   int failures = 0, runs = 0, tuned = 0;
   for (int v : versions) {
@@ -189,7 +199,7 @@ int main(int argc, char** argv) {
       ++runs;
     }
   }
-  for (int v = 1; v <= kGradVersions; ++v)
+  for (int v = 1; v <= kGradVersions && shard == 0; ++v)
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {0, 5}, {33, 31}, {300, 36}}) {
       failures += check_sigmoid_grad<float>(v, 0, rows, cols, gen) + check_sigmoid_grad<double>(v, 0, rows, cols, gen) +
                   check_sigmoid_grad<__nv_bfloat16>(v, 0, rows, cols, gen) +
