@@ -31,7 +31,8 @@ def cpp_against_python(segment_bytes: int) -> list:
 
     rank, out = dist.get_rank(), []
     collectives.SEGMENT_BYTES = segment_bytes
-    for numel in (0, 1, 2, 5, 17, 1000, 4099) + ((300_001,) if segment_bytes >= 1 << 16 else ()):
+    # 1000 splits evenly at 2, 4 and 5 ranks, 1001 at none of 2 to 5 (uneven chunks, a short last one)
+    for numel in (0, 1, 2, 5, 17, 1000, 1001) + ((300_001,) if segment_bytes >= 1 << 16 else ()):
         for dtype in (torch.float32, torch.float64, torch.int64, torch.bfloat16):
             for op in ("sum", "avg") if dtype.is_floating_point else ("sum",):
                 t, expected = all_reduce_case(numel, dtype, op, 100)
