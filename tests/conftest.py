@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,6 +78,36 @@ def run_script(*args: str, timeout: float = 300, env: dict | None = None) -> sub
     """Run a repository script the way a user would, from the repository root."""
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
+
+
+# Chapters' text as the tests read it: whitespace folded, counts as the pages write them
+SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def fold(text: str) -> str:
+    return " ".join(text.split())
+
+
+def sci(x: float, digits: int = 2) -> str:
+    """4.295e9 -> "4.3·10⁹" (digits significant figures), as the chapters write counts."""
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+    return f"{mantissa}·10{str(int(exponent)).translate(SUPERSCRIPT)}"
+
+
+def exercise(page: Path, number: int, part: str) -> str:
+    """Exercise `number` of a chapter, its question (part "question") or its answer, folded."""
+    section = page.read_text().split("## Exercises", 1)[1].split("## Answers", 1)
+    body = section[0] if part == "question" else section[1]
+    found = re.search(rf"^{number}\. (.*?)(?=^\d\. |\Z)", body, re.S | re.M)
+    return fold(found.group(1))
+
+
+def repository_copy(tmp_path: Path) -> Path:
+    """The working tree copied (sources only), where an exercise's edit is made and its command run."""
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv*", "build", ".pytest_cache",
+                                                              ".ruff_cache", "__pycache__"))
+    return copy
 
 
 def all_reduce_case(numel: int, dtype: torch.dtype, op: str, scale: float) -> tuple[torch.Tensor, torch.Tensor]:

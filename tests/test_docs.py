@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 import cli
-from conftest import REASONS, ROOT, load_script
+from conftest import REASONS, ROOT, exercise, fold, load_script, repository_copy, sci
 
 render = load_script("docs/render.py")
 needs_triton = pytest.mark.skipif(REASONS["triton"] is not None, reason=f"mode triton: {REASONS['triton']}")
@@ -141,21 +139,10 @@ def test_the_interpreter_refuses_a_float64_dot_without_out_dtype(tmp_path):
 # ---------------------------------------------------------------------------------------
 CUDA_CHAPTER = ROOT / "cuda" / "README.md"
 RESULTS = ROOT / "docs" / "results"
-SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
 
 def _record(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
-
-
-def _sci(x: float, digits: int = 2) -> str:
-    """4.295e9 -> "4.3·10⁹" (digits significant figures), as the chapter writes counts."""
-    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-    return f"{mantissa}·10{str(int(exponent)).translate(SUPERSCRIPT)}"
-
-
-def _fold(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _entry(version: int) -> str:
@@ -192,7 +179,7 @@ def test_chapter_4_gives_every_version_an_entry_with_code_prediction_and_its_tim
     for v in versions:
         entry = _entry(v)
         assert "<!-- code: cuda/kernels/" in entry and "*Predicted" in entry and "*Static:*" in entry, f"v{v}"
-        said = _fold(entry)
+        said = fold(entry)
         if f"v{v}" in timed:
             r = timed[f"v{v}"]
             assert f"*Measured:* {r['forward_us']:,.0f} µs, {100 * r['of_cublas']['speed']:.1f}%" in said, f"v{v}"
@@ -200,7 +187,7 @@ def test_chapter_4_gives_every_version_an_entry_with_code_prediction_and_its_tim
             assert re.search(r"\*Measured:\* not yet timed.*`cuda_(gpu|kernels)_\{card\}\.json`", said), f"v{v}"
     # the backward's three kernels: each its code, one prediction and the record they wait for
     text = CUDA_CHAPTER.read_text()
-    backward = _fold(text[text.index("### The backward's kernel"):text.index("## The code, in the order")])
+    backward = fold(text[text.index("### The backward's kernel"):text.index("## The code, in the order")])
     for v in (1, 2, 3):
         assert f"<!-- code: cuda/kernels/sigmoid_grad.cuh#grad-v{v} -->" in backward
     assert "*Predicted*" in backward
@@ -209,17 +196,17 @@ def test_chapter_4_gives_every_version_an_entry_with_code_prediction_and_its_tim
 
 def test_chapter_4_gains_and_stalls_are_the_records_ratios():
     t = {v: _timed()[f"v{v}"]["forward_us"] for v in range(1, 10)}
-    assert round(100 * (t[3] / t[4] - 1)) == 11 and "only 11% faster than v3" in _fold(_entry(4))
-    assert 1.9 < t[5] / t[6] < 2.0 and "twice v5" in _fold(_entry(6))
-    assert round(100 * (t[6] / t[7] - 1)) == 5 and "59.8%, +5%" in _fold(_entry(7))
-    assert round(100 * (t[7] / t[8] - 1)) == 24 and "74.4%, +24%" in _fold(_entry(8))
-    assert round(100 * (t[9] / t[8] - 1), 1) == 3.6 and "3.6% more time than v8" in _fold(_entry(9))
+    assert round(100 * (t[3] / t[4] - 1)) == 11 and "only 11% faster than v3" in fold(_entry(4))
+    assert 1.9 < t[5] / t[6] < 2.0 and "twice v5" in fold(_entry(6))
+    assert round(100 * (t[6] / t[7] - 1)) == 5 and "59.8%, +5%" in fold(_entry(7))
+    assert round(100 * (t[7] / t[8] - 1)) == 24 and "74.4%, +24%" in fold(_entry(8))
+    assert round(100 * (t[9] / t[8] - 1), 1) == 3.6 and "3.6% more time than v8" in fold(_entry(9))
     shares = [round(100 * _timed()[f"v{v}"]["of_cublas"]["speed"]) for v in (5, 6, 7, 8)]
-    assert f"run at {shares[0]}%, {shares[1]}%, {shares[2]}% and {shares[3]}%" in _fold(_entry(8))
+    assert f"run at {shares[0]}%, {shares[1]}%, {shares[2]}% and {shares[3]}%" in fold(_entry(8))
     # the goals' third row is version 0 at B = 32, which float32 gives to v9 (cuda/gemm_choice.h)
     small = _record("cuda_gpu_h100.json")["goals"]["goals"]["forward, B=32"]
     assert "{kSmallBatch, kF32, 9}" in (ROOT / "cuda" / "gemm_choice.h").read_text()
-    assert f"{small['cuda_us']:.0f} µs, the reference {small['reference_us']:.0f}" in _fold(_entry(9))
+    assert f"{small['cuda_us']:.0f} µs, the reference {small['reference_us']:.0f}" in fold(_entry(9))
 
 
 def test_chapter_4_explains_the_jumps_with_ncus_and_the_compilers_figures():
@@ -230,26 +217,26 @@ def test_chapter_4_explains_the_jumps_with_ncus_and_the_compilers_figures():
 
     occupancy = "sm__warps_active.avg.pct_of_peak_sustained_active"
     sm = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
-    v4 = _fold(_entry(4))
+    v4 = fold(_entry(4))
     assert static[_nt(4)]["registers"] == 78 and static[_nt(4)]["blocks_per_sm"] == 1
     assert static[_nt(4)]["threads"] * static[_nt(4)]["blocks_per_sm"] // 32 == 16
     assert f"from {pct(3, occupancy)} to {pct(4, occupancy)}, SM throughput from {pct(3, sm)} to {pct(4, sm)}" in v4
     assert "78 registers in `nt`: one block of 512 threads per SM, 16 warps" in v4
-    v6 = _fold(_entry(6))
+    v6 = fold(_entry(6))
     assert (static[_nt(5)]["registers"], static[_nt(6)]["registers"]) == (170, 115)
     assert (static[_nt(5)]["blocks_per_sm"], static[_nt(6)]["blocks_per_sm"]) == (1, 2)
     assert f"({pct(5, occupancy)} → {pct(6, occupancy)}), SM throughput {pct(5, sm)} → {pct(6, sm)}" in v6
     assert "115 registers (v5: 170): two blocks, 16 warps, per SM" in v6
-    v8 = _fold(_entry(8))
+    v8 = fold(_entry(8))
     loops = {v: static[_nt(v)]["inner_loop"] for v in (7, 8)}
     assert (loops[7]["instructions"], loops[8]["instructions"], loops[8]["fma"]) == (1266, 707, 512)
     assert (loops[7]["ldg"]["32"], loops[8]["ldg"]["32"]) == (48, 8) and (loops[7]["bar"], loops[8]["bar"]) == (2, 1)
     assert "707 instructions for its 512 FFMAs where v7's issues 1,266 (its 48 32-bit global loads" in v8
     assert f"SM throughput {pct(7, sm)} → {pct(8, sm)}" in v8
     for v, regs in ((1, 26), (3, 32), (9, 124), (10, 126), (11, 229), (12, 119)):
-        assert static[_nt(v)]["registers"] == regs and f"{regs} registers" in _fold(_entry(v)), v
+        assert static[_nt(v)]["registers"] == regs and f"{regs} registers" in fold(_entry(v)), v
     assert static["dense_gemm_v9_nn_f32"]["registers"] == 130 and static["dense_gemm_v9_nn_f32"]["blocks_per_sm"] == 1
-    v2 = _fold(_entry(2))
+    v2 = fold(_entry(2))
     t_nn = {v: ncu[f"dense_gemm_v{v}_nn_f32"]["gpu__time_duration.sum"] / 1e3 for v in (1, 2)}
     assert f"{t_nn[2]:,.0f} µs against v1's {t_nn[1]:,.0f}" in v2
 
@@ -265,35 +252,35 @@ def test_chapter_4_counted_figures_are_the_records_counts_at_4096():
     def m(v: int, key: str) -> float:
         return c[_nt(v)][key]
 
-    assert f"16.5 sectors per load request, the mean of the two; {_sci(m(1, ld_req))} requests" in _fold(_entry(1))
+    assert f"16.5 sectors per load request, the mean of the two; {sci(m(1, ld_req))} requests" in fold(_entry(1))
     assert m(1, ld_sec) / m(1, ld_req) == pytest.approx(16.5, abs=0.01)
-    v3 = _fold(_entry(3))
+    v3 = fold(_entry(3))
     spr = m(3, ld_sec) / m(3, ld_req)
-    assert f"load requests {_sci(m(1, ld_req))} → {_sci(m(3, ld_req), 3)}, {spr:.2f} sectors" in v3
-    assert m(3, wf_ld) / warp_ffma == 2 and m(3, x_ld) == 0 and f"{_sci(m(3, wf_ld))} shared wavefronts" in v3
-    assert f"shared wavefronts {_sci(m(3, wf_ld))} → {_sci(m(4, wf_ld))}" in _fold(_entry(4))
+    assert f"load requests {sci(m(1, ld_req))} → {sci(m(3, ld_req), 3)}, {spr:.2f} sectors" in v3
+    assert m(3, wf_ld) / warp_ffma == 2 and m(3, x_ld) == 0 and f"{sci(m(3, wf_ld))} shared wavefronts" in v3
+    assert f"shared wavefronts {sci(m(3, wf_ld))} → {sci(m(4, wf_ld))}" in fold(_entry(4))
     assert m(4, ld_req) / m(3, ld_req) == pytest.approx(0.5, rel=0.01)
     assert m(5, ld_req) / m(4, ld_req) == pytest.approx(0.5, rel=0.01)
-    v5 = _fold(_entry(5))
-    assert f"{_sci(m(4, wf_ld))} → {_sci(m(5, wf_ld))}, a third of them excessive" in v5
+    v5 = fold(_entry(5))
+    assert f"{sci(m(4, wf_ld))} → {sci(m(5, wf_ld))}, a third of them excessive" in v5
     assert m(5, x_ld) / m(5, wf_ld) == pytest.approx(1 / 3)
-    v6 = _fold(_entry(6))
-    assert f"load requests {_sci(m(5, ld_req))} → {_sci(m(6, ld_req))}, sectors {_sci(m(5, ld_sec))} → " \
-           f"{_sci(m(6, ld_sec))} (16 a request" in v6
+    v6 = fold(_entry(6))
+    assert f"load requests {sci(m(5, ld_req))} → {sci(m(6, ld_req))}, sectors {sci(m(5, ld_sec))} → " \
+           f"{sci(m(6, ld_sec))} (16 a request" in v6
     assert m(6, ld_sec) / m(6, ld_req) == 16 and m(6, x_st) == c[_nt(6)]["smsp__inst_executed_op_shared_st.sum"]
     assert round(100 * (m(7, wf_ld) / m(6, wf_ld) - 1)) == -33 and m(7, x_ld) == 0
     shared_v6 = (m(6, wf_ld) + m(6, wf_st)) / warp_ffma
     shared_ms = shared_v6 * 4096 ** 3 / 32 / (132 * 1.98e9) * 1e3
-    assert f"({shared_v6:.2f} wavefronts per warp FFMA: {shared_ms:.1f} ms of its 4.9)" in _fold(_entry(7))
+    assert f"({shared_v6:.2f} wavefronts per warp FFMA: {shared_ms:.1f} ms of its 4.9)" in fold(_entry(7))
     assert c[_nt(7)] == {k: v for k, v in c[_nt(8)].items()}  # "v7's counts, every one"
     assert c[_nt(9)] == c[_nt(8)]
-    v10 = _fold(_entry(10))
-    assert m(8, x_st) > 0 and m(10, x_st) == 0 and f"(counted: {_sci(m(8, x_st))} → 0)" in v10
+    v10 = fold(_entry(10))
+    assert m(8, x_st) > 0 and m(10, x_st) == 0 and f"(counted: {sci(m(8, x_st))} → 0)" in v10
     w = {v: (m(v, wf_ld) + m(v, wf_st)) / warp_ffma for v in (8, 10, 11, 12)}
     assert f"shared wavefronts per warp FFMA {w[8]:.3f} → {w[10]:.3f}" in v10
-    v11 = _fold(_entry(11))
+    v11 = fold(_entry(11))
     fewer = round(100 * (1 - m(11, wf_ld) / m(10, wf_ld)))
-    assert f"shared load wavefronts −{fewer}% (counted: {_sci(m(10, wf_ld))} → {_sci(m(11, wf_ld))})" in v11
+    assert f"shared load wavefronts −{fewer}% (counted: {sci(m(10, wf_ld))} → {sci(m(11, wf_ld))})" in v11
     st_req, st_sec = "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"
     assert (m(10, st_sec) / m(10, st_req), m(11, st_sec) / m(11, st_req)) == (32, 16)
     assert "store sectors per request 32 → 16" in v11
@@ -308,11 +295,11 @@ def test_chapter_4_prediction_arithmetic():
     (132 SMs at 1.98 GHz); the issue bound counts the loop's instructions per FFMA less about 4 per
     32-bit global load of the tail path full tiles never take; the predictions scale the larger
     bound by v8's measured ratio to it."""
-    said = _fold(CUDA_CHAPTER.read_text())
+    said = fold(CUDA_CHAPTER.read_text())
     warp_ffma = 4096 ** 3 / 32
     ffma_ms = warp_ffma / (132 * 4 * 1.98e9) * 1e3
     wavefront_ms = warp_ffma / (132 * 1.98e9) * 1e3
-    assert f"4096³ is {_sci(warp_ffma, 3)} warp FFMAs, {ffma_ms:.2f} ms at the peak" in said
+    assert f"4096³ is {sci(warp_ffma, 3)} warp FFMAs, {ffma_ms:.2f} ms at the peak" in said
     assert f"each shared wavefront per warp FFMA can cost {wavefront_ms:.2f} ms" in said
     static = _static()
 
@@ -321,7 +308,7 @@ def test_chapter_4_prediction_arithmetic():
         return (loop["instructions"] - 4 * loop["ldg"].get("32", 0)) / loop["fma"] * ffma_ms
 
     assert round(issue_ms(10), 1) == round(issue_ms(11), 1) == 2.7
-    assert "issue (2.7 ms) binds both" in _fold(_entry(10)) and "issue still at 2.7 ms" in _fold(_entry(11))
+    assert "issue (2.7 ms) binds both" in fold(_entry(10)) and "issue still at 2.7 ms" in fold(_entry(11))
     v8_us = _timed()["v8"]["forward_us"]
     assert round(v8_us / 1e3 / issue_ms(8), 2) == 1.40 and "(1.40 times the larger of the" in said
     goal = _record("cuda_gpu_h100.json")["goals"]["goals"]["forward"]
@@ -335,18 +322,18 @@ def test_chapter_4_says_which_entry_spills_as_the_static_record_has_it():
     spills = {(arch, name): (e["spill_stores"], e["spill_loads"]) for arch, figures in archs.items()
               for name, e in figures["entries"].items() if e["spill_stores"] or e["spill_loads"]}
     assert sorted(archs) == ["sm_80", "sm_90a"] and spills == {("sm_80", "dense_gemm_v4_nt_f32"): (8, 8)}
-    assert "none spills but v4's `nt` float32 kernel on sm_80 (8 bytes)" in _fold(CUDA_CHAPTER.read_text())
+    assert "none spills but v4's `nt` float32 kernel on sm_80 (8 bytes)" in fold(CUDA_CHAPTER.read_text())
 
 
 def test_chapter_4_slices_of_v9_and_v12_at_b32():
     sr = load_script("cuda/static_report.py", "static_report")
-    assert sr.splitk_slices(32, 4096, 4096, 128, 128, 132) == 5 and "5 slices at B = 32 on 132 SMs" in _fold(_entry(9))
+    assert sr.splitk_slices(32, 4096, 4096, 128, 128, 132) == 5 and "5 slices at B = 32 on 132 SMs" in fold(_entry(9))
     assert sr.splitk_slices(4096, 4096, 4096, 128, 128, 132) == 1
     tiles, places = (32 // 32) * (4096 // 128), 132 * 4
     asked = -(-places // tiles)
     slices = sr.skinny_slices(32, 4096, 4096, 32, 128, 16, 4, 132)
     assert (asked, slices, 4096 // 16) == (17, 16, 256) and (256 // 16) == slices  # 16 steps of 16 a slice
-    v12 = _fold(_entry(12))
+    v12 = fold(_entry(12))
     assert f"⌈{places}/{tiles}⌉ = {asked} slices" in v12 and f"{places} places" in v12
     blocks = tiles * slices
     assert f"{slices} slices, {blocks} blocks, all resident at once, {places - blocks} places empty" in v12
@@ -357,11 +344,11 @@ def test_chapter_4_bandwidth_claims_are_the_figures_numbers():
     figures = load_script("cuda/figures.py", "figures")
     r = figures.roofline(_record("cuda_gpu_h100.json"), _record(figures.STATIC))
     p = {q["version"]: q for q in r["points"]}
-    said = _fold(CUDA_CHAPTER.read_text())
+    said = fold(CUDA_CHAPTER.read_text())
     worst = max(range(3, 10), key=lambda v: p[v]["dram_share"])
     assert worst == 8 and f"at most {100 * p[8]['dram_share']:.0f}% of the measured time (v8)" in said
     assert {round(100 * p[v]["dram_share"]) for v in (1, 2)} == {60}
-    assert f"v1 and v2 ask {_sci(p[1]['requested_bytes'])} bytes, 60% of their time" in said
+    assert f"v1 and v2 ask {sci(p[1]['requested_bytes'])} bytes, 60% of their time" in said
     roof = [100 * p[v]["of_roof"] for v in range(5, 10)]
     assert f"reach {min(roof):.0f}% to {max(roof):.0f}% of the FFMA roof" in said
     assert max(k["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"]
@@ -385,7 +372,7 @@ def test_chapter_4_sgemm_table_states_our_versions_as_the_record_has_them():
 
 def test_chapter_4_bank_conflict_paragraph_is_the_records_counts_at_2048():
     c, ncu = _counted(2048), _ncu()
-    said = _fold(CUDA_CHAPTER.read_text())
+    said = fold(CUDA_CHAPTER.read_text())
     x_ld, x_st = "excessive_wavefronts_mem_shared_op_ld", "excessive_wavefronts_mem_shared_op_st"
     bank = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{}.sum"
     # v5, v6: 4 excessive a load of Bs (256 blocks × 8 warps × 256 k-steps × 16 loads of Bs)
@@ -424,7 +411,7 @@ def test_chapter_4_ldgsts_of_v8s_backward_products_at_4096(tmp_path):
     assert (nn[req], tn[req]) == (4_194_304, 8_388_608) and nn[sec] / nn[req] == tn[sec] / tn[req] == 16
     assert nn["excessive_wavefronts_mem_shared_op_ldgsts"] == tn["excessive_wavefronts_mem_shared_op_ldgsts"] == 0
     assert "v8's nn makes 4,194,304 LDGSTS requests, its tn 8,388,608, 16 sectors each, none excessive" in \
-        _fold(CUDA_CHAPTER.read_text())
+        fold(CUDA_CHAPTER.read_text())
 
 
 @needs_counters
@@ -435,42 +422,29 @@ def test_chapter_4_v12_against_v9_counted_at_b32(tmp_path):
     ld_req = "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"
     wf = "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"
     assert v9[ld_req] == v12[ld_req]  # W once, and x once per tile, in both
-    assert f"shared load wavefronts {_sci(v9[wf], 3)} → {_sci(v12[wf], 3)}" in _fold(_entry(12))
+    assert f"shared load wavefronts {sci(v9[wf], 3)} → {sci(v12[wf], 3)}" in fold(_entry(12))
     assert v12["excessive_wavefronts_mem_shared_op_st"] == v12["smsp__inst_executed_op_shared_st.sum"]
 
 
 # Chapter 4's exercises: each edit made in a copy of the repository, the command run as written there
-def _exercise(number: int, part: str) -> str:
-    text = CUDA_CHAPTER.read_text()
-    section = text.split("## Exercises", 1)[1].split("## Answers", 1)
-    body = section[0] if part == "question" else section[1]
-    found = re.search(rf"^{number}\. (.*?)(?=^\d\. |\Z)", body, re.S | re.M)
-    return _fold(found.group(1))
-
-
-def _repository_copy(tmp_path: Path) -> Path:
-    copy = tmp_path / "repo"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv*", "build", ".pytest_cache",
-                                                              ".ruff_cache", "__pycache__"))
-    return copy
 
 
 def test_chapter_4_answer_3_is_what_the_slices_command_prints():
-    question = _exercise(3, "question")
+    question = exercise(CUDA_CHAPTER, 3, "question")
     command = re.search(r"`(python cuda/emulated.py --slices [\d ]+)`", question).group(1)
     result = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     got = [int(x) for x in re.findall(r"SMs: (\d+)", result.stdout)]
-    assert _exercise(3, "answer").startswith(f"{got[0]}, {got[1]}, {got[2]} and {got[3]}.")
+    assert exercise(CUDA_CHAPTER, 3, "answer").startswith(f"{got[0]}, {got[1]}, {got[2]} and {got[3]}.")
     assert got == [1, 1, 4, 5]
 
 
 @pytest.mark.slow
 def test_chapter_4_answer_2_is_what_the_emulation_prints(tmp_path):
-    question = _exercise(2, "question")
+    question = exercise(CUDA_CHAPTER, 2, "question")
     line = re.search(r"add `([^`]+)` after", question).group(1)
-    copy = _repository_copy(tmp_path)
+    copy = repository_copy(tmp_path)
     kernel = copy / "cuda" / "kernels" / "v3_smem.cuh"
     source = kernel.read_text()
     anchor = "  const int64_t m = int64_t(blockIdx.y) * S + ty, n = int64_t(blockIdx.x) * S + tx;\n"
@@ -480,16 +454,16 @@ def test_chapter_4_answer_2_is_what_the_emulation_prints(tmp_path):
     result = subprocess.run([sys.executable, *command.split()[1:]], cwd=copy, capture_output=True, text=True,
                             timeout=900)
     assert result.returncode != 0 and "FAIL" in result.stdout, result.stdout[-3000:]
-    printed = re.search(r"on stderr `([^`]+)`", _exercise(2, "answer")).group(1)
-    assert printed in _fold(result.stderr), result.stderr[-3000:]
+    printed = re.search(r"on stderr `([^`]+)`", exercise(CUDA_CHAPTER, 2, "answer")).group(1)
+    assert printed in fold(result.stderr), result.stderr[-3000:]
 
 
 @needs_counters
 @pytest.mark.slow
 def test_chapter_4_answer_4_is_what_the_counters_count_without_the_padding(tmp_path):
-    question = _exercise(4, "question")
+    question = exercise(CUDA_CHAPTER, 4, "question")
     command = re.search(r"`(python cuda/counters.py [^`]+)`", question).group(1).split()[1:]
-    copy = _repository_copy(tmp_path)
+    copy = repository_copy(tmp_path)
     source = copy / "cuda" / "kernels" / "sigmoid_grad.cuh"
     assert source.read_text().count("kGradCols + 1") == 3  # "in its three places"
     source.write_text(source.read_text().replace("kGradCols + 1", "kGradCols"))
@@ -501,7 +475,7 @@ def test_chapter_4_answer_4_is_what_the_counters_count_without_the_padding(tmp_p
         assert result.returncode == 0, result.stderr[-3000:]
         counts[name] = {k["kernel"]: k["metrics"] for k in json.loads(out.read_text())["kernels"]}
     x, loads = "excessive_wavefronts_mem_shared_op_ld", "smsp__inst_executed_op_shared_ld.sum"
-    answer = _exercise(4, "answer")
+    answer = exercise(CUDA_CHAPTER, 4, "answer")
     for v in (1, 2, 3):
         assert counts["before"][f"dense_sigmoid_grad_v{v}_f32"][x] == 0
     assert counts["after"]["dense_sigmoid_grad_v1_f32"] == counts["before"]["dense_sigmoid_grad_v1_f32"]

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,23 +20,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, load_script
+from conftest import ROOT, exercise, fold, load_script, repository_copy, sci
 
 PAGE = ROOT / "cuda" / "tensor_cores" / "README.md"
 RESULTS = ROOT / "docs" / "results"
-SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 MMA_4096 = 4096 ** 3 // (16 * 8 * 16)  # m16n8k16's at 4096³
 SM_MACS = 2048  # bfloat16 multiply-adds a clock an SM on Hopper's tensor cores (roof.cuh)
 ISSUE_GHZ = 1.98  # chapter 4's arithmetic: the H100's maximum SM clock
 CHAPTER_4_RATIOS = (1.1, 1.4)  # v7's and v8's measured time over their issue bound (checked below)
 
 
-def _fold(text: str) -> str:
-    return " ".join(text.split())
-
-
 def _page() -> str:
-    return _fold(PAGE.read_text())
+    return fold(PAGE.read_text())
 
 
 def _entry(title: str) -> str:
@@ -45,16 +39,11 @@ def _entry(title: str) -> str:
     text = PAGE.read_text()
     start = text.index(f"\n#### {title}")
     end = re.search(r"\n#{2,4} ", text[start + 1:])
-    return _fold(text[start:start + 1 + end.start()])
+    return fold(text[start:start + 1 + end.start()])
 
 
 def _record(name: str) -> dict:
     return json.loads((RESULTS / name).read_text())
-
-
-def _sci(x: float, digits: int = 2) -> str:
-    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-    return f"{mantissa}·10{str(int(exponent)).translate(SUPERSCRIPT)}"
 
 
 def _static(version: int, dtype: str = "bf16") -> dict:
@@ -127,7 +116,7 @@ def test_the_tests_the_page_names_exist():
 # ---------------------------------------------------------------------------------------
 def test_the_ideas_numbers():
     said = _page()
-    roof = _fold(re.sub(r"\n\s*//", " ", (ROOT / "cuda" / "tensor_cores" / "roof.cuh").read_text()))  # its comments
+    roof = fold(re.sub(r"\n\s*//", " ", (ROOT / "cuda" / "tensor_cores" / "roof.cuh").read_text()))  # its comments
     assert 32 * 2 == 64 and 2 * 16 * 8 * 16 == 4096
     assert "A warp's FFMA is 64 FLOPs" in said and "4,096 FLOPs in one warp instruction" in said
     assert 2 * SM_MACS == 4096 and 4096 / (128 * 2) == 16 and "132 SMs × 4,096 FLOP a clock at 1.83 GHz" in roof
@@ -135,7 +124,7 @@ def test_the_ideas_numbers():
     assert "4,096 bfloat16 FLOPs a clock on its tensor cores, 16 times the 256 of its 128 FFMA lanes: 989.4" in said
     # chapter 4's float32 peak: 132 SMs × 128 lanes × 2 FLOPs at 1.98 GHz
     assert round(132 * 128 * 2 * 1.98e9 / 1e12, 1) == 66.9
-    assert "66.9 TFLOP/s (132 SMs × 128 lanes × 2 FLOPs × 1.98 GHz)" in _fold((ROOT / "cuda" / "README.md").read_text())
+    assert "66.9 TFLOP/s (132 SMs × 128 lanes × 2 FLOPs × 1.98 GHz)" in fold((ROOT / "cuda" / "README.md").read_text())
     assert "against chapter 4's 66.9 at 1.98 GHz" in said
     assert 64 * 256 * 16 // (16 * 8 * 16) == 128 and "up to 64×256×16, 128 times the work" in said
     assert "Predicted: 900-990 TFLOP/s" in roof and "predicted about half the wgmma roof, 450-550" in roof
@@ -184,7 +173,7 @@ def test_v21_prediction():
             "loads") in entry
     requests = c["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"]
     sectors = c["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / requests
-    assert f"{_sci(requests)} load requests of {sectors:.0f} sectors" in entry
+    assert f"{sci(requests)} load requests of {sectors:.0f} sectors" in entry
 
 
 def _wavefronts(v: int) -> dict[str, float]:
@@ -200,8 +189,8 @@ def test_the_bank_conflict_story_is_the_records_counts_at_4096():
     assert v22["ldsm"] == v23["ldsm"] and v22["ld"] / v22["ldsm"] == 32 and v23["ld"] / v23["ldsm"] == 4
     assert v23["x_ld"] == 0 and v22["x_ld"] == v22["ld"] - 4 * v22["ldsm"]
     said = _entry("v23 ·")
-    assert (f"The same {_sci(v22['ldsm'])} `ldmatrix` requests take {_sci(v22['ld'])} wavefronts in v22, 32 each, "
-            f"and {_sci(v23['ld'])} in v23, 4 each: 8 per matrix against 1") in said
+    assert (f"The same {sci(v22['ldsm'])} `ldmatrix` requests take {sci(v22['ld'])} wavefronts in v22, 32 each, "
+            f"and {sci(v23['ld'])} in v23, 4 each: 8 per matrix against 1") in said
     # per mma: 16 from ldmatrix and 1 from staging in v22, 2 and 1 in v23
     assert ((v22["ld"] + v22["st"]) / MMA_4096, (v23["ld"] + v23["st"]) / MMA_4096) == (17, 3)
     assert "16 per mma, plus 1 for staging: 17 where the roof allows 2" in _entry("v22 ·")
@@ -228,7 +217,7 @@ def test_v24_prediction():
     w, k = _wavefronts(24), _static(24)
     assert (w["ld"] / MMA_4096, w["ldgsts"] / MMA_4096) == (1.5, 0.5)
     said = _entry("v24 ·")
-    assert f"(counted: {_sci(w['ld'])} and {_sci(w['ldgsts'])}): 2, all of shared memory at the roof" in said
+    assert f"(counted: {sci(w['ld'])} and {sci(w['ldgsts'])}): 2, all of shared memory at the roof" in said
     assert k["inner_loop"]["instructions"] == 353 and k["inner_loop"]["mma"] == 32
     _, without = _issue_bound(k)
     assert round(without) == 9 and round(8 / without, 2) == 0.89
@@ -444,19 +433,6 @@ def test_the_lease_table_states_bench_gpus_goals_and_parts():
 # ---------------------------------------------------------------------------------------
 # The exercises' answers
 # ---------------------------------------------------------------------------------------
-def _exercise(number: int, part: str) -> str:
-    text = PAGE.read_text()
-    section = text.split("## Exercises", 1)[1].split("## Answers", 1)
-    body = section[0] if part == "question" else section[1]
-    found = re.search(rf"^{number}\. (.*?)(?=^\d\. |\Z)", body, re.S | re.M)
-    return _fold(found.group(1))
-
-
-def _repository_copy(tmp_path: Path) -> Path:
-    copy = tmp_path / "repo"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv*", "build", ".pytest_cache",
-                                                              ".ruff_cache", "__pycache__"))
-    return copy
 
 
 def _edit(path: Path, old: str, new: str) -> None:
@@ -474,7 +450,7 @@ def test_answer_3_is_the_descriptor_the_emulator_decodes():
     emu = load_script("cuda/emulated.py")
     if emu.unavailable_reason():
         pytest.skip(f"the emulation {emu.unavailable_reason()}")
-    question, answer = _exercise(3, "question"), _exercise(3, "answer")
+    question, answer = exercise(PAGE, 3, "question"), exercise(PAGE, 3, "answer")
     assert "smem_desc(As + 64, 16, 1024, kSwizzle128B)" in question
     header = (ROOT / "cuda" / "tensor_cores" / "tc5_wgmma.cuh").read_text()
     assert "smem_desc(As + kk * 2, 16, 1024, kSwizzle128B)" in header  # K-major A: kk = 32, its third k-step
@@ -493,9 +469,9 @@ needs_counters = pytest.mark.skipif(load_script("cuda/counters.py", "counters").
 @needs_counters
 @pytest.mark.slow
 def test_answer_1_is_what_the_counters_count_with_the_weaker_swizzle(tmp_path):
-    question, answer = _exercise(1, "question"), _exercise(1, "answer")
+    question, answer = exercise(PAGE, 1, "question"), exercise(PAGE, 1, "answer")
     counters, check = _commands(question)
-    copy = _repository_copy(tmp_path)
+    copy = repository_copy(tmp_path)
     _edit(copy / "cuda" / "tensor_cores" / "tc2_ldmatrix.cuh", "(c / 8) ^ (r % 8)", "(c / 8) ^ (r % 4)")
     out = tmp_path / "after.json"
     result = subprocess.run([sys.executable, *counters, "--json", str(out)], cwd=copy, capture_output=True,
@@ -506,7 +482,7 @@ def test_answer_1_is_what_the_counters_count_with_the_weaker_swizzle(tmp_path):
     wavefronts = m["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"]
     assert wavefronts / requests == 8 and m["excessive_wavefronts_mem_shared_op_ld"] == wavefronts / 2
     assert answer.startswith("8 a request, 2 per matrix")
-    assert f"({_sci(wavefronts)} wavefronts for {requests:,.0f} requests, half of them excessive)" in answer
+    assert f"({sci(wavefronts)} wavefronts for {requests:,.0f} requests, half of them excessive)" in answer
     passed = subprocess.run([sys.executable, *check], cwd=copy, capture_output=True, text=True, timeout=900)
     assert passed.returncode == 0 and "`grad_check.py` still passes" in answer, passed.stdout[-2000:]
 
@@ -516,8 +492,8 @@ def test_answer_2_is_what_a_wrong_fragment_table_fails(tmp_path):
     emu = load_script("cuda/emulated.py")
     if emu.unavailable_reason():
         pytest.skip(f"the emulation {emu.unavailable_reason()}")
-    question, answer = _exercise(2, "question"), _exercise(2, "answer")
-    copy = _repository_copy(tmp_path)
+    question, answer = exercise(PAGE, 2, "question"), exercise(PAGE, 2, "answer")
+    copy = repository_copy(tmp_path)
     planted = "{g + 8 * (i >> 2), 2 * t + (i & 1) + 8 * ((i >> 1) & 1)}"
     assert f"`{planted}`" in question
     header = copy / "cuda" / "emulate" / "warp_matrix.h"
