@@ -66,6 +66,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -792,6 +793,14 @@ def command_problems(p: Part, tag: str = "h100") -> list[str]:
 _checked: dict[tuple, list[str]] = {}
 
 
+def _prefetch(p: Part) -> None:
+    """command_problems(p) computed ahead (dry_run reports it, and any exception, in order)."""
+    try:
+        command_problems(p)
+    except (SyntaxError, ValueError, subprocess.TimeoutExpired):
+        pass
+
+
 def _command_problems(argv: list[str]) -> list[str]:
     if argv[0] == "compute-sanitizer":
         argv = argv[argv.index("python"):]
@@ -883,6 +892,10 @@ def dry_run(names: list[str]) -> bool:
     for problem in problems:
         print(f"FAIL  {problem}")
     ok = not problems
+    # each check starts a Python (a script's --help, pytest's collection): side by side, one a core
+    checked = [p for name in names or list(SELECTIONS) for p in resolve([name], every)[0]]
+    with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
+        list(pool.map(_prefetch, checked + ([] if names else [every[n] for n in by_name(every)])))
     for name in names or list(SELECTIONS):
         selected, deadline = resolve([name], every)
         print(f"{name}: {len(selected)} parts, limits {sum(p.limit_s for p in selected)} s of its {deadline} s")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -336,7 +337,9 @@ def test_the_gpu_tests_leave_out_slow_ones_and_items_the_ptx_stage_cannot_run():
         return {line for line in got.stdout.splitlines() if "::" in line}
 
     k = argv[argv.index("-k") + 1]
-    kept, every_gpu, slow = collect("-m", "gpu and not slow", "-k", k), collect("-m", "gpu"), collect("-m", "slow")
+    with ThreadPoolExecutor(3) as pool:  # three collections of the whole suite, side by side
+        kept, every_gpu, slow = pool.map(lambda a: collect(*a), [("-m", "gpu and not slow", "-k", k), ("-m", "gpu"),
+                                                                 ("-m", "slow")])
     assert kept and not kept & slow
     carried = plan._constant(ROOT / "tests" / "test_cuda.py", "PTX_VERSIONS")
     would_skip = {t for t in every_gpu - slow if t.startswith("tests/test_cuda.py::")
