@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib.util
 import json
 import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -54,6 +55,17 @@ def build_lock(out: Path) -> Iterator[None]:
     with open(out.parent / f"{out.name}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or the process dies
         yield
+
+
+def source_digest(files: Iterable[Path], *settings: str) -> str:
+    """Twelve hex digits that change when any of ``files`` (name and bytes) or ``settings`` (the
+    compiler, its flags, the tools) does: the name of a build kept per source state, so that a
+    build is made once and an edit makes a new one."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update("\0".join(settings).encode())
+    return digest.hexdigest()[:12]
 
 
 def load_file(path: str, name: str) -> ModuleType:

@@ -43,7 +43,6 @@ Examples:
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
 import re
@@ -152,11 +151,8 @@ def _sources() -> list[Path]:
 
 def library_path() -> Path:
     """Where the build of today's sources lies (build/counters/, one file per source state)."""
-    digest = hashlib.sha256()
-    for path in _sources():
-        digest.update(path.name.encode() + path.read_bytes())
-    digest.update(" ".join([compiler(), *FLAGS, *INSTRUMENT]).encode())
-    return ROOT / "build" / "counters" / f"libdense_count_{digest.hexdigest()[:12]}.so"
+    digest = cli.source_digest(_sources(), compiler(), *FLAGS, *INSTRUMENT)
+    return ROOT / "build" / "counters" / f"libdense_count_{digest}.so"
 
 
 def built() -> bool:

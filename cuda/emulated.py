@@ -22,7 +22,6 @@ Examples:
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
@@ -90,11 +89,7 @@ def unavailable_reason() -> str | None:
 
 def build(extra_flags: tuple[str, ...] = ()) -> Path:
     """Compile the library (once per source state) into build/emulate/; returns its path."""
-    digest = hashlib.sha256()
-    for path in SOURCES:
-        digest.update(path.name.encode() + path.read_bytes())
-    digest.update(" ".join(CXX_FLAGS + list(extra_flags)).encode())
-    out = ROOT / "build" / "emulate" / f"libdense_emu_{digest.hexdigest()[:12]}.so"
+    out = ROOT / "build" / "emulate" / f"libdense_emu_{cli.source_digest(SOURCES, *CXX_FLAGS, *extra_flags)}.so"
     if not out.exists():
         with cli.build_lock(out):
             _build(out, extra_flags)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
-import hashlib
 import json
 import math
 import os
@@ -653,13 +652,9 @@ def _cache_key(sources: list[Path], arch: str, tools: tuple[str, str]) -> str | 
     cuda = ROOT / "cuda"
     if not all(Path(s).resolve().is_relative_to(cuda) for s in sources):
         return None
-    digest = hashlib.sha256(f"{arch} {[str(Path(s).resolve()) for s in sources]}".encode())
-    for path in sorted(p for p in cuda.rglob("*") if p.suffix in (".cu", ".cuh", ".h") and p.is_file()):
-        digest.update(str(path.relative_to(cuda)).encode() + b"\0" + path.read_bytes())
-    for tool in tools:
-        stat = Path(tool).resolve().stat()
-        digest.update(f"{Path(tool).resolve()} {stat.st_size} {stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
+    files = sorted(p for p in cuda.rglob("*") if p.suffix in (".cu", ".cuh", ".h") and p.is_file())
+    which = [f"{tool} {tool.stat().st_size} {tool.stat().st_mtime_ns}" for tool in (Path(t).resolve() for t in tools)]
+    return cli.source_digest(files, arch, *(str(Path(s).resolve()) for s in sources), *which)
 
 
 def compile_sources(sources: list[Path], arch: str, workdir: Path) -> tuple[str, str, list[str]]:
