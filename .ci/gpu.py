@@ -893,9 +893,10 @@ def dry_run(names: list[str]) -> bool:
         print(f"FAIL  {problem}")
     ok = not problems
     # each check starts a Python (a script's --help, pytest's collection): side by side, one a core
-    checked = [p for name in names or list(SELECTIONS) for p in resolve([name], every)[0]]
+    checked = {p.name: p for name in names or list(SELECTIONS) for p in resolve([name], every)[0]}
+    checked |= {} if names else {n: every[n] for n in by_name(every)}  # a part in several selections: once
     with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
-        list(pool.map(_prefetch, checked + ([] if names else [every[n] for n in by_name(every)])))
+        list(pool.map(_prefetch, checked.values()))
     for name in names or list(SELECTIONS):
         selected, deadline = resolve([name], every)
         print(f"{name}: {len(selected)} parts, limits {sum(p.limit_s for p in selected)} s of its {deadline} s")
