@@ -484,9 +484,9 @@ DRIVER_LINE = re.compile(r"(\d+) of (\d+) kernel runs matched the reference \((\
 
 
 def run_every_kernel(exe: Path, *args: str, env: dict | None = None) -> None:
-    """The driver's whole list in one process per core, each taking every n-th version
-    (--shard i/n); every process must pass, and together they must have run every version and
-    candidate once."""
+    """The driver's whole list in two processes side by side (one on a single core), each taking
+    every other version (--shard i/n); every process must pass, and together they must have run
+    every version and candidate once."""
     shards = max(1, min(2, os.cpu_count() or 1))
     with ThreadPoolExecutor(shards) as pool:
         results = list(pool.map(lambda i: run_driver(exe, *args, "--shard", f"{i}/{shards}", env=env), range(shards)))

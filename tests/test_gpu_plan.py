@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_script
+from conftest import ROOT, fold, load_script
 
 
 def _load():
@@ -63,7 +63,7 @@ def test_the_selections_fit_one_lease_after_its_start():
 def test_the_readme_says_what_the_plan_does():
     """README.md's paragraph on .ci/gpu: its selections, their minutes and the lease's, where the
     build's limit comes from."""
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = fold((ROOT / "README.md").read_text())
     for name in plan.SELECTIONS:
         assert f"`bash .ci/gpu {name} --out DIR`" in text, name
     assert not re.findall(r"bash \.ci/gpu (?!--)(\w+)", text.replace("lease", "").replace("explain", ""))
