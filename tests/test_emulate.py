@@ -518,6 +518,13 @@ def test_every_kernel_under_thread_sanitizer(sanitized):
 
 
 @pytest.mark.slow
+def test_the_driver_refuses_a_shard_or_version_it_cannot_take(sanitized):
+    for args in (["--shard", "2/2"], ["--shard", "x"], ["--shard"], ["-1"], ["--fast"]):
+        result = run_driver(sanitized["address"], *args, env={"ASAN_OPTIONS": "detect_leaks=0"})
+        assert result.returncode == 2 and "usage:" in result.stderr and not result.stdout, (args, result.stderr)
+
+
+@pytest.mark.slow
 def test_thread_sanitizer_reports_a_missing_syncthreads(tmp_path):
     """The race check can fail: the shared-memory kernel without the __syncthreads that ends a
     k step (fast threads overwrite the tile that slow ones still read) must be reported."""
