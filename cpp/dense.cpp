@@ -255,8 +255,15 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, z.scalar_type(), "dense_cpp_forward", [&] {
     const scalar_t* bp = b.defined() ? b.data_ptr<scalar_t>() : nullptr;
     if (!use_blocks(rows, x2.size(1), block, x.scalar_type())) {
-      at::mm_out(z, x2, wt);
-      bias_sigmoid_(z.data_ptr<scalar_t>(), bp, rows, cols);
+      // A 16-bit z is rounded once, after the bias: addmm adds it to the float accumulator, as
+      // F.linear does. (mm then a separate bias pass would round x·Wᵀ to 16 bits first.)
+      if (std::is_same_v<scalar_t, acc_t<scalar_t>> || bp == nullptr) {
+        at::mm_out(z, x2, wt);
+        bias_sigmoid_(z.data_ptr<scalar_t>(), bp, rows, cols);
+      } else {
+        at::addmm_out(z, b, x2, wt);
+        bias_sigmoid_(z.data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr), rows, cols);
+      }
       return;
     }
     // Blocked: the sigmoid pass over a block of rows right after its GEMM, while it is in
