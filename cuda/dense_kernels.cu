@@ -126,11 +126,23 @@ DENSE_EXPORT int dense_sigmoid_grad_launch(int version, int dtype, bool x4, cons
   return dense_kernels::launch_sigmoid_grad(version, dtype, x4, g, y, dz, db, rows, cols, sm_count, workspace,
                                             static_cast<dense_kernels::Stream>(stream));
 }
+// The workspace of a resolved version (dense_gemm_resolve): -1 for version 0, whose choice depends
+// on the operands, and for an unknown type.
 DENSE_EXPORT int64_t dense_gemm_workspace(int version, int dtype, int64_t M, int64_t N, int64_t K, int sm_count) {
   if (!dense_kernels::valid_dtype(dtype)) return -1;
   const auto t = static_cast<dense_kernels::DType>(dtype);
-  if (version == 0) version = dense_kernels::choose_version(M, N, K, t, sm_count, dense_kernels::device_arch(), true);
   return dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(t), M, N, K, sm_count);
+}
+// What dense_gemm_launch runs for `version` on these operands on this device: dense_kernels::
+// resolve_version (kernels only, as the launcher resolves; flags bit 1: the predicted table).
+DENSE_EXPORT int dense_gemm_resolve(int version, const char* layout, int dtype, const void* A, const void* B,
+                                    int64_t M, int64_t N, int64_t K, int sm_count, int flags) {
+  if (!dense_kernels::valid_dtype(dtype) || dense_kernels::layout_index(layout) < 0) return -1;
+  const auto t = static_cast<dense_kernels::DType>(dtype);
+  return dense_kernels::resolve_version(
+      version, M, N, K, t, sm_count, dense_kernels::device_arch(),
+      dense_kernels::tma_compatible(layout, A, B, M, N, K, dense_kernels::dtype_bytes(t)), /*kernels_only=*/true,
+      (flags & 2) ? dense_kernels::kPredicted : dense_kernels::kConfirmed);
 }
 
 // The tensor cores' roofs (cuda/tensor_cores/roof.cuh), for cuda/bench_gpu.py roof: kind 0 is

@@ -96,7 +96,7 @@ constexpr bool version_builds(int version, DType t) {
     if (v.id == version) return names_word(v.dtypes, kDTypeNames[t]);
   return false;
 }
-constexpr int kDefaultVersion = 0;  // 0: choose by shape and SM count (see choose_version)
+constexpr int kDefaultVersion = 0;  // 0: choose by shape and SM count (see resolve_version)
 
 // The shapes below take `element_bytes`, the accumulator's size (acc_bytes(dtype)): the registers
 // and shared memory a tile needs are the accumulator's, so bfloat16 and float16 take float32's tiles.
@@ -288,7 +288,7 @@ inline int gemm_slices(int version, int element_bytes, int64_t M, int64_t N, int
   return 1;
 }
 
-// Version 0 picks from a committed table by class of shape (cuda/gemm_choice.h):
+// Version 0 picks from committed tables by class of shape (cuda/gemm_choice.h):
 enum ShapeClass : int {
   kFillsGpu = 0,    // v8's 128×128 tiles cover every SM, or K is too shallow to split
   kSmallBatch = 1,  // fewer of those tiles than SMs, and K deep enough to split (v9 splits it)
@@ -296,34 +296,42 @@ enum ShapeClass : int {
 inline ShapeClass shape_class(int64_t M, int64_t N, int64_t K, int element_bytes, int sm_count) {
   return splitk_slices(M, N, K, element_bytes, sm_count) > 1 ? kSmallBatch : kFillsGpu;
 }
+// A table entry's version where no kernel has been confirmed on a GPU for its type: the stage
+// hands the call to ATen's GEMM and elementwise ops (the reference's own arithmetic).
+constexpr int kAten = -1;
 struct Choice {
   ShapeClass shape;
   DType dtype;
-  int version;  // a version built for dtype, or a candidate tune_id(I) (float32 only)
+  int version;  // a version built for dtype, a candidate tune_id(I) (float32 only), or kAten
 };
+// Which table version 0 reads: the confirmed defaults, or the predictions a GPU's exact checks and
+// timings have yet to confirm (the GPU plan times those versions by number; tests read the table).
+enum ChoiceTable : int { kConfirmed = 0, kPredicted = 1 };
 }  // namespace dense_kernels
-#include "gemm_choice.h"  // kChoices: the table
+#include "gemm_choice.h"  // kChoices and kPredictedChoices: the tables
 namespace dense_kernels {
 // An entry is usable on a device of compute capability `arch` (90 for sm_90) when its version
 // runs there, and, for a TMA version, when the operands suit TMA (tma_compatible).
 constexpr bool usable(int version, int arch, bool tma_ok) {
-  return (!needs_sm90a(version) || arch == 90) && (!uses_tma(version) || tma_ok);
+  return version == kAten || ((!needs_sm90a(version) || arch == 90) && (!uses_tma(version) || tma_ok));
 }
-constexpr bool valid_choices() {
-  for (const Choice& c : kChoices)
-    if (!(c.version != 0 && version_builds(c.version, c.dtype)) && !(is_tune(c.version) && c.dtype == kF32))
+template <size_t N>
+constexpr bool valid_table(const Choice (&table)[N]) {
+  for (const Choice& c : table)
+    if (c.version != kAten && !(c.version != 0 && version_builds(c.version, c.dtype)) &&
+        !(is_tune(c.version) && c.dtype == kF32))
       return false;
   for (int t = 0; t < kDTypes; ++t)  // every type and class of shape has an entry usable everywhere
     for (ShapeClass shape : {kFillsGpu, kSmallBatch}) {
       bool found = false;
-      for (const Choice& c : kChoices) found = found || (c.dtype == t && c.shape == shape && usable(c.version, 0, false));
+      for (const Choice& c : table) found = found || (c.dtype == t && c.shape == shape && usable(c.version, 0, false));
       if (!found) return false;
     }
   return true;
 }
-static_assert(valid_choices(), "gemm_choice.h names a version not built for its type (or a candidate for "
-                               "another type than float32), or leaves a type and class of shape without an entry "
-                               "that runs on every GPU");
+static_assert(valid_table(kChoices) && valid_table(kPredictedChoices),
+              "gemm_choice.h names a version not built for its type (or a candidate for another type than "
+              "float32), or leaves a type and class of shape without an entry that runs on every GPU");
 
 // TMA copies rows whose start and stride are multiples of 16 bytes: the operands' pointers, and
 // their rows along the contiguous dimension (K, or M or N for an operand stored along it).
@@ -335,13 +343,28 @@ inline bool tma_compatible(const char* layout, const void* A, const void* B, int
          b_row % 16 == 0;
 }
 
-// Version 0: the table's first entry for the class of this shape that is usable here, on a device
-// of sm_count SMs and compute capability arch (both queried by the caller, never constants).
-inline int choose_version(int64_t M, int64_t N, int64_t K, DType dtype, int sm_count, int arch, bool tma_ok) {
-  const ShapeClass shape = shape_class(M, N, K, acc_bytes(dtype), sm_count);
-  for (const Choice& c : kChoices)
+template <size_t N>
+constexpr int first_usable(const Choice (&table)[N], ShapeClass shape, DType dtype, int arch, bool tma_ok) {
+  for (const Choice& c : table)
     if (c.shape == shape && c.dtype == dtype && usable(c.version, arch, tma_ok)) return c.version;
-  return 0;  // unreachable: valid_choices() holds an entry usable everywhere for every type and class
+  return kAten;  // unreachable: valid_table() holds an entry usable everywhere for every type and class
+}
+
+// The one resolver: what a call asking for `version` runs (0: automatic), from the shape, the
+// element type, the device (sm_count SMs, compute capability arch, both queried by the caller) and
+// whether the operands suit TMA. Every path calls it before sizing a workspace or launching: the
+// stages, the launchers, the exports. Version 0 takes the table's first entry for the shape's
+// class and type that is usable here; kAten where none is confirmed, unless `kernels_only` (a stage
+// that carries kernels and no ATen path, the PTX stage): then chapter 4's version for the class,
+// v8 or v9, which every type builds.
+inline int resolve_version(int version, int64_t M, int64_t N, int64_t K, DType dtype, int sm_count, int arch,
+                           bool tma_ok, bool kernels_only = false, ChoiceTable table = kConfirmed) {
+  if (version != 0) return version;
+  const ShapeClass shape = shape_class(M, N, K, acc_bytes(dtype), sm_count);
+  const int chosen = table == kPredicted ? first_usable(kPredictedChoices, shape, dtype, arch, tma_ok)
+                                         : first_usable(kChoices, shape, dtype, arch, tma_ok);
+  if (chosen == kAten && kernels_only) return shape == kSmallBatch ? 9 : 8;
+  return chosen;
 }
 
 inline Geometry gemm_geometry(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
@@ -367,7 +390,10 @@ inline Geometry gemm_geometry(int version, int element_bytes, int64_t M, int64_t
 // v9 and v12 with S > 1 slices write S partial M×N products into a workspace, then
 // dense_splitk_reduce_{f32|f64}(const T* partial, T* C, const T* bias, int64 M, int64 N, int slices,
 // int epilogue) adds them in slice order (deterministic) and applies the epilogue.
+// `version` is a resolved one (resolve_version): version 0's workspace depends on the operands, so
+// asking for it is refused (-1); kAten needs none.
 inline int64_t gemm_workspace_elements(int version, int element_bytes, int64_t M, int64_t N, int64_t K, int sm_count) {
+  if (version == 0) return -1;
   const int s = gemm_slices(version, element_bytes, M, N, K, sm_count);
   return s > 1 ? s * M * N : 0;
 }
@@ -446,7 +472,7 @@ int launch_sigmoid_grad(int version, int dtype, bool x4, const void* g, const vo
                         int64_t cols, int sm_count, void* workspace, Stream stream);
 // The current device's compute capability as the Hopper versions see it: 90 on sm_90 when this
 // build holds their sm_90a code (which a build for "9.0" alone does not), else its real value
-// (80, 89...) or 0 for 9.0 without that code. choose_version and the launchers take this.
+// (80, 89...) or 0 for 9.0 without that code. resolve_version and the launchers take this.
 int device_arch();
 
 }  // namespace dense_kernels

@@ -26,9 +26,12 @@ class Kernels {
   virtual void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
                             int64_t cols, int sm_count, void* workspace, cudaStream_t stream) = 0;
   virtual int grad_version() const { return dense_kernels::kDefaultGradVersion; }
-  // The device's compute capability as choose_version takes it (dense_kernels::device_arch); a
+  // The device's compute capability as resolve_version takes it (dense_kernels::device_arch); a
   // stage without the Hopper versions says 0.
   virtual int arch() const { return 0; }
+  // A stage that carries kernels and no ATen path (the PTX stage): version 0 never resolves to
+  // kAten there, and its backward always runs grad_version()'s kernel.
+  virtual bool kernels_only() const { return false; }
 };
 
 // The kernels' element type (dense_kernels::DType) of a tensor the checks have let through.
@@ -51,17 +54,31 @@ inline at::TensorOptions acc_options(const at::Tensor& t) {
   return t.options().dtype(t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
 }
 
-// Chooses the version (0: by shape and SM count) and allocates the split-K workspace from
-// torch's caching allocator, on the current stream like the kernels.
+// Where version 0 has no kernel confirmed on a GPU for the type: ATen's ops, the reference's own
+// (cuBLAS's GEMM; with the bias, one addmm that rounds z once after adding it, then the sigmoid).
+inline void aten_gemm(const char* layout, const at::Tensor& A, const at::Tensor& B, at::Tensor& C,
+                      const at::Tensor* bias, int epilogue) {
+  const at::Tensor a = layout[0] == 't' ? A.t() : A, b = layout[1] == 't' ? B.t() : B;
+  if (epilogue == dense_kernels::kBiasSigmoid && bias != nullptr)
+    at::addmm_out(C, *bias, a, b);
+  else
+    at::mm_out(C, a, b);
+  if (epilogue == dense_kernels::kBiasSigmoid) C.sigmoid_();
+}
+
+// Resolves the version (0: by shape, type, device and the operands' alignment: the one resolver,
+// dense_kernels::resolve_version) and allocates the split-K workspace from torch's caching
+// allocator, on the current stream like the kernels.
 inline void run_gemm(Kernels& k, int version, const char* layout, const at::Tensor& A, const at::Tensor& B,
                      at::Tensor& C, const at::Tensor* bias, int64_t M, int64_t N, int64_t K, int epilogue,
                      cudaStream_t stream) {
   const int sms = sm_count();
   const dense_kernels::DType dtype = kernel_dtype(A);
-  if (version == 0)
-    version = dense_kernels::choose_version(
-        M, N, K, dtype, sms, k.arch(),
-        dense_kernels::tma_compatible(layout, A.const_data_ptr(), B.const_data_ptr(), M, N, K, int(A.element_size())));
+  version = dense_kernels::resolve_version(
+      version, M, N, K, dtype, sms, k.arch(),
+      dense_kernels::tma_compatible(layout, A.const_data_ptr(), B.const_data_ptr(), M, N, K, int(A.element_size())),
+      k.kernels_only());
+  if (version == dense_kernels::kAten) return aten_gemm(layout, A, B, C, bias, epilogue);
   const int64_t elements =
       dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(dtype), M, N, K, sms);
   at::Tensor work = elements > 0 ? at::empty({elements}, acc_options(A)) : at::Tensor();
@@ -69,8 +86,15 @@ inline void run_gemm(Kernels& k, int version, const char* layout, const at::Tens
          stream);
 }
 
-inline void run_sigmoid_grad(Kernels& k, const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db,
-                             int64_t rows, int64_t cols, cudaStream_t stream) {
+// dz = g·y·(1 − y) and db = Σ_rows dz: grad_version()'s kernel, or, for version 0 in a type whose
+// kernels no GPU record confirms, ATen's ops (the reference's sigmoid_backward and sum).
+inline void run_sigmoid_grad(Kernels& k, int version, const at::Tensor& g, const at::Tensor& y, at::Tensor& dz,
+                             at::Tensor* db, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (version == 0 && !k.kernels_only() && !dense_kernels::grad_kernels_confirmed(kernel_dtype(y))) {
+    at::sigmoid_backward_out(dz, g, y);
+    if (db != nullptr) at::sum_out(*db, dz, {0});
+    return;
+  }
   const int sms = sm_count();
   const int64_t elements = db ? dense_kernels::sigmoid_grad_workspace_elements(k.grad_version(), rows, cols, sms) : 0;
   at::Tensor work = elements > 0 ? at::empty({elements}, acc_options(y)) : at::Tensor();
@@ -132,7 +156,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, i
   const at::Tensor y = out.reshape({rows, out_f}).contiguous();
   at::Tensor dz = at::empty_like(y);
   at::Tensor grad_b = output_mask[2] ? at::empty({out_f}, y.options()) : unused(y);
-  if (out_f > 0) run_sigmoid_grad(k, g, y, dz, output_mask[2] ? &grad_b : nullptr, rows, out_f, stream);
+  if (out_f > 0) run_sigmoid_grad(k, version, g, y, dz, output_mask[2] ? &grad_b : nullptr, rows, out_f, stream);
 
   const at::Tensor w = weight.contiguous();
   at::Tensor grad_x = unused(x), grad_w = unused(x);
@@ -151,7 +175,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> gpu_backward(Kernels& k, i
 
 // The functions a GPU stage registers. `Stage` supplies `name`, the element types it takes
 // (`dtypes`, a DtypeSet), the selected GEMM `version`
-// (0 picks by shape and SM count, see dense_kernels::choose_version) and `kernels()`; the rest is shared.
+// (0 picks by shape and SM count, see dense_kernels::resolve_version) and `kernels()`; the rest is shared.
 template <class Stage>
 struct GpuOps {
   static at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {

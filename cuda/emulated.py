@@ -43,6 +43,8 @@ KPLAIN, KBIAS_SIGMOID = 0, 1  # dense_kernels::Epilogue
 # The emulated device's SM count: small, so that the small shapes of the tests already take
 # the paths a real GPU takes for small batches (v9's split-K, the backward's v3 row blocks).
 SM_COUNT = 8
+ARCH = 0     # to emu_resolve: the emulated device's compute capability (sm_90a: 90, unless emu_set_arch)
+ATEN = -1    # dense_kernels::kAten: version 0 found no kernel confirmed on a GPU; ATen's ops run
 
 _lib: ctypes.CDLL | None = None
 
@@ -125,8 +127,9 @@ def load(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     lib.emu_gemm.restype = lib.emu_sigmoid_grad.restype = i32
     lib.emu_gemm_workspace.restype = lib.emu_sigmoid_grad_workspace.restype = i64
     lib.emu_has_entry.argtypes, lib.emu_has_entry.restype = [i32, i32, i32, i32], i32
-    lib.emu_resolve_version.argtypes = [i32, ctypes.c_char_p, i32, p, p, i64, i64, i64, i32]
-    lib.emu_resolve_version.restype = i32
+    lib.emu_resolve.argtypes = [i32, ctypes.c_char_p, i32, p, p, i64, i64, i64, i32, i32, i32]
+    lib.emu_resolve.restype = i32
+    lib.emu_grad_kernels_confirmed.argtypes, lib.emu_grad_kernels_confirmed.restype = [i32], i32
     lib.emu_uses_tma.argtypes, lib.emu_uses_tma.restype = [i32], i32
     return lib
 
@@ -168,7 +171,10 @@ def gemm(version: int, layout: str, a: Tensor, b: Tensor, c: Tensor, bias: Tenso
     # the split-K workspace, allocated by the caller as cuda/dense_ops.h does on the GPU
     code = dtype_code(a.dtype)
     # version 0's choice depends on the operands' alignment (TMA): made once, for the workspace too
-    version = lib.emu_resolve_version(version, layout.encode(), code, _ptr(a), _ptr(b), m, n, k, sm_count)
+    version = lib.emu_resolve(version, layout.encode(), code, _ptr(a), _ptr(b), m, n, k, sm_count, ARCH, 0)
+    if version == ATEN:
+        _aten_gemm(layout, a, b, c, bias, epilogue)
+        return
     size = lib.emu_gemm_workspace(version, code, m, n, k, sm_count)
     work = torch.empty(max(size, 0), dtype=acc_dtype(a.dtype))
     rc = lib.emu_gemm(version, layout.encode(), code, _ptr(a), _ptr(b), _ptr(c), _ptr(bias),
@@ -180,6 +186,16 @@ def gemm(version: int, layout: str, a: Tensor, b: Tensor, c: Tensor, bias: Tenso
                          f"{16 // a.element_size()} for {a.dtype} in layout {layout!r} (version 0 chooses another "
                          f"version where they are not)")
     _raise_for(rc, f"emulated GEMM version {version} for layout {layout!r} and dtype {a.dtype}")
+
+
+def _aten_gemm(layout: str, a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, epilogue: int) -> None:
+    """What cuda/dense_ops.h hands to ATen where version 0 has no confirmed kernel: the
+    reference's own ops (one addmm, z rounded once after the bias, then the sigmoid)."""
+    op_a, op_b = (a.t() if layout[0] == "t" else a), (b.t() if layout[1] == "t" else b)
+    if epilogue == KBIAS_SIGMOID:
+        c.copy_(torch.sigmoid(op_a @ op_b if bias is None else torch.addmm(bias, op_a, op_b)))
+    else:
+        c.copy_(op_a @ op_b)
 
 
 # The versions that compute float32 in TF32 (10 bits of mantissa), judged against a TF32 GEMM's
@@ -195,11 +211,10 @@ def row_multiple(version: int, dtype: torch.dtype) -> int:
 
 
 def _tune_api(lib: ctypes.CDLL) -> ctypes.CDLL:
-    p, i64, i32 = ctypes.POINTER(ctypes.c_int), ctypes.c_int64, ctypes.c_int
+    p, i32 = ctypes.POINTER(ctypes.c_int), ctypes.c_int
     lib.emu_tune_count.argtypes, lib.emu_tune_count.restype = [], i32
     lib.emu_tune_id.argtypes, lib.emu_tune_id.restype = [i32], i32
     lib.emu_tune_shape.argtypes, lib.emu_tune_shape.restype = [i32, p], i32
-    lib.emu_choose_version.argtypes, lib.emu_choose_version.restype = [i64, i64, i64, i32, i32], i32
     return lib
 
 
@@ -219,10 +234,25 @@ def tune_candidates(lib: ctypes.CDLL | None = None) -> list[dict]:
     return out
 
 
-def choose_version(m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = SM_COUNT,
-                   lib: ctypes.CDLL | None = None) -> int:
-    """What version 0 runs for an m×n×k product (dense_kernels::choose_version, its table)."""
-    return _tune_api(lib or library()).emu_choose_version(m, n, k, dtype_code(dtype), sm_count)
+def resolve(version: int, m: int, n: int, k: int, dtype: torch.dtype, sm_count: int = SM_COUNT, layout: str = "nt",
+            aligned: bool = True, arch: int | None = None, kernels_only: bool = False, predicted: bool = False,
+            lib: ctypes.CDLL | None = None) -> int:
+    """What a call asking for ``version`` (0: automatic) runs for an m×n×k product in ``layout``
+    (dense_kernels::resolve_version, the one resolver): ATEN where version 0 has no kernel
+    confirmed on a GPU for the type. ``aligned``: operands at 16-byte-aligned addresses (their
+    rows' lengths decide the rest of what TMA needs); ``arch``: the device's compute capability
+    (default: the emulated device's); ``kernels_only``: as a launcher or the PTX stage resolves
+    (never ATEN); ``predicted``: from the table of predictions instead of the confirmed defaults."""
+    lib = lib or library()
+    ptr = None if aligned else 8  # a misaligned address; nothing is read through it
+    flags = int(kernels_only) | 2 * int(predicted)
+    return lib.emu_resolve(version, layout.encode(), dtype_code(dtype), ptr, ptr, m, n, k, sm_count,
+                           ARCH if arch is None else arch, flags)
+
+
+def grad_kernels_confirmed(dtype: torch.dtype, lib: ctypes.CDLL | None = None) -> bool:
+    """Whether version 0's backward runs the sigmoid-grad kernels in ``dtype`` (else ATen's ops)."""
+    return bool((lib or library()).emu_grad_kernels_confirmed(dtype_code(dtype)))
 
 
 GRAD_VERSIONS = (1, 2, 3)  # dense_kernels::kGradVersions
@@ -259,7 +289,12 @@ def backward(grad_out: Tensor, x: Tensor, weight: Tensor, out: Tensor, mask: tup
     rows = y.shape[0]
     dz = torch.empty_like(y)
     db = torch.empty(out_f, dtype=y.dtype) if mask[2] else None
-    sigmoid_grad(g, y, dz, db, grad_version)
+    if version == 0 and grad_version == 0 and not grad_kernels_confirmed(y.dtype):
+        dz.copy_(torch.ops.aten.sigmoid_backward(g, y))  # ATen's ops, as cuda/dense_ops.h there
+        if db is not None:
+            db.copy_(dz.sum(0))
+    else:
+        sigmoid_grad(g, y, dz, db, grad_version)
     w = weight.contiguous()
     dx = dw = None
     if mask[0]:
@@ -339,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         m, n, k = args.m or 32, args.n or 4096, args.k or 4096
         print(f"float32, M={m} N={n} K={k}: slices of K (1: no split) on")
         for sms in args.slices:
-            work = library().emu_gemm_workspace(0, dtype_code(torch.float32), m, n, k, sms)
+            v = resolve(0, m, n, k, torch.float32, sms)
+            work = library().emu_gemm_workspace(v, dtype_code(torch.float32), m, n, k, sms)
             print(f"  {sms:4d} SMs: {max(1, work // (m * n))}")
         return 0
     args.m, args.n, args.k = args.m or 64, args.n or 64, args.k or 64

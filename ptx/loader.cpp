@@ -150,6 +150,8 @@ class DriverKernels final : public dense::Kernels {
 
   // The PTX carries the first version of the backward's kernel: its x4 variant is EDIT-B's.
   int grad_version() const override { return 1; }
+  // The PTX is the lesson: version 0 runs its v8 or v9 in every type it takes, never ATen's GEMM.
+  bool kernels_only() const override { return true; }
 
   void sigmoid_grad(const at::Tensor& g, const at::Tensor& y, at::Tensor& dz, at::Tensor* db, int64_t rows,
                     int64_t cols, int sm_count, void*, cudaStream_t stream) override {

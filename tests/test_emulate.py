@@ -8,6 +8,7 @@ proof that a race is caught)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import re
@@ -195,10 +196,14 @@ def test_sigmoid_grad_kernels_match_torch_and_are_bit_identical_run_to_run(versi
 def test_small_batch_paths_are_taken_and_deterministic():
     """With 8 emulated SMs, B = 32 gives v8 two tiles: version 0 must pick v9 and split K."""
     lib = emu.library()
-    assert lib.emu_gemm_workspace(0, CODE_F32, 32, 200, 4096, emu.SM_COUNT) == 4 * 32 * 200  # 4 slices × M × N
-    assert lib.emu_gemm_workspace(0, CODE_F32, 32, 200, 4096, 2) == 0  # two SMs: two tiles fill them, plain v8
+
+    def work(m: int, n: int, k: int, sms: int) -> int:
+        return lib.emu_gemm_workspace(emu.resolve(0, m, n, k, torch.float32, sms), CODE_F32, m, n, k, sms)
+
+    assert work(32, 200, 4096, emu.SM_COUNT) == 4 * 32 * 200  # 4 slices × M × N
+    assert work(32, 200, 4096, 2) == 0  # two SMs: two tiles fill them, plain v8
     # the chapter's example: B = 32, I = O = 4096 on 132 SMs → 32 tiles × 5 slices = 160 blocks
-    assert lib.emu_gemm_workspace(0, CODE_F32, 32, 4096, 4096, 132) == 5 * 32 * 4096
+    assert work(32, 4096, 4096, 132) == 5 * 32 * 4096
     assert lib.emu_sigmoid_grad_workspace(3, 4096, 64, emu.SM_COUNT) == 4 * 64
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(32, 700, generator=g), torch.randn(200, 700, generator=g)
@@ -245,16 +250,42 @@ def test_candidates_are_the_ones_the_static_report_knows():
 
 
 def test_version_0_follows_the_committed_table():
-    """cuda/gemm_choice.h today: v8 where v8's tiles fill the SMs (or K is too shallow to split),
-    else v9, for both types; so version 0 is v9 exactly where v9 would split K."""
+    """cuda/gemm_choice.h's defaults: in float32, v8 where v8's tiles fill the SMs (or K is too
+    shallow to split), else v9, so v9 exactly where v9 would split K; in float64, bfloat16 and
+    float16, which no GPU record confirms, ATen's ops, except where a stage carries kernels only
+    (the PTX stage), which takes v8 and v9 as float32 does."""
     lib = emu.library()
     for m in (1, 32, 100, 129, 1000, 4096):
         for n in (64, 1000, 4096):
             for k in (100, 300, 4096):
-                for dtype in (torch.float32, torch.float64):
+                for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
                     for sms in (8, 114, 132):
                         splits = lib.emu_gemm_workspace(9, emu.dtype_code(dtype), m, n, k, sms) > 0
-                        assert emu.choose_version(m, n, k, dtype, sms) == (9 if splits else 8), (m, n, k, dtype, sms)
+                        where = (m, n, k, dtype, sms)
+                        lesson = 9 if splits else 8
+                        assert emu.resolve(0, m, n, k, dtype, sms, kernels_only=True) == lesson, where
+                        assert emu.resolve(0, m, n, k, dtype, sms) == (lesson if dtype == torch.float32 else emu.ATEN)
+    assert emu.grad_kernels_confirmed(torch.float32)
+    assert not any(emu.grad_kernels_confirmed(t) for t in (torch.float64, torch.bfloat16, torch.float16))
+
+
+def test_one_resolver_sizes_the_workspace_of_what_the_launch_runs():
+    """On sm_90a, with the predicted table: bfloat16 at B = 32, I = 4100 (rows of 8,200 bytes, which
+    TMA cannot copy) runs v12, whose 17 slices need 17·32·4096 floats of workspace, not v35's 4;
+    at I = 4096 it runs v35. Version 0's workspace is refused until resolved: its answer depends
+    on the operands, which the workspace's arguments do not hold."""
+    lib, bf16 = emu.library(), emu.dtype_code(torch.bfloat16)
+    assert lib.emu_gemm_workspace(0, bf16, 32, 4096, 4100, 132) == -1
+    resolve = functools.partial(emu.resolve, 0, 32, 4096, dtype=torch.bfloat16, sm_count=132, arch=90, predicted=True)
+    assert resolve(k=4100) == 12 and resolve(k=4096) == 35 and resolve(k=4096, aligned=False) == 12
+    assert resolve(k=4096, arch=80) == 12 and resolve(k=4096, layout="tn") == 35
+    assert lib.emu_gemm_workspace(12, bf16, 32, 4096, 4100, 132) == 17 * 32 * 4096
+    assert lib.emu_gemm_workspace(35, bf16, 32, 4096, 4096, 132) == 4 * 32 * 4096
+    # the fills-the-GPU class: v33 where TMA can, else v24; kernels_only never changes a kernel's choice
+    big = functools.partial(emu.resolve, 0, 4096, 4096, 4096, torch.bfloat16, 132, arch=90, predicted=True)
+    assert big() == 33 == big(kernels_only=True) and big(aligned=False) == 24 and big(arch=89) == 24
+    # a version asked for by number is that version, whatever the table
+    assert emu.resolve(31, 32, 4096, 4100, torch.bfloat16, 132) == 31
 
 
 def test_skinny_batches_split_k_over_every_sm_deterministically():
@@ -328,7 +359,9 @@ def test_emulated_script_prints_the_slices_the_chapter_asks_for():
     result = run_script("cuda/emulated.py", "--slices", "2", "8", "114", "132")
     assert result.returncode == 0, result.stderr
     got = [int(x) for x in re.findall(r"SMs: (\d+)", result.stdout)]
-    assert got == [max(1, emu.library().emu_gemm_workspace(0, CODE_F32, 32, 4096, 4096, s) // (32 * 4096))
+    lib = emu.library()
+    assert got == [max(1, lib.emu_gemm_workspace(emu.resolve(0, 32, 4096, 4096, torch.float32, s), CODE_F32, 32, 4096,
+                                                 4096, s) // (32 * 4096))
                    for s in (2, 8, 114, 132)] == [1, 1, 4, 5]
 
 

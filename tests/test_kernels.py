@@ -70,7 +70,7 @@ def test_the_launchers_compile_and_export_what_bench_gpu_calls(arch, tmp_path):
         pytest.skip("nm not found on PATH")
     symbols = subprocess.run([nm, "-g", "--defined-only", str(tmp_path / "k.o")], capture_output=True, text=True,
                              timeout=120).stdout
-    for name in ("dense_tune_count", "dense_tune_launch", "dense_gemm_launch", "dense_gemm_workspace",
+    for name in ("dense_tune_count", "dense_tune_launch", "dense_gemm_launch", "dense_gemm_workspace", "dense_gemm_resolve",
                  "dense_sigmoid_grad_launch"):
         assert re.search(rf" T {name}$", symbols, re.M), name
 

@@ -56,10 +56,10 @@ EMU_API int emu_gemm(int version, const char* layout, int dtype, const void* A, 
   return dense_kernels::launch_gemm(version, layout, dtype, A, B, C, bias, M, N, K, epilogue, sm_count, workspace,
                                     nullptr);
 }
+// A resolved version's (emu_resolve): -1 for version 0, whose choice depends on the operands.
 EMU_API int64_t emu_gemm_workspace(int version, int dtype, int64_t M, int64_t N, int64_t K, int sm_count) {
   if (!dense_kernels::valid_dtype(dtype)) return -1;
   const auto t = static_cast<dense_kernels::DType>(dtype);
-  if (version == 0) version = dense_kernels::choose_version(M, N, K, t, sm_count, emu::device_arch, true);
   return dense_kernels::gemm_workspace_elements(version, dense_kernels::acc_bytes(t), M, N, K, sm_count);
 }
 EMU_API int emu_sigmoid_grad(int version, int dtype, int x4, const void* g, const void* y, void* dz, void* db,
@@ -84,21 +84,28 @@ EMU_API int emu_tune_shape(int i, int* out) {
   std::memcpy(out, shape, sizeof(shape));
   return 0;
 }
-// What version 0 runs for this shape (dense_kernels::choose_version and its table); -1 for no such type.
-EMU_API int emu_choose_version(int64_t M, int64_t N, int64_t K, int dtype, int sm_count) {
-  if (!dense_kernels::valid_dtype(dtype)) return -1;
-  return dense_kernels::choose_version(M, N, K, static_cast<dense_kernels::DType>(dtype), sm_count, emu::device_arch,
-                                       true);
+// dense_kernels::resolve_version, the one resolver, for these operands (their alignment decides
+// whether TMA can take them) on a device of `arch` (0: the emulated device's, emu_set_arch): what the CUDA
+// stage runs for `version` (kAten, -1, where version 0 has no confirmed kernel), or, with flags bit
+// 0, what a launcher or the PTX stage runs (kernels only); bit 1 reads the predicted table. -2 for
+// an unknown type or layout. emu_gemm_workspace is then asked about the result.
+EMU_API int emu_resolve(int version, const char* layout, int dtype, const void* A, const void* B, int64_t M, int64_t N,
+                        int64_t K, int sm_count, int arch, int flags) {
+  if (!dense_kernels::valid_dtype(dtype) || dense_kernels::layout_index(layout) < 0) return -2;
+  const auto t = static_cast<dense_kernels::DType>(dtype);
+  if (arch <= 0) arch = emu::device_arch;
+  return dense_kernels::resolve_version(
+      version, M, N, K, t, sm_count, arch, dense_kernels::tma_compatible(layout, A, B, M, N, K, dense_kernels::dtype_bytes(t)),
+      (flags & 1) != 0, (flags & 2) ? dense_kernels::kPredicted : dense_kernels::kConfirmed);
 }
-// What version 0 runs for these operands (their alignment decides whether TMA can take them), or
-// `version` itself if it is not 0: what emu_gemm_workspace should then be asked about.
+// What a launcher runs for `version` on this emulated device (emu_resolve, kernels only).
 EMU_API int emu_resolve_version(int version, const char* layout, int dtype, const void* A, const void* B, int64_t M,
                                 int64_t N, int64_t K, int sm_count) {
-  if (version != 0 || !dense_kernels::valid_dtype(dtype)) return version;
-  const auto t = static_cast<dense_kernels::DType>(dtype);
-  return dense_kernels::choose_version(M, N, K, t, sm_count, emu::device_arch,
-                                       dense_kernels::tma_compatible(layout, A, B, M, N, K,
-                                                                     dense_kernels::dtype_bytes(t)));
+  return emu_resolve(version, layout, dtype, A, B, M, N, K, sm_count, emu::device_arch, 1);
+}
+// Whether the sigmoid-grad kernels are version 0's for this type (else the CUDA stage uses ATen's ops).
+EMU_API int emu_grad_kernels_confirmed(int dtype) {
+  return dense_kernels::valid_dtype(dtype) && dense_kernels::grad_kernels_confirmed(static_cast<dense_kernels::DType>(dtype));
 }
 // Whether `version` takes its operands through TMA (then they need rows of whole 16-byte multiples).
 EMU_API int emu_uses_tma(int version) { return dense_kernels::uses_tma(version) && dense_kernels::is_version(version); }

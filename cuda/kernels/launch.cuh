@@ -90,7 +90,8 @@ int launch_gemm_t(int version, const char* layout, const T* A, const T* B, T* C,
   if (l < 0) return DENSE_INVALID;
   const int arch = DENSE_DEVICE_ARCH();
   const bool tma_ok = tma_compatible(layout, A, B, M, N, K, sizeof(T));
-  if (version == 0) version = choose_version(M, N, K, dtype, sm_count, arch, tma_ok);
+  // A launcher has kernels only: version 0 resolves as the PTX stage's does (never to kAten)
+  version = resolve_version(version, M, N, K, dtype, sm_count, arch, tma_ok, /*kernels_only=*/true);
   if (M < 0 || N < 0 || K < 0 || !usable(version, arch, tma_ok) ||
       !((is_version(version) && version_builds(version, dtype)) || (is_tune(version) && dtype == kF32)))
     return DENSE_INVALID;
