@@ -329,3 +329,45 @@ EMU_API int emu_run_tma(int elem_bytes, const void* base, uint64_t dim0, uint64_
 }
 
 }  // extern "C"
+
+
+// ---- the tensor cores' accumulation (cuda/emulate/tc_accumulate.h), for tests/test_tc_accumulation.py ----
+#include "tensor_cores/accumulation_probe.cuh"
+
+extern "C" {
+
+// The model mma and wgmma sum with from now on (emu::Accumulation: 0 the exact sum, 1 the H100's
+// block FMA); returns the previous one, or -1 (and changes nothing) for no such model.
+EMU_API int emu_set_accumulation(int model) {
+  if (model < 0 || model >= emu::kAccumulationModels) return -1;
+  const int previous = emu::tc_accumulation;
+  emu::tc_accumulation = model;
+  return previous;
+}
+// One block C + Σ a_k·b_k (k < n ≤ 16, the operands' values as doubles) as `model` sums it, for
+// `format` (emu::TcFormat); NaN for an invalid request.
+EMU_API float emu_tc_block(int model, int format, float c, const double* a, const double* b, int n) {
+  if (model < 0 || model >= emu::kAccumulationModels || format < 0 || format > emu::kTcTf32 || n < 0 || n > 16)
+    return std::nanf("");
+  return model == emu::kAccumulateH100 ? emu::tc_block_h100(c, a, b, n, format) : emu::tc_block_exact(c, a, b, n);
+}
+// The probe (cuda/tensor_cores/accumulation_probe.cuh): `vectors` blocks of probe `kind`, as
+// accumulation_probe.cu's tc_accumulation_run runs them on a GPU. 0, 1 for an invalid request, 2
+// when a block could not finish.
+EMU_API int emu_tc_accumulation_run(int kind, int vectors, const uint32_t* a, const uint32_t* b, const float* c,
+                                    float* out) {
+  if (kind < 0 || kind >= dense_kernels::kProbeKinds || vectors < 1) return 1;
+  const unsigned threads = unsigned(dense_kernels::probe_threads(kind));
+  return emu::launch(dim3{unsigned(vectors), 1, 1}, dim3{threads, 1, 1}, [&] {
+    switch (kind) {
+      case dense_kernels::kProbeMmaBf16: probe_mma16<__nv_bfloat16>(a, b, c, out); break;
+      case dense_kernels::kProbeMmaF16: probe_mma16<__half>(a, b, c, out); break;
+      case dense_kernels::kProbeMmaTf32: probe_mma_tf32(a, b, c, out); break;
+      case dense_kernels::kProbeWgmmaBf16: probe_wgmma<dense_kernels::kProbeWgmmaBf16>(a, b, c, out); break;
+      case dense_kernels::kProbeWgmmaF16: probe_wgmma<dense_kernels::kProbeWgmmaF16>(a, b, c, out); break;
+      default: probe_wgmma<dense_kernels::kProbeWgmmaTf32>(a, b, c, out);
+    }
+  });
+}
+
+}  // extern "C"

@@ -424,9 +424,10 @@ inline void wgmma_execute(HopperState& s, const WgmmaOp& op) {
   };
   for (int i = 0; i < op.n / 2; ++i) {
     const RowCol rc = frag_wgmma_d(t, i);
-    double acc = !op.scale_d ? 0.0 : op.chained ? double(op.d[i]) : double(op.c[i]);
-    for (int k = 0; k < K; ++k) acc += value(da, op.trans_a, rc.row, k) * value(db, op.trans_b, rc.col, k);
-    op.d[i] = float(acc);
+    const float acc = !op.scale_d ? 0.0f : op.chained ? op.d[i] : op.c[i];
+    double a[16], b[16];
+    for (int k = 0; k < K; ++k) a[k] = value(da, op.trans_a, rc.row, k), b[k] = value(db, op.trans_b, rc.col, k);
+    op.d[i] = tc_block(acc, a, b, K, op.tf32 ? kTcTf32 : op.bf16 ? kTcBf16 : kTcF16);  // tc_accumulate.h
   }
 }
 

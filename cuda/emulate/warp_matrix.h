@@ -14,11 +14,14 @@
 // catch it.
 //
 // Arithmetic of mma: the products of bfloat16, float16 or tf32 operands are exact in float32's
-// precision; the emulation adds the K products and C in double and rounds once to float32. How
-// the tensor cores order and round that sum is not documented (they are known not to round each
-// addition to nearest as IEEE float32 would), so results can differ in the last bits; on
-// integer-valued inputs, where every sum is exact, the emulation and a GPU agree bit for bit.
+// precision; each output is one block C + Σ A·B of K products, summed as tc_accumulate.h's
+// selected model has it: by default in double and rounded once to float32; or as the published
+// H100 model (products aligned to the largest exponent with 2 extra bits, cut toward zero, the sum
+// cut to float32). NVIDIA does not document it; on integer-valued inputs, where every sum is
+// exact, both models and a GPU agree bit for bit.
 #pragma once
+
+#include "tc_accumulate.h"
 
 namespace emu {
 
@@ -132,9 +135,9 @@ inline Array4 mma_m16n8k16(const uint32_t (&a)[4], const uint32_t (&b)[2], const
     Array4 d;
     for (int i = 0; i < 4; ++i) {
       const RowCol p = frag_m16n8_c(lane, i);
-      double s = C[p.row][p.col];
-      for (int k = 0; k < 16; ++k) s += A[p.row][k] * B[k][p.col];
-      d.v[i] = float(s);
+      double b[16];
+      for (int k = 0; k < 16; ++k) b[k] = B[k][p.col];
+      d.v[i] = tc_block(float(C[p.row][p.col]), A[p.row], b, 16, Bf16 ? kTcBf16 : kTcF16);
     }
     return d;
   });
@@ -181,9 +184,9 @@ inline Array4 mma_m16n8k8_tf32(const uint32_t (&a)[4], const uint32_t (&b)[2], c
     Array4 d;
     for (int i = 0; i < 4; ++i) {
       const RowCol p = frag_m16n8_c(lane, i);
-      double s = C[p.row][p.col];
-      for (int k = 0; k < 8; ++k) s += A[p.row][k] * B[k][p.col];
-      d.v[i] = float(s);
+      double b[8];
+      for (int k = 0; k < 8; ++k) b[k] = B[k][p.col];
+      d.v[i] = tc_block(float(C[p.row][p.col]), A[p.row], b, 8, kTcTf32);
     }
     return d;
   });
