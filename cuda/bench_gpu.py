@@ -5,12 +5,9 @@ measurement, so that a run stopped half-way keeps what it measured):
   check    chapter 4's GEMM versions (1 to kVersions of cuda/dense_kernels.h, float32 on the CUDA
            cores), forward and backward, against a float64 reference on fresh random inputs at
            odd shapes and at 4096³: ‖out − ref‖ / ‖ref‖ per output, NaN never passes
-  exact    every GEMM entry (each version and autotuning candidate of cuda/dense_kernels.h, each
-           element type it lists, layouts nt, nn and tn, odd shapes, no epilogue) on the GPU
-           against the CPU emulation of the same kernels (cuda/emulated.py), bit for bit, on small
-           integers, where every product and sum is exact: any difference is a bug in one of them.
-           The TMA versions, whose rows must be whole 16 bytes, take the shapes whose every
-           dimension is a multiple of 8 (16-bit types) or 4 (float32), which leave partial tiles too
+  exact    every GEMM entry on the GPU against the CPU emulation's bits (cuda/exact_check.py, whose
+           committed file holds them), in this one process; the lease runs one version a process
+           (cuda/isolated.py exact), so that a fault or a hang costs that version alone
   gemm     SGEMM_CUDA's table: each of those versions' forward at B = I = O = 4096, GFLOP/s and
            its speed as a share of cuBLAS's x·Wᵀ (TF32 off) and of the reference
            sigmoid(x·Wᵀ + b) (cuBLAS GEMM with the bias, then the sigmoid's own kernel)
@@ -97,11 +94,6 @@ BF16_TOLERANCE = 1e-2  # bfloat16 rounds each output once at the store: 2^-9 ≈
 GOALS = {"forward": 0.90, "fwd+bwd": 0.75, "forward, B=32": 1.0}
 GOALS16 = {"forward": 1.0, "fwd+bwd": 0.90, "forward, B=32": 1.0}  # the Hopper versions' (bfloat16)
 GRAD_ROWS = (32, 4096, 65536)  # the backward's elementwise kernels: rows of 4096 columns
-# M, N, K. Odd, a single row, K longer than a tile; then shapes whose every dimension is a multiple
-# of 8, the only ones the TMA versions take (their rows are whole 16 bytes), which still leave
-# partial tiles: 72×40 against tiles of 64 rows and 128 or 256 columns, K in 3 steps of 64, the
-# last one partial; a batch of 8 with K under one step; K = 264, 5 steps through the 4-stage rings.
-EXACT_SHAPES = ((33, 17, 65), (1, 129, 31), (67, 45, 257), (72, 40, 136), (8, 136, 40), (40, 24, 264))
 ALIGNED_CHECK = (264, 1032, 136)  # CHECK_SHAPES[1] for the TMA versions: multiples of 8, partial tiles
 DTYPE_CODES = {name: code for code, name in enumerate(catalog.DTYPES)}  # dense_kernels::DType
 TORCH_DTYPES = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -114,6 +106,15 @@ def _versions(dtype: str = "f32") -> list[int]:
     cuda/dense_kernels.h lists them (read anew on each call): a version added there is compared
     and timed here with no list to edit."""
     return catalog.version_ids(dtype=dtype)
+
+
+KERNEL: int | None = None  # --kernel N: the timing parts time version N alone, by its number (main sets it)
+
+
+def _only(versions: list[int]) -> list[int]:
+    """`versions`, or with --kernel N the ones of them that are N: a version never run on a GPU is
+    timed in a process of its own (cuda/isolated.py kernels), never through version 0."""
+    return versions if KERNEL is None else [v for v in versions if v == KERNEL]
 
 
 def _chapter_versions() -> list[int]:
@@ -173,28 +174,13 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
-# ---- the exact comparison: the GPU's entries against the CPU emulation's, bit for bit ----
-def _library():
-    """The cuda stage's loaded library (the same copy, context and streams as the stage), with
-    its exported C entry points typed: dense_tune_*, dense_gemm_launch, dense_gemm_workspace."""
-    import ctypes
+# ---- the GPU library's entries; the exact comparison is cuda/exact_check.py's ----
+exact_check = cli.load_file("cuda/exact_check.py", "dense_cuda_exact_check")
 
-    modes.stage("cuda")  # builds or finds the extension and loads it into this process
-    maps = Path("/proc/self/maps")
-    found = sorted({line.split()[-1] for line in maps.read_text().splitlines()
-                    if "dense_cuda_ext" in line and line.rstrip().endswith(".so")}) if maps.exists() else []
-    if not found:
-        raise cli.UserError("the cuda stage's library is not among this process's mapped files "
-                            "(/proc/self/maps, Linux only)")
-    lib = ctypes.CDLL(found[0])
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.dense_tune_count.argtypes, lib.dense_tune_count.restype = [], i32
-    lib.dense_tune_launch.argtypes = [i32, ctypes.c_char_p, p, p, p, p, i64, i64, i64, i32, p]
-    lib.dense_tune_launch.restype = i32
-    lib.dense_gemm_launch.argtypes = [i32, ctypes.c_char_p, i32, p, p, p, p, i64, i64, i64, i32, i32, p, p]
-    lib.dense_gemm_launch.restype = i32
-    lib.dense_gemm_workspace.argtypes, lib.dense_gemm_workspace.restype = [i32, i32, i64, i64, i64, i32], i64
-    return lib
+
+def _library():
+    """The cuda stage's loaded library, its C entry points typed (exact_check.library)."""
+    return exact_check.library()
 
 
 def _grad_launcher(lib):
@@ -211,139 +197,18 @@ def _grad_launcher(lib):
     return fn
 
 
-def _operands(layout: str, m: int, n: int, k: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The shapes of A and B for C[m×n] = op(A)·op(B) in layout nt, nn or tn (cuda/dense_kernels.h)."""
-    return {"nt": ((m, k), (n, k)), "nn": ((m, k), (k, n)), "tn": ((k, m), (k, n))}[layout]
-
-
-def exact_entries() -> list[tuple[str, int, str]]:
-    """(label, version as launch_gemm takes it, element type) for every GEMM entry the header
-    lists: each version (0, the automatic choice, included) in each of its types, and each
-    autotuning candidate (float32 only)."""
-    entries = [(f"v{v.id}", v.id, t) for v in catalog.versions() for t in v.dtypes]
-    entries += [(f"candidate {c.index}", c.version, "f32") for c in catalog.candidates()]
-    return entries
-
-
-def integer_operands(shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
-    """Small integers, -2 to 2: every product and every partial sum of up to 2^20 of them is an
-    integer float32 holds exactly, so any order of summation gives the same bits (bfloat16 and
-    float16 hold the inputs exactly; their one rounding is at the store, to nearest even on both).
-    TF32 holds them exactly too (they need 2 bits of its 11), so cvt.rna.tf32 leaves them as they
-    are, and split-TF32's small parts (a − tf32(a)) are 0: the tensor cores' float32 versions are
-    compared bit for bit like the others."""
-    return torch.randint(-2, 3, shape, generator=gen).float()
-
-
-def _row_multiple() -> Callable[[int, torch.dtype], int]:
-    """emulated.row_multiple: what every dimension must be a multiple of for a version (a TMA
-    version's rows are whole 16 bytes), from the emulation's own launcher (cuda/emulated.py)."""
-    return cli.load_file("cuda/emulated.py", "dense_cuda_emulated").row_multiple
-
-
-def exact_shapes(version: int, dtype: str, row_multiple: Callable[[int, torch.dtype], int]) -> list[tuple]:
-    """The shapes of EXACT_SHAPES that `version` takes in `dtype`: all of them, or for a TMA version
-    those whose every dimension is a multiple of its row_multiple (8 for 16-bit types, 4 for float32)."""
-    r = row_multiple(version, TORCH_DTYPES[dtype])
-    return [s for s in EXACT_SHAPES if all(d % r == 0 for d in s)]
-
-
-def first_difference(got: torch.Tensor, want: torch.Tensor) -> str | None:
-    """None if the two are the same bits, else where they first differ and the two values."""
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return f"{got.dtype} {tuple(got.shape)} against the emulation's {want.dtype} {tuple(want.shape)}"
-    a, b = got.contiguous().view(-1), want.contiguous().view(-1)
-    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    same = a.view(bits) == b.view(bits)
-    if bool(same.all()):
-        return None
-    i = int((~same).nonzero()[0])
-    n = got.shape[1]
-    return f"first at [{i // n}, {i % n}]: {float(a[i])!r} against the emulation's {float(b[i])!r}"
-
-
-def exact(gpu_gemm: Callable | None = None, emu_gemm: Callable | None = None, seed: int = 7,
-          out: dict | None = None, save: Save = _nothing,
-          row_multiple: Callable[[int, torch.dtype], int] | None = None) -> dict:
-    """Every entry of exact_entries(), layouts nt, nn and tn, the shapes of EXACT_SHAPES it takes
-    (exact_shapes), epilogue kPlain: the GPU's result against the CPU emulation's, bit for bit.
-    gpu_gemm / emu_gemm(version, layout, a, b, m, n, k) -> C (or raise): the launchers, the GPU's
-    and the emulation's by default; row_multiple(version, dtype): emulated.row_multiple by default.
-    An entry that takes none of the shapes is a mismatch: it would otherwise go unchecked."""
-    gpu_gemm = gpu_gemm or _gpu_gemm()
-    emu_gemm = emu_gemm or _emu_gemm()
-    row_multiple = row_multiple or _row_multiple()
-    out = {} if out is None else out
-    out.update({"shapes": [list(s) for s in EXACT_SHAPES], "compared": 0, "mismatches": [], "aligned_only": {}})
-    gen = torch.Generator().manual_seed(seed)
-    for label, version, dtype in exact_entries():
-        bad = []
-        shapes = exact_shapes(version, dtype, row_multiple)
-        if len(shapes) < len(EXACT_SHAPES):
-            out["aligned_only"][f"{label} {dtype}"] = row_multiple(version, TORCH_DTYPES[dtype])
-        if not shapes:
-            bad.append(f"{label} {dtype}: none of the shapes is a multiple of "
-                       f"{row_multiple(version, TORCH_DTYPES[dtype])} in every dimension, as it needs")
-        for layout in ("nt", "nn", "tn"):
-            for m, n, k in shapes:
-                sa, sb = _operands(layout, m, n, k)
-                a = integer_operands(sa, gen).to(TORCH_DTYPES[dtype])
-                b = integer_operands(sb, gen).to(TORCH_DTYPES[dtype])
-                where = f"{label} {dtype} {layout} M={m} N={n} K={k}"
-                try:
-                    want = emu_gemm(version, layout, a, b, m, n, k)
-                    got = gpu_gemm(version, layout, a, b, m, n, k)
-                    diff = first_difference(got, want)
-                except (RuntimeError, ValueError) as e:
-                    diff = f"failed: {_first_line(e)}"
-                out["compared"] += 1
-                if diff:
-                    bad.append(f"{where}: {diff}")
-        out["mismatches"] += bad
-        said = "; ".join(bad[:2]) + (f" (and {len(bad) - 2} more)" if len(bad) > 2 else "")
-        every = ("every layout and shape" if len(shapes) == len(EXACT_SHAPES) else
-                 f"every layout, the {len(shapes)} shapes whose rows are whole 16 bytes")
-        print(f"{'FAIL' if bad else 'SAME'}  {label} {dtype}: {said or every + ', bit for bit'}",
-              flush=True)
-        save()
-    out["failed"] = len(out["mismatches"])
-    return out
-
-
 def _gpu_gemm() -> Callable:
-    """C = op(A)·op(B) by the cuda stage's entry (dense_gemm_launch), on the GPU, then to the CPU."""
-    lib = _library()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-
-    def run(version: int, layout: str, a: torch.Tensor, b: torch.Tensor, m: int, n: int, k: int) -> torch.Tensor:
-        code = CODE_OF[a.dtype]
-        a, b = a.cuda(), b.cuda()
-        c = torch.full((m, n), float("nan"), dtype=a.dtype, device="cuda")  # any element not written shows
-        size = lib.dense_gemm_workspace(version, code, m, n, k, sms)
-        work = torch.empty(max(size, 0), dtype=torch.float64 if a.dtype == torch.float64 else torch.float32,
-                           device="cuda")
-        rc = lib.dense_gemm_launch(version, layout.encode(), code, a.data_ptr(), b.data_ptr(), c.data_ptr(), None,
-                                   m, n, k, 0, sms, work.data_ptr() if size > 0 else None,
-                                   torch.cuda.current_stream().cuda_stream)
-        if rc != 0:
-            raise RuntimeError(f"the launch failed with cudaError {rc}")
-        torch.cuda.synchronize()
-        return c.cpu()
-    return run
+    """C = op(A)·op(B) by a version's number through the cuda stage's library (exact_check.gpu_gemm)."""
+    return exact_check.gpu_gemm(_library())
 
 
-def _emu_gemm() -> Callable:
-    """The same through the CPU emulation (cuda/emulated.py's library, built here by c++), with
-    the GPU's SM count, so that version 0 and split-K choose as they do on the GPU."""
-    emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
-    lib = emulated.library()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else emulated.SM_COUNT
-
-    def run(version: int, layout: str, a: torch.Tensor, b: torch.Tensor, m: int, n: int, k: int) -> torch.Tensor:
-        c = torch.full((m, n), float("nan"), dtype=a.dtype)
-        emulated.gemm(version, layout, a.contiguous(), b.contiguous(), c, None, m, n, k, emulated.KPLAIN, sms, lib)
-        return c
-    return run
+def exact(out: dict | None = None, save: Save = _nothing) -> dict:
+    """Every entry against the emulation's committed bits (cuda/exact_check.py), in this one
+    process: a fault stops it. The lease runs it one version a process (cuda/isolated.py exact)."""
+    out = {} if out is None else out
+    out.update(exact_check.compare(exact_check.plan(), exact_check.read_expected()["expected"], _gpu_gemm()))
+    save()
+    return out
 
 
 # ---- timings ----
@@ -419,16 +284,16 @@ def _table_at(shape: tuple[int, int, int], rounds: int, dtype: torch.dtype, vers
 
 def gemm(rounds: int, out: dict | None = None, save: Save = _nothing) -> dict:
     out = {} if out is None else out
-    out["ideas"] = {f"v{v}": catalog.idea(v) for v in _chapter_versions()}
-    return _table_at(BIG, rounds, torch.float32, _chapter_versions(), out, save)
+    out["ideas"] = {f"v{v}": catalog.idea(v) for v in _only(_chapter_versions())}
+    return _table_at(BIG, rounds, torch.float32, _only(_chapter_versions()), out, save)
 
 
 def small(rounds: int, out: dict | None = None, save: Save = _nothing) -> dict:
     """gemm's table at B = 32: every version built for float32 (each can run there; the tensor
     cores' among them, which exact compares with the emulation), cuBLAS and the reference."""
     out = {} if out is None else out
-    out["ideas"] = {f"v{v}": catalog.idea(v) for v in [0, *_versions()]}
-    return _table_at(SMALL_BATCH, rounds, torch.float32, [0, *_versions()], out, save)
+    out["ideas"] = {f"v{v}": catalog.idea(v) for v in _only([0, *_versions()])}
+    return _table_at(SMALL_BATCH, rounds, torch.float32, _only([0, *_versions()]), out, save)
 
 
 def goals(rounds: int, out: dict | None = None, save: Save = _nothing, dtype: torch.dtype = torch.float32,
@@ -436,10 +301,11 @@ def goals(rounds: int, out: dict | None = None, save: Save = _nothing, dtype: to
     """Version 0 against the reference, in `dtype`, for each goal of `targets` (GOALS by default)."""
     targets = GOALS if targets is None else targets
     torch.backends.cuda.matmul.allow_tf32 = False
-    modes.stage("cuda").select_kernel(0)
+    modes.stage("cuda").select_kernel(KERNEL or 0)  # --kernel N: version N's goals, by its number
     dense = modes.dense("cuda")
     out = {} if out is None else out
-    out.update({"rounds": rounds, "version": "automatic", "dtype": str(dtype).removeprefix("torch."), "goals": {}})
+    out.update({"rounds": rounds, "version": f"v{KERNEL}" if KERNEL else "automatic",
+                "dtype": str(dtype).removeprefix("torch."), "goals": {}})
     for shape in (BIG, SMALL_BATCH):
         tensors, g = benchmark._inputs(*shape, DEVICE, dtype, 0)
         fns = {"reference/forward": _forward(benchmark.reference, tensors),
@@ -520,7 +386,7 @@ def bf16(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int 
     """The versions built for bfloat16, checked against float64 once, then timed against cuBLAS's
     bfloat16 x·Wᵀ and the reference in bfloat16, at 4096³ and at B = 32."""
     out = {} if out is None else out
-    versions = [0, *_versions("bf16")]
+    versions = _only([0, *_versions("bf16")])
     out["checked"] = check_bf16(versions, seed)
     passed = [v for v in versions if out["checked"][f"v{v}"]["ok"]]
     out["tolerance"], out["shapes"] = BF16_TOLERANCE, {}
@@ -534,7 +400,7 @@ def check_shape(version: int, dtype: torch.dtype, row_multiple: Callable[[int, t
                 ) -> tuple[int, int, int]:
     """Where a version is checked against float64: CHECK_SHAPES[1], odd in every dimension, or
     for a TMA version (rows of whole 16 bytes) ALIGNED_CHECK, multiples of 8 that leave partial tiles."""
-    r = (row_multiple or _row_multiple())(version, dtype)
+    r = (row_multiple or exact_check.row_multiples())(version, dtype)
     return CHECK_SHAPES[1] if r == 1 else ALIGNED_CHECK
 
 
@@ -737,7 +603,7 @@ def roof(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int 
     out = {} if out is None else out
     out.update({"rounds": rounds, "shape": list(BIG), "dtype": "bfloat16", "roofs": {}, "failed": {}})
     lines = _roof_lines(_library(), _sm_count(), out)
-    versions = roof_versions("bf16")
+    versions = _only(roof_versions("bf16"))
     out["checked"] = check_bf16(versions, seed)
     out["tolerance"] = BF16_TOLERANCE
     save()
@@ -785,7 +651,7 @@ def roof(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int 
 def tf32(rounds: int, out: dict | None = None, save: Save = _nothing, seed: int = 80) -> dict:
     """The tensor cores' float32 versions: error against float64 beside cuBLAS's, then speed."""
     out = {} if out is None else out
-    versions = roof_versions("f32")
+    versions = _only(roof_versions("f32"))
     out.update({"rounds": rounds, "sizes": list(TF32_SIZES), "versions": versions, "tolerance": TF32_TOLERANCE,
                 "errors": {}})
     out["errors"] = tf32_errors(versions, _gpu_gemm(), seed, save=save, out=out["errors"])
@@ -881,7 +747,7 @@ def goals16(rounds: int, out: dict | None = None, save: Save = _nothing, seed: i
     B = 32 the time to read W once beside it, at a copy's measured bandwidth and the datasheet's."""
     out = {} if out is None else out
     cuda, dense = modes.stage("cuda"), modes.dense("cuda")
-    cuda.select_kernel(0)
+    cuda.select_kernel(KERNEL or 0)
     out["checked"] = {}
     for shape in (BIG, SMALL_BATCH):
         (x, w, b), _ = benchmark._inputs(*shape, DEVICE, torch.bfloat16, seed)
@@ -893,8 +759,8 @@ def goals16(rounds: int, out: dict | None = None, save: Save = _nothing, seed: i
             out["checked"]["×".join(map(str, shape))] = {"error": _first_line(e), "ok": False}
     out["tolerance"] = BF16_TOLERANCE
     if not all(c["ok"] for c in out["checked"].values()):
-        print(f"FAIL  bfloat16 version 0 against float64: {out['checked']} (not timed)", flush=True)
-        out.update({"rounds": rounds, "version": "automatic", "goals": {}})
+        print(f"FAIL  bfloat16 version {KERNEL or 0} against float64: {out['checked']} (not timed)", flush=True)
+        out.update({"rounds": rounds, "version": f"v{KERNEL}" if KERNEL else "automatic", "goals": {}})
         save()
         return out
     goals(rounds, out, save, dtype=torch.bfloat16, targets=GOALS16)
@@ -955,11 +821,26 @@ def ptx(rounds: int, out: dict | None = None, save: Save = _nothing) -> dict:
 PROFILE_SHAPE = (2048, 2048, 2048)
 
 
-def profile() -> dict:
+def profile_units(passed: dict | None = None) -> list[str]:
+    """What profile launches, in order: with an isolated exact run's record (cuda/isolated.py
+    exact: its units in the order they ran, never-run versions first), the versions and candidates
+    it found SAME; without one, every version and candidate of the header."""
+    if passed is not None:
+        return [u for u in passed["order"] if passed["units"].get(u, {}).get("status") == "SAME" and u != "v0"]
+    return [*(f"v{v}" for v in catalog.version_ids()), *(f"candidate {c.index}" for c in catalog.candidates())]
+
+
+def profile(passed: dict | None = None) -> dict:
     cuda, dense = modes.stage("cuda"), modes.dense("cuda")
     (x, w, b), g = benchmark._inputs(*PROFILE_SHAPE, "cuda", torch.float32, 0)
-    for v in _chapter_versions():
-        _version(v, dense, [x, w, b])()
+    half = [t.bfloat16() for t in (x, w, b)]  # the tensor cores' versions that take no float32
+    units = profile_units(passed)
+    for unit in units:  # each forward once, in its type (float32 where built for it, else bfloat16)
+        if unit.startswith("candidate"):
+            _tune_forward(_library(), int(unit.split()[1]), [x, w, b])()
+        else:
+            v = int(unit[1:])
+            _version(v, dense, [x, w, b] if v in _versions("f32") else half)()
     # v1 and v2 once more with the backward: its grad_x GEMM reads W in the "nn" layout, where
     # v2's neighbouring columns are neighbouring addresses (in the forward's "nt" they are not).
     for v in (1, 2):
@@ -977,7 +858,7 @@ def profile() -> dict:
         if rc != 0:
             raise RuntimeError(f"sigmoid-grad v{v}: the launch failed with cudaError {rc}")
     torch.cuda.synchronize()
-    return {"shape": list(PROFILE_SHAPE), "versions": _chapter_versions(), "grad_versions": catalog_grad_versions()}
+    return {"shape": list(PROFILE_SHAPE), "units": units, "grad_versions": catalog_grad_versions()}
 
 
 # ---- the autotuning candidates: v11's template at the shapes of DENSE_TUNE_CANDIDATES ----
@@ -1277,8 +1158,10 @@ def from_ncu(csv_path: Path, device: str) -> dict:
     return {"device": device, "source": "ncu --csv", "kernels": [kernels[i] for i in sorted(kernels)]}
 
 
-# every version's GEMM of the forward (nt) and of grad_x (nn), and the backward's elementwise kernels
-NCU_KERNELS = "regex:dense_gemm_v[0-9]+_n[tn]_f32|dense_sigmoid_grad_v[0-9]+_f32|dense_bias_grad_v[0-9]+_f32"
+# every version's and candidate's GEMM of the forward (nt) and of grad_x (nn), float32 or (the
+# tensor cores' 16-bit versions) bfloat16, and the backward's elementwise kernels
+NCU_KERNELS = ("regex:dense_gemm_(v[0-9]+|tune[0-9]+)_n[tn]_(f32|bf16)|dense_sigmoid_grad_v[0-9]+_f32|"
+               "dense_bias_grad_v[0-9]+_f32")
 
 
 def ncu_record(args, json_path: Path | None) -> int:
@@ -1296,7 +1179,8 @@ def ncu_record(args, json_path: Path | None) -> int:
             raise cli.UserError("ncu (Nsight Compute) is not on the PATH")
         # --clock-control none: the card's clocks as they are, as every other timing here.
         argv = [ncu, "--clock-control", "none", "-k", NCU_KERNELS, "--metrics", ",".join(NCU_METRICS), "--csv",
-                sys.executable, str(Path(__file__).resolve()), "profile"]
+                sys.executable, str(Path(__file__).resolve()), "profile",
+                *(["--passed", args.passed] if args.passed else [])]
         got = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         if got.returncode != 0:
             raise cli.UserError(f"ncu failed (exit {got.returncode}): {got.stderr.strip()[-500:]}")
@@ -1343,12 +1227,9 @@ def ncu_table(record: dict) -> str:
 
 def exact_summary(record: dict) -> str:
     e = record["exact"]
-    aligned = e.get("aligned_only") or {}
-    lines = [f"exact: {e['compared'] - len(e['mismatches'])} of {e['compared']} GEMMs the same bits on the GPU as "
-             f"in the CPU emulation (integers, M, N, K in {e['shapes']}"
-             + (f"; the {len(aligned)} TMA entries only on those whose every dimension is a multiple of "
-                f"{' or '.join(map(str, sorted(set(aligned.values()))))}" if aligned else "") + ")"]
-    return "\n".join(lines + [f"  DIFFERENT: {m}" for m in e["mismatches"]])
+    return "\n".join([f"exact: {e['status']}, {e['compared']} GEMMs compared with the emulation's bits"]
+                     + [f"  DIFFERENT: {m}" for m in e["differences"] + e["missing"]]
+                     + ([f"  FAULT: {e['fault']}"] if "fault" in e else []))
 
 
 def table(record: dict) -> str:
@@ -1382,6 +1263,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-ncu", metavar="CSV", help="instead: turn the CSV of such an ncu run into a record")
     parser.add_argument("--ncu-device", help="with --from-ncu away from the GPU: the GPU's name, for the record")
     parser.add_argument("--rounds", type=cli.positive(int), default=15, help="rounds per timing (default 15)")
+    parser.add_argument("--kernel", type=int, metavar="N", help="the timing parts time version N alone, by its "
+                        "number (goals and goals16: N instead of version 0)")
+    parser.add_argument("--passed", metavar="PATH", help="profile, --ncu: only what an isolated exact run's record "
+                        "(python cuda/isolated.py exact) found SAME, never-run versions first")
     parser.add_argument("--odd-only", action="store_true",
                         help="check: the odd shapes only, not 4096³ (for compute-sanitizer, which slows kernels)")
     parser.add_argument("--json", metavar="PATH", help="write the record as JSON (the folder must exist); "
@@ -1397,6 +1282,12 @@ def main(argv: list[str] | None = None) -> int:
         reason = modes.available()[mode]
         if reason is not None:
             raise cli.UserError(f"mode {mode!r} is not available here: {reason}")
+    global KERNEL
+    KERNEL = args.kernel
+    if KERNEL is not None and KERNEL not in catalog.version_ids():
+        parser.error(f"--kernel {KERNEL}: no such version in {catalog.HEADER.name} (versions "
+                     f"{', '.join(map(str, catalog.version_ids()))})")
+    passed = cli.read_record(args.passed, "--passed", keys=("units", "order")) if args.passed else None
     record = benchmark.record_header("cuda", torch.float32)
     save = _writer(json_path, record)
     run = {"check": lambda out: check(args.odd_only, out=out, save=save),
@@ -1406,7 +1297,7 @@ def main(argv: list[str] | None = None) -> int:
            "bf16": lambda out: bf16(args.rounds, out, save), "roof": lambda out: roof(args.rounds, out, save),
            "tf32": lambda out: tf32(args.rounds, out, save), "goals16": lambda out: goals16(args.rounds, out, save),
            "ptx": lambda out: ptx(args.rounds, out, save),
-           "profile": lambda out: out.update(profile()),
+           "profile": lambda out: out.update(profile(passed)),
            "candidates": lambda out: candidates(args.rounds, out=out, save=save)}
     for part in PARTS:
         if part in args.parts:
@@ -1417,7 +1308,8 @@ def main(argv: list[str] | None = None) -> int:
     code = cli.publish(table(record), [(json_path, cli.json_writer(record))])
     failed_candidates = any(not c["ok"] for c in record.get("candidates", {}).get("checked", []))
     wrong_roof = any(not r["checked"] for r in record.get("roof", {}).get("roofs", {}).values())
-    failed = (record.get("check", {}).get("failed") or record.get("exact", {}).get("failed") or failed_candidates
+    failed = (record.get("check", {}).get("failed") or record.get("exact", {}).get("status", "SAME") != "SAME"
+              or failed_candidates
               or wrong_roof)
     return code or (1 if failed else 0)
 

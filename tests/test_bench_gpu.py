@@ -78,134 +78,42 @@ def test_the_versions_compared_and_timed_follow_the_header(tmp_path, monkeypatch
     header = _header_with(tmp_path, '{99, "f32 bf16", "a version from the future"},')
     monkeypatch.setattr(bench_gpu.catalog, "HEADER", header)
     assert bench_gpu._versions("f32")[-1] == 99 and bench_gpu._versions("bf16")[-1] == 99
-    entries = bench_gpu.exact_entries()
+    entries = bench_gpu.exact_check.exact_entries()
     assert ("v99", 99, "f32") in entries and ("v99", 99, "bf16") in entries and ("v99", 99, "f64") not in entries
     assert {t for label, _, t in entries if label == "v0"} == set(bench_gpu.catalog.DTYPES)
 
 
-def test_every_candidate_is_compared_in_float32():
-    entries = bench_gpu.exact_entries()
-    candidates = [(label, v) for label, v, t in entries if label.startswith("candidate")]
-    assert candidates == [(f"candidate {c.index}", c.version) for c in bench_gpu.catalog.candidates()]
-    assert all(t == "f32" for label, _, t in entries if label.startswith("candidate"))
+def test_kernel_n_times_version_n_alone_by_its_number(monkeypatch):
+    """--kernel N: each timing part's list of versions is N's alone (none where N is not among
+    them), and the goals are N's, never version 0's choice."""
+    monkeypatch.setattr(bench_gpu, "KERNEL", 33)
+    assert bench_gpu._only([0, *bench_gpu._versions("bf16")]) == [33]
+    assert bench_gpu._only(bench_gpu._chapter_versions()) == []
+    monkeypatch.setattr(bench_gpu, "KERNEL", None)
+    assert bench_gpu._only([0, 3, 33]) == [0, 3, 33]
 
 
-# ---------------------------------------------------------------------------------------
-# The exact comparison, away from a GPU: the emulation stands in for the GPU
-# ---------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def emulation():
-    emulated = load_script("cuda/emulated.py", "dense_cuda_emulated")
-    if emulated.unavailable_reason():
-        pytest.skip(emulated.unavailable_reason())
-    return bench_gpu._emu_gemm()
-
-
-def _tma(version: int, dtype: str) -> bool:
-    return bench_gpu._row_multiple()(version, bench_gpu.TORCH_DTYPES[dtype]) > 1
-
-
-def test_the_exact_comparison_finds_the_same_bits_where_they_are(emulation, monkeypatch):
-    """Every entry, the TMA versions on the shape whose rows are whole 16 bytes only."""
-    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7), (8, 16, 24)))
-    result = bench_gpu.exact(gpu_gemm=emulation, emu_gemm=emulation)
-    assert result["failed"] == 0 and result["mismatches"] == []
-    entries = bench_gpu.exact_entries()
-    tma = [(label, dtype) for label, v, dtype in entries if _tma(v, dtype)]
-    assert {label for label, _ in tma} == {"v32", "v33", "v34", "v35"}
-    # each entry in nt, nn and tn, on both shapes or (TMA) on the aligned one
-    assert result["compared"] == 3 * (2 * len(entries) - len(tma))
-    assert result["aligned_only"] == {f"{label} {dtype}": 4 if dtype == "f32" else 8 for label, dtype in tma}
-    summary = bench_gpu.exact_summary({"exact": result})
-    assert summary == (f"exact: {result['compared']} of {result['compared']} GEMMs the same bits on the GPU as in the "
-                       "CPU emulation (integers, M, N, K in [[5, 3, 7], [8, 16, 24]]; the 7 TMA entries only on those "
-                       "whose every dimension is a multiple of 4 or 8)")
-
-
-def test_a_difference_or_a_failed_launch_names_where_and_the_rest_still_run(emulation, monkeypatch, capsys):
-    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7), (33, 17, 65), (8, 16, 24)))
-
-    def planted(version, layout, a, b, m, n, k):
-        c = emulation(version, layout, a, b, m, n, k)
-        if version == 3 and a.dtype == torch.float64 and layout == "nn" and m == 33:
-            c[4, 2] += 1  # one element one off
-        if version == 5 and a.dtype == torch.float32 and layout == "tn" and m == 5:
-            raise RuntimeError("the launch failed with cudaError 719")
-        if version == 34 and layout == "nt":  # split-TF32 on wgmma, through TMA: its last element
-            c[-1, -1] = -c[-1, -1] if c[-1, -1] != 0 else 1
-        return c
-
-    result = bench_gpu.exact(gpu_gemm=planted, emu_gemm=emulation)
-    tma = sum(_tma(v, dtype) for _, v, dtype in bench_gpu.exact_entries())
-    assert result["failed"] == 3 and result["compared"] == 3 * (3 * len(bench_gpu.exact_entries()) - 2 * tma)
-    assert result["mismatches"][0].startswith("v3 f64 nn M=33 N=17 K=65: first at [4, 2]: ")
-    assert result["mismatches"][1] == "v5 f32 tn M=5 N=3 K=7: failed: the launch failed with cudaError 719"
-    assert result["mismatches"][2].startswith("v34 f32 nt M=8 N=16 K=24: first at [7, 15]: ")
-    out = capsys.readouterr().out
-    assert "FAIL  v3 f64: v3 f64 nn M=33 N=17 K=65: first at [4, 2]" in out and "SAME  v12 f32:" in out
-    assert "SAME  v33 bf16:" in out and "SAME  v25 f32:" in out and "SAME  v26 f32:" in out
-
-
-def test_an_entry_that_takes_none_of_the_shapes_is_a_mismatch(emulation, monkeypatch):
-    """Odd shapes only: the TMA versions would go unchecked, which must not pass as agreement."""
-    monkeypatch.setattr(bench_gpu, "EXACT_SHAPES", ((5, 3, 7),))
-    monkeypatch.setattr(bench_gpu, "exact_entries", lambda: [("v33", 33, "bf16"), ("v24", 24, "bf16")])
-    result = bench_gpu.exact(gpu_gemm=emulation, emu_gemm=emulation)
-    assert result["failed"] == 1 and result["compared"] == 3
-    assert result["mismatches"] == ["v33 bf16: none of the shapes is a multiple of 8 in every dimension, as it needs"]
-
-
-def test_the_exact_shapes_give_the_tma_versions_partial_tiles(emulation):
-    """Each TMA version (32-35, rows of whole 16 bytes) takes the shapes that are multiples of 8 in
-    every dimension, and they still leave partial tiles: M and N not multiples of the 64-row and
-    128-column tiles, K not a multiple of 64-wide k-steps, a batch under 32 (v35's), and K long
-    enough for 5 k-steps, more than the 4 stages of v32's and v33's rings."""
-    aligned = [s for s in bench_gpu.EXACT_SHAPES if all(d % 8 == 0 for d in s)]
-    odd = [s for s in bench_gpu.EXACT_SHAPES if s not in aligned]
-    assert len(aligned) >= 3 and odd and all(any(d % 2 for d in s) for s in odd)
-    assert any(m % 64 and n % 128 and k % 64 for m, n, k in aligned)
-    assert any(m < 32 for m, _, _ in aligned) and max(k for _, _, k in aligned) > 4 * 64
-    for label, v, dtype in bench_gpu.exact_entries():
-        shapes = bench_gpu.exact_shapes(v, dtype, bench_gpu._row_multiple())
-        assert shapes == (aligned if _tma(v, dtype) else list(bench_gpu.EXACT_SHAPES)), label
-
-
-def test_the_exact_inputs_are_exact_in_tf32_and_leave_split_tf32_nothing_small(emulation):
-    """cvt.rna.tf32 (the emulation's, held to the PTX ISA's rounding by tests/test_instructions.py)
-    leaves -2..2 unchanged: v25's rounding changes nothing, and split-TF32's a − tf32(a) is 0."""
-    import ctypes
-
-    emulated = load_script("cuda/emulated.py", "dense_cuda_emulated")
-    lib = emulated.library()
-    lib.emu_cvt_rna_tf32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    values = torch.arange(-2, 3, dtype=torch.float32)
-    bits = torch.empty(5, dtype=torch.int32)
-    lib.emu_cvt_rna_tf32(values.data_ptr(), bits.data_ptr(), 5)
-    assert torch.equal(bits.view(torch.float32), values) and torch.equal(values - bits.view(torch.float32),
-                                                                         torch.zeros(5))
-
-
-def test_the_exact_inputs_make_every_sum_exact():
-    """Integers from -2 to 2: a K-long dot product is an integer of at most 4·K, which float32's
-    24 bits hold for K up to 2^22, and bfloat16 and float16 hold every input exactly."""
-    a = bench_gpu.integer_operands((64, 257), torch.Generator().manual_seed(0))
-    assert set(a.unique().tolist()) == {-2.0, -1.0, 0.0, 1.0, 2.0}
-    for dtype in (torch.bfloat16, torch.float16):
-        assert torch.equal(a.to(dtype).float(), a)
-    assert max(k for _, _, k in bench_gpu.EXACT_SHAPES) * 4 < 2 ** 24
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
-def test_first_difference_compares_bits(dtype):
-    a = torch.zeros(3, 4, dtype=dtype)
-    assert bench_gpu.first_difference(a, a.clone()) is None
-    b = a.clone()
-    b[2, 1] = -0.0  # equal as numbers, not as bits
-    assert bench_gpu.first_difference(b, a).startswith("first at [2, 1]: -0.0 against the emulation's 0.0")
-    assert "against the emulation's" in bench_gpu.first_difference(a, torch.zeros(4, 3, dtype=dtype))
+@pytest.mark.parametrize("passed, units", [
+    ({"order": ["v33", "v0", "v21", "candidate 2", "v3"],
+      "units": {"v33": {"status": "SAME"}, "v0": {"status": "SAME"}, "v21": {"status": "FAULT"},
+                "candidate 2": {"status": "SAME"}, "v3": {"status": "HANG"}}}, ["v33", "candidate 2"]),
+    (None, None),
+])
+def test_the_profile_takes_every_version_and_candidate_or_what_the_exact_run_passed(passed, units):
+    """ncu's profile covers the tensor-core versions and the candidates, not only chapter 4's;
+    with an isolated exact run's record, only what it found SAME, in its order (never-run first)."""
+    got = bench_gpu.profile_units(passed)
+    if units is not None:
+        assert got == units
+    else:
+        assert got == [*(f"v{v}" for v in bench_gpu.catalog.version_ids()),
+                       *(f"candidate {c.index}" for c in bench_gpu.catalog.candidates())]
+        assert {"v12", "v21", "v34", "v35", "candidate 0"} <= set(got)
 
 
 def test_a_line_whose_call_fails_is_recorded_and_left_out_of_the_timing(capsys):
+    """runnable() within one process: a line whose call raises is left out. (A sticky CUDA error
+    would fail every later line too: versions never run on a GPU are timed one a process.)"""
     def broken():
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
 
@@ -245,6 +153,8 @@ def test_the_sigmoid_grad_versions_come_from_the_header():
 
 
 @pytest.mark.parametrize("kernel, profiled", [("dense_gemm_v1_nt_f32", True), ("dense_gemm_v12_nn_f32", True),
+                                              ("dense_gemm_v33_nt_bf16", True), ("dense_gemm_v34_nt_f32", True),
+                                              ("dense_gemm_tune3_nt_f32", True), ("dense_gemm_v33_nt_f16", False),
                                               ("dense_gemm_v3_tn_f32", False), ("dense_gemm_v10_nt_f64", False),
                                               ("dense_sigmoid_grad_v1_f32", True), ("dense_sigmoid_grad_v3_f32", True),
                                               ("dense_bias_grad_v3_f32", True), ("dense_sigmoid_grad_v1_x4_f32", False),

@@ -174,7 +174,8 @@ def test_the_tf32_errors_are_measured_against_float64_and_cublas_float32s():
     """On the CPU the "cuBLAS" lines are torch's CPU GEMM; the versions are the emulated kernels.
     Plain TF32 (10 bits of mantissa) is hundreds of times float32's error; split-TF32 within the
     goal's 2x, in the emulation (the GPU's tensor cores sum differently: the lease measures them)."""
-    errors = bench_gpu.tf32_errors([25, 26, 34], bench_gpu._emu_gemm(), device="cpu", sizes=(64, 256))
+    errors = bench_gpu.tf32_errors([25, 26, 34], bench_gpu.exact_check.emulation_gemm(emulated.SM_COUNT),
+                                   device="cpu", sizes=(64, 256))
     for n in ("64", "256"):
         lines = errors[n]["lines"]
         assert lines["cuBLAS float32"]["of_cublas_f32"] == 1.0 and 0 < lines["cuBLAS float32"]["max_abs"] < 1e-5
@@ -301,7 +302,8 @@ def test_the_help_names_the_new_parts_with_examples():
 
 
 # ---------------------------------------------------------------------------------------
-# The three parts end to end on the CPU: the emulation stands in for the GPU's library and op
+# The three parts' logic on the CPU: the emulation stands in for the GPU's library, op and device
+# (no GPU code path runs here); each keeps a planted wrong result out of its timing
 # ---------------------------------------------------------------------------------------
 class _Stage:
     """modes.stage("cuda")'s select_kernel, over the emulation."""
@@ -342,7 +344,7 @@ def on_the_cpu(lib, monkeypatch):
     monkeypatch.setattr(bench_gpu, "DEVICE", "cpu")
     monkeypatch.setattr(bench_gpu, "_library", lambda: _emulated_library(lib))
     monkeypatch.setattr(bench_gpu, "_sm_count", lambda: 2)
-    monkeypatch.setattr(bench_gpu, "_gpu_gemm", bench_gpu._emu_gemm)
+    monkeypatch.setattr(bench_gpu, "_gpu_gemm", lambda: bench_gpu.exact_check.emulation_gemm(emulated.SM_COUNT))
     monkeypatch.setattr(bench_gpu, "BIG", (16, 24, 40))  # multiples of 8: the TMA versions take it
     monkeypatch.setattr(bench_gpu, "SMALL_BATCH", (32, 24, 40))  # the goal is named by its batch
     monkeypatch.setattr(bench_gpu, "CHECK_SHAPES", ((5, 3, 7), (9, 17, 13)))
@@ -354,7 +356,7 @@ def on_the_cpu(lib, monkeypatch):
 
 
 @needs_emulation
-def test_the_roof_part_runs_end_to_end_in_the_emulation(on_the_cpu):
+def test_the_roof_parts_logic_with_the_emulation_standing_in_for_the_gpu(on_the_cpu):
     saved = []
     part = bench_gpu.roof(2, save=lambda: saved.append(1))
     assert part["failed"] == {} and saved
@@ -376,7 +378,7 @@ def test_the_roof_part_runs_end_to_end_in_the_emulation(on_the_cpu):
 
 
 @needs_emulation
-def test_the_tf32_part_runs_end_to_end_in_the_emulation(on_the_cpu):
+def test_the_tf32_parts_logic_with_the_emulation_standing_in_for_the_gpu(on_the_cpu):
     part = bench_gpu.tf32(2)
     assert set(part["errors"]) == {"16", "32"} and part["timing"]["failed"] == {}
     assert {r["line"] for r in part["timing"]["rows"]} == {"cuBLAS x·Wᵀ", "reference", "v25", "v26", "v34"}
@@ -387,7 +389,7 @@ def test_the_tf32_part_runs_end_to_end_in_the_emulation(on_the_cpu):
 
 
 @needs_emulation
-def test_the_goals16_part_runs_end_to_end_in_the_emulation(on_the_cpu):
+def test_the_goals16_parts_logic_with_the_emulation_standing_in_for_the_gpu(on_the_cpu):
     part = bench_gpu.goals16(2)
     assert all(c["ok"] for c in part["checked"].values()) and part["dtype"] == "bfloat16"
     assert set(part["goals"]) == {"forward", "fwd+bwd", "forward, B=32"}
@@ -398,3 +400,49 @@ def test_the_goals16_part_runs_end_to_end_in_the_emulation(on_the_cpu):
     text = bench_gpu.table({**HEADER, "goals16": part})
     assert "| forward, B=32 | 32, 24, 40 |" in text and "(no datasheet bandwidth known for this card)" in text
     assert "At B = 32, I = 24, O = 40:" in text
+
+
+@needs_emulation
+def test_the_roof_part_keeps_a_roof_with_one_wrong_sum_out_of_the_timing(on_the_cpu, lib, monkeypatch):
+    """A planted wrong sum in one thread of the wgmma roof: caught by the check the GPU run applies,
+    recorded, and that roof is not timed (mma.sync's still is)."""
+    served = _emulated_library(lib)
+
+    def launch(kind, blocks, iterations, out, stream):
+        rc = served.dense_roof_launch(kind, blocks, iterations, out, stream)
+        if kind == bench_gpu.ROOFS["wgmma"]:
+            ctypes.c_float.from_address(out + 4 * 5).value += 1.0  # thread 5's sum one off
+        return rc
+    monkeypatch.setattr(bench_gpu, "_library", lambda: type(served)(dense_roof_launch=launch,
+                                                                    dense_roof_info=served.dense_roof_info))
+    part = bench_gpu.roof(2)
+    assert part["failed"]["roof: wgmma"].startswith("wrong result: thread 5 wrote")
+    assert part["roofs"]["wgmma"]["checked"] is False and part["roofs"]["mma.sync"]["checked"] is True
+    assert {r["line"] for r in part["rows"]} >= {"roof: mma.sync"} and "roof: wgmma" not in {r["line"] for r in
+                                                                                                part["rows"]}
+
+
+@needs_emulation
+def test_the_tf32_part_keeps_a_version_with_a_wrong_product_out_of_the_timing(on_the_cpu, monkeypatch):
+    """v34's product planted wrong (every element doubled): its error fails the sanity check and it
+    is not timed; v25 and v26 still are."""
+    emu = bench_gpu.exact_check.emulation_gemm(emulated.SM_COUNT)
+
+    def gemm(version, layout, a, b, m, n, k):
+        c = emu(version, layout, a, b, m, n, k)
+        return 2 * c if version == 34 else c
+    monkeypatch.setattr(bench_gpu, "_gpu_gemm", lambda: gemm)
+    part = bench_gpu.tf32(2)
+    assert part["timing"]["failed"] == {"v34": "failed the float64 check"}
+    assert {r["line"] for r in part["timing"]["rows"]} == {"cuBLAS x·Wᵀ", "reference", "v25", "v26"}
+
+
+@needs_emulation
+def test_the_goals16_part_does_not_time_a_version_0_that_writes_nan(on_the_cpu, monkeypatch):
+    """The op planted to return NaN: the float64 check fails, nothing is timed, the table says why."""
+    monkeypatch.setattr(bench_gpu.modes, "dense", lambda mode: lambda x, w, b: torch.full(
+        (x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype))
+    part = bench_gpu.goals16(2)
+    assert part["goals"] == {} and not any(c["ok"] for c in part["checked"].values())
+    assert "Not timed: version 0 failed the bfloat16 check against float64" in bench_gpu.table({**HEADER,
+                                                                                               "goals16": part})
