@@ -322,3 +322,25 @@ def publish(text: str, writers: list[tuple[Path | None, Callable[[Path], None]]]
     for e in errors:
         print(f"{_prog()}: {e}", file=sys.stderr)
     return 1 if errors else 0
+
+
+CUDA_TOOLS_PIP = "python -m pip install -r requirements-cuda.txt"  # the toolkit's programs, from the package index
+
+
+def cuda_tool(name: str) -> str | None:
+    """A CUDA program (nvcc, ptxas, cuobjdump, nvdisasm): on PATH, in $CUDA_HOME/bin, in the
+    bin folder of NVIDIA's pip wheels (requirements-cuda.txt: nvidia/cu13/bin in site-packages),
+    or in /usr/local/cuda/bin, in that order; None where none is. The wheels come before the
+    conventional folder, so that with PATH free of a system toolkit the package-index route is
+    the one taken (CI checks it that way)."""
+    import shutil
+
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = [Path(os.environ["CUDA_HOME"]) / "bin" / name] if os.environ.get("CUDA_HOME") else []
+    spec = importlib.util.find_spec("nvidia")  # the namespace package of NVIDIA's wheels
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        candidates += sorted(Path(base).glob(f"*/bin/{name}"))
+    candidates.append(Path("/usr/local/cuda/bin") / name)
+    return next((str(p) for p in candidates if p.is_file() and os.access(p, os.X_OK)), None)

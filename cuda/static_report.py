@@ -354,26 +354,13 @@ def hopper_slices(m: int, n: int, k: int, bm: int, bn: int, bk: int, sm_count: i
 
 
 # ---------------------------------------------------------------------------------------
-# Tools: nvcc/ptxas from the toolkit, cuobjdump (+ nvdisasm, which it calls for -sass) from
-# the toolkit or from pip (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm).
+# Tools: nvcc and ptxas, cuobjdump (+ nvdisasm, which it calls for -sass), from the toolkit or
+# from the package index (requirements-cuda.txt), found by cli.cuda_tool.
 # ---------------------------------------------------------------------------------------
-PIP_SASS = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
+PIP_SASS = cli.CUDA_TOOLS_PIP
 
 
-def find_tool(name: str) -> str | None:
-    """A CUDA tool on PATH, in $CUDA_HOME/bin, or in a pip nvidia-* wheel's bin folder."""
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / name]
-    try:
-        import nvidia  # namespace package of NVIDIA's pip wheels
-
-        for base in nvidia.__path__:
-            candidates += sorted(Path(base).glob(f"*/bin/{name}"))
-    except ImportError:
-        pass
-    return next((str(p) for p in candidates if p.is_file() and os.access(p, os.X_OK)), None)
+find_tool = cli.cuda_tool  # nvcc, ptxas, cuobjdump, nvdisasm: PATH, $CUDA_HOME, pip's wheels, /usr/local/cuda
 
 
 def sass_tools() -> tuple[str | None, str]:
@@ -664,7 +651,8 @@ def compile_sources(sources: list[Path], arch: str, workdir: Path) -> tuple[str,
     --sass and the tests ask for the same compile several times; it takes minutes on 2 cores)."""
     nvcc, ptxas = find_tool("nvcc"), find_tool("ptxas")
     if nvcc is None or ptxas is None:
-        raise SystemExit("nvcc and ptxas (the CUDA toolkit) are needed: nothing can be compiled without them")
+        raise SystemExit("nvcc and ptxas are needed: nothing can be compiled without them; install the CUDA toolkit, "
+                         f"or {cli.CUDA_TOOLS_PIP} (no GPU needed)")
     key = _cache_key(sources, arch, (nvcc, ptxas))
     if key is None:
         return _compile(sources, arch, workdir, nvcc, ptxas)

@@ -6,10 +6,11 @@
 # cp.async (v8's double buffering uses it there); newer GPUs (sm_90: H100/H200) JIT it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-nvcc=$(command -v nvcc || true)
-if [[ -z $nvcc && -x ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc ]]; then nvcc=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc; fi
+# nvcc where the Python scripts find it (cli.cuda_tool): PATH, $CUDA_HOME, the package index's
+# wheels (requirements-cuda.txt), /usr/local/cuda
+nvcc=$(python -c 'import cli; print(cli.cuda_tool("nvcc") or "")')
 if [[ -z $nvcc ]]; then
-  echo "ptx/regen.sh: nvcc not found: install the CUDA toolkit, or set CUDA_HOME to its folder" >&2
+  echo "ptx/regen.sh: nvcc not found: install the CUDA toolkit, or python -m pip install -r requirements-cuda.txt" >&2
   exit 1
 fi
 mkdir -p ptx/generated

@@ -6,8 +6,8 @@ cuobjdump -sass; then, for each edited function, counts the instructions on both
 edited .func (the sigmoid) is measured inside the smallest kernel that calls it, as the code
 that kernel reaches by CALL (the function and any helper it calls in turn).
 
-Needs ptxas, cuobjdump and nvdisasm (CUDA toolkit, or pip install nvidia-cuda-cuobjdump
-nvidia-cuda-nvdisasm); nvcc too unless --generated names the compiler's PTX.
+Needs ptxas, cuobjdump and nvdisasm (the CUDA toolkit, or python -m pip install -r
+requirements-cuda.txt: no GPU needed); nvcc too unless --generated names the compiler's PTX.
 
 Examples:
   python ptx/sass_report.py                          # print the comparison, write nothing

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import GPU, REASONS, ROOT, load_script
+from cli import cuda_tool
+from conftest import GPU, REASONS, ROOT
 
 pytestmark = pytest.mark.slow  # every chapter's commands: builds, training runs, compilers
 
@@ -60,14 +60,13 @@ def _skip_reason(command: str, comment: str) -> str | None:
         return "needs matplotlib (optional)"
     if ("triton" in command or "tiles/" in command) and REASONS["triton"] is not None:
         return f"mode triton: {REASONS['triton']}"
-    if re.search(r"\bnvcc\b|static_report|sass_report|regen\.sh|compiler_report", command) and not shutil.which("nvcc"):
-        return "needs nvcc"
+    if re.search(r"\bnvcc\b|static_report|sass_report|regen\.sh|compiler_report", command) and not cuda_tool("nvcc"):
+        return "needs nvcc (python -m pip install -r requirements-cuda.txt)"
     for path in re.findall(r"--fit (\S+)", command):
         if not Path(path).exists():
             return f"reads {path}, which the chapter's fit command (run by hand) writes"
-    find_tool = load_script("cuda/static_report.py").find_tool  # where the scripts look for CUDA's tools
-    if re.search(r"--sass|sass_report", command) and not (find_tool("cuobjdump") and find_tool("nvdisasm")):
-        return "needs cuobjdump and nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
+    if re.search(r"--sass|sass_report", command) and not (cuda_tool("cuobjdump") and cuda_tool("nvdisasm")):
+        return "needs cuobjdump and nvdisasm (python -m pip install -r requirements-cuda.txt)"
     return None
 
 

@@ -353,21 +353,7 @@ def test_chapter_4_bandwidth_claims_are_the_figures_numbers():
     assert f"reach {min(roof):.0f}% to {max(roof):.0f}% of the FFMA roof" in said
     assert max(k["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"]
                for k in _record("ncu_gemm_h200.json")["kernels"]) < 2
-    assert 3 * 2048 * 2048 * 4 / 2 ** 20 == 48 and _record("cuda_gpu_h100.json")["gpu"]["l2_mib"] == 50
-    assert "(48 MiB) nearly fit in an L2 of 50 MiB" in said
-
-
-def test_chapter_4_sgemm_table_states_our_versions_as_the_record_has_them():
-    text = CUDA_CHAPTER.read_text()
-    table = text[text.index("| step | SGEMM_CUDA kernel |"):]
-    table = table[:table.index("\n\n")]
-    timed = _timed()
-    ours = re.findall(r"\b(v\d+) (\d+\.\d)%", table)
-    assert len(ours) == 8
-    for line, share in ours:
-        assert f"{100 * timed[line]['of_cublas']['speed']:.1f}" == share, line
-    for line in ("v10", "v11"):
-        assert line not in timed and f"{line} not yet timed" in table
+    assert 3 * 2048 * 2048 * 4 / 2 ** 20 == 48 and _record("ncu_gemm_h200.json")["device"] == "NVIDIA H200"
 
 
 def test_chapter_4_bank_conflict_paragraph_is_the_records_counts_at_2048():

@@ -14,18 +14,20 @@ from pathlib import Path
 
 import pytest
 
+from cli import cuda_tool
 from conftest import ROOT, load_script
 
 pytestmark = pytest.mark.slow  # nvcc and the host compiler over the kernels and bindings
 
-NVCC, PTXAS = shutil.which("nvcc"), shutil.which("ptxas")
+NVCC, PTXAS = cuda_tool("nvcc"), cuda_tool("ptxas")  # the toolkit, or requirements-cuda.txt's wheels
 KERNELS = ROOT / "cuda" / "dense_kernels.cu"
 LESSON = ROOT / "ptx" / "lesson_kernels.cu"  # what the PTX stage's PTX is generated from
 EDITED = ROOT / "ptx" / "dense_kernels.ptx"
 ARCHS = ["sm_80", "sm_90"]
 
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found on PATH")
-needs_ptxas = pytest.mark.skipif(PTXAS is None, reason="ptxas not found on PATH")
+TOOLS = "python -m pip install -r requirements-cuda.txt"
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason=f"nvcc not found ({TOOLS})")
+needs_ptxas = pytest.mark.skipif(PTXAS is None, reason=f"ptxas not found ({TOOLS})")
 
 # The entry points ptx/loader.cpp asks for by name (dense_kernels.h: gemm_name, sigmoid_grad_name).
 GEMM_PARAMS = ["u64"] * 4 + ["u64"] * 3 + ["u32"]  # A, B, C, bias; M, N, K; epilogue
@@ -70,8 +72,8 @@ def test_the_launchers_compile_and_export_what_bench_gpu_calls(arch, tmp_path):
         pytest.skip("nm not found on PATH")
     symbols = subprocess.run([nm, "-g", "--defined-only", str(tmp_path / "k.o")], capture_output=True, text=True,
                              timeout=120).stdout
-    for name in ("dense_tune_count", "dense_tune_launch", "dense_gemm_launch", "dense_gemm_workspace", "dense_gemm_resolve",
-                 "dense_sigmoid_grad_launch"):
+    for name in ("dense_tune_count", "dense_tune_launch", "dense_gemm_launch", "dense_gemm_workspace",
+                 "dense_gemm_resolve", "dense_sigmoid_grad_launch"):
         assert re.search(rf" T {name}$", symbols, re.M), name
 
 

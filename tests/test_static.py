@@ -385,7 +385,7 @@ def test_edited_functions_are_found_by_their_code_not_their_comments():
 def test_missing_sass_tools_are_named_with_the_pip_packages(monkeypatch):
     monkeypatch.setattr(sr, "find_tool", lambda name: None if name == "nvdisasm" else f"/bin/{name}")
     tool, reason = sr.sass_tools()
-    assert tool is None and "nvdisasm" in reason and "nvidia-cuda-nvdisasm" in reason
+    assert tool is None and "nvdisasm" in reason and "requirements-cuda.txt" in reason
 
 
 # ---------------------------------------------------------------------------------------
