@@ -9,8 +9,6 @@ import math
 
 import torch
 from torch import Tensor
-from torch._functorch.utils import unwrap_dead_wrappers
-from torch.autograd import forward_ad
 from torch.nn import functional as F
 
 
@@ -71,12 +69,10 @@ class DenseFunction(torch.autograd.Function):
 
 
 class DenseFunctionForwardAD(DenseFunction):
-    """DenseFunction plus its forward-mode rule, used only while forward-mode AD is active.
+    """DenseFunction plus its forward-mode rule (``jvp``): what ``dense`` calls in eager mode.
 
     torch.compile's tracer (Dynamo) refuses every Function that defines a custom ``jvp``, so the
     rule cannot live on DenseFunction itself without costing torch.compile its single graph.
-    ``dense`` picks this subclass only inside forward-mode AD (``forward_ad.dual_level``,
-    ``torch.func.jvp``/``jacfwd``, any torch.func transform), where ``jvp`` can run.
     """
 
     @staticmethod
@@ -102,17 +98,9 @@ class DenseFunctionForwardAD(DenseFunction):
         return dz * y * (1 - y)
 
 
-# Function.apply first binds its arguments to forward's signature with inspect (about 12 µs
-# a call here (docs/results/cpp_overhead.json): more than the whole forward of a small layer),
-# which only torch.func needs.
-# Outside torch.func and torch.compile, call the C++ apply underneath it directly.
-_apply_direct = super(torch.autograd.Function, DenseFunction).apply
-
-
 def dense(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    # Under torch.compile, the Function Dynamo can trace into one graph (it refuses a custom jvp;
+    # forward mode there comes from the traced ops' own rules). In eager mode, the one with jvp.
     if torch.compiler.is_compiling():
         return DenseFunction.apply(x, weight, bias)
-    if torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0:
-        return DenseFunctionForwardAD.apply(x, weight, bias)
-    # What apply does next for us (private helper): unwrap tensors that escaped a torch.func transform.
-    return _apply_direct(*unwrap_dead_wrappers((x, weight, bias)))
+    return DenseFunctionForwardAD.apply(x, weight, bias)

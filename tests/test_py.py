@@ -1,6 +1,9 @@
-"""Stage py under torch.compile: one graph, forward and backward, and forward-mode AD kept."""
+"""Stage py under torch.compile (one graph, forward and backward, forward-mode AD kept) and in eager
+mode (public APIs only: Function.apply)."""
 
 from __future__ import annotations
+
+import ast
 
 import pytest
 import torch
@@ -10,7 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.nn import functional as F
 
 import modes
-from conftest import assert_compiled_step_matches
+from conftest import ROOT, assert_compiled_step_matches
 
 
 def reference(x, w, b):
@@ -84,16 +87,33 @@ def test_forward_mode_ad_under_compile(fullgraph):
     torch.testing.assert_close(out, func.jvp(reference, (x, w, b), tangents))
 
 
-def test_the_comment_on_apply_quotes_the_recorded_inspect_binding():
-    """py/dense.py says what Function.apply's inspect binding costs; the figure is the record's."""
-    import json
-    import re
+def test_the_stage_names_no_private_torch_api():
+    """Chapter 1 is the first file a learner reads: it uses torch's public APIs only, so no name
+    it imports or looks up starts with an underscore (dunders aside)."""
+    tree = ast.parse((ROOT / "py" / "dense.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            names.update((node.module or "").split("."))
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(part for a in node.names for part in a.name.split("."))
+    private = {n for n in names if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))}
+    assert not private, f"py/dense.py uses private names: {sorted(private)}"
 
-    from conftest import ROOT
 
-    record = json.loads((ROOT / "docs" / "results" / "cpp_overhead.json").read_text())
-    binding = next(r["median_us"] for r in record["rows"] if r["name"] == "py: inspect binding alone")
-    source = (ROOT / "py" / "dense.py").read_text()
-    quoted = re.search(r"with inspect \(about (\d+) µs\s*#? a call here \(docs/results/cpp_overhead\.json\)", source)
-    assert quoted, "py/dense.py no longer quotes the binding's cost with its record"
-    assert int(quoted.group(1)) == round(binding)
+def test_eager_calls_go_through_the_public_function_apply(monkeypatch):
+    """Outside torch.compile, dense() calls the Function's own apply (which binds the arguments
+    and unwraps torch.func's tensors itself), with or without autograd recording."""
+    stage = modes.stage("py")
+    calls = []
+    apply = stage.DenseFunctionForwardAD.apply
+    monkeypatch.setattr(stage.DenseFunctionForwardAD, "apply", staticmethod(lambda *a: calls.append(a) or apply(*a)))
+    (x, w, b), _ = _inputs()
+    y = stage.dense(x.requires_grad_(), w, b)
+    with torch.no_grad():
+        stage.dense(x, w, b)
+    assert len(calls) == 2 and all(c[0] is x for c in calls)
+    torch.testing.assert_close(y, reference(x, w, b))
