@@ -21,7 +21,8 @@
 //   2402.13499, as quoted in NVIDIA/cutlass issue 2373; not read here, unverified) reports about
 //   970 TFLOP/s for wgmma on an H800, whose SMs and clocks are the H100 SXM's.
 // - mma.sync: predicted about half the wgmma roof, 450-550 TFLOP/s (unverified: no published
-//   measurement of this instruction alone on an H100 was found). The reasoning: Hopper doubled
+//   measurement of this instruction alone on an H100 was found, and public reports of mma.sync
+//   kernels on Hopper range from a third to two thirds of wgmma's peak). The reasoning: Hopper doubled
 //   each SM's tensor-core work per clock over the A100 (1,024 dense bfloat16 multiply-adds a clock
 //   an SM there, 2,048 here, each from its datasheet's peak, SM count and clock), but mma.sync is
 //   the A100's instruction: one warp's 16×8×16 product, its operands read from and its results
