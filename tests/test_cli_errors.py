@@ -603,7 +603,7 @@ def test_sweep_record_table_and_goals():
     for p in record["points"]:
         assert p["rounds"] >= 6 and p["ratios"]["py"]["ci"] is not None
         assert -1 < p["elementwise_share"] < 1
-    assert [g["goal"] for g in record["points"][0]["goals"]] == ["py <= 1.50 at B=1, I=O=64"]
+    assert record["points"][0]["goals"] == []  # the py stage has no speed goal at small batch
     text = benchmark.sweep_table(record)
     assert "| 1 | 64 | 64 |" in text and "| goal | points met |" in text
 
