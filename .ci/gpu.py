@@ -1,18 +1,23 @@
 """The GPU machine's work: one plan of parts, each under its own time limit, all under one deadline.
 
 A GPU lease is short: 15 minutes of device time in all, the machine's start (a few minutes)
-included, one command at most 10 minutes, at most 8 files back from $OUT. So the plan has two
-selections, one command each, whose deadlines add up, with the start, to no more than the lease:
+included, one command at most 10 minutes, at most 8 files back from $OUT. So the lease is one
+call of at most 9 minutes that holds, in order of value:
 
-  lease    (8 min, the first call) confirm, then time. First what can fail: the build of every
-           stage; pytest -m "gpu and not slow"; grad_check.py on odd shapes in float32 and in
-           bfloat16; every GEMM entry on the GPU against the CPU emulation, bit for bit; NCCL's
-           refusal of two ranks. Then the timings, most valuable first: every GEMM version
-           (checked against float64 first) and the goals; B = 32, the backward's elementwise
-           kernels and bfloat16, the tensor cores' roofs, split-TF32's error and speed and the
-           bfloat16 goals; the PTX edits
-  explain  (4 min, a second call on the machine the first left warm) Nsight Compute's counters
-           for every version; compute-sanitizer's memcheck and racecheck
+  lease    (9 min, the first call) the build of every stage; every GEMM entry against the CPU
+           emulation's committed bits, one version a process under a limit of its own, several
+           side by side (cuda/isolated.py exact: a fault or a hang costs that version alone, and
+           the record says which and how); then each version never timed on a GPU, by its number
+           and only if its own exact check passed, one a process (cuda/isolated.py kernels); then,
+           as a tail that the deadline cuts, compute-sanitizer's memcheck, racecheck and synccheck
+           on every never-run version and candidate, and Nsight Compute's counters
+  second   (3 min, only if the first ends early; it can start cold: it builds) grad_check.py on
+           odd shapes, NCCL's refusal of two ranks; as a tail, grad_check in bfloat16, the GPU
+           tests, chapter 4's table retaken, the PTX edits
+
+A tail part is cut by the deadline, not by its own limit: what it did not reach is NOT RUN, which
+does not fail the call. The other parts' limits add up to less than the deadline by more than the
+grace a stopped part gets (GRACE_S).
 
 Every other part (the Triton stage's timings, the autotuning candidates, what loading PTX costs,
 two ranks training on the GPU) is run by name, as the first call of another lease:
@@ -21,7 +26,10 @@ two ranks training on the GPU) is run by name, as the first call of another leas
 The build part's limit comes from a measurement (--time-build, the record docs/results/
 build_sm90a.json): each source of each stage compiled alone, for sm_90a; on the lease's 16 cores
 they compile side by side, so the build takes about its slowest source and the link; the
-limit is that, doubled, plus the time to load the stages.
+limit is that, doubled, plus the time to load the stages. The isolated runs' limits come from a
+child's start measured here (cuda/isolated.py's START_S) and their work's estimate, in waves of
+children side by side, one of them hung to its own limit; grad-check's from Triton's compiles
+measured here (TRITON_COMPILE_S). --list says each one's sum.
 
 A part that fails, runs out of time or cannot run is FAILED in the summary table printed last,
 and the exit status is 1; a part whose prerequisite failed does not run. Records are written
@@ -30,7 +38,9 @@ cuda_gpu_h100.json), so that their commands are the ones tests/test_records.py a
 timing part writes its record after each measurement. After every part, the records of the parts
 that passed are packed into $OUT/records.tar.gz, those of a kind no chapter shows yet into
 new-records.tar.gz, and those of a part that did not pass (what it measured before it stopped)
-into failed-records.tar.gz. Also in $OUT: gpu.log (every part's output) and pytest-gpu.xml.
+into failed-records.tar.gz; a part the deadline stopped packs what it measured with the others
+(its record is whole as far as it got). Also in $OUT: gpu.log (every part's output) and
+pytest-gpu.xml.
 Back on the development machine, in the repository's root:
   tar -xzf records.tar.gz && python docs/render.py && git add docs/results
 
@@ -44,7 +54,7 @@ Examples:
   bash .ci/gpu --list                        # the selections: parts, limits, totals, commands
   bash .ci/gpu --dry-run lease               # check one selection here (no GPU needed)
   bash .ci/gpu lease --out "$OUT"            # GPU: the first call of a lease
-  bash .ci/gpu explain --out "$OUT"          # GPU: the second, on the same machine
+  bash .ci/gpu second --out "$OUT"           # GPU: the second, only if the first ended early
   bash .ci/gpu gemm ptx --out /tmp/gpu       # GPU: named parts (and the parts they need)
   python .ci/gpu.py --time-build 9.0a --json /tmp/build.json   # CUDA torch and nvcc, no GPU: time the build
 """
@@ -85,10 +95,10 @@ NEW_RECORDS = "new-records.tar.gz"  # of a kind no chapter shows: tests/test_rec
 GRACE_S = 10              # after SIGINT, before SIGKILL: a JIT build killed outright leaves its lock file
 
 # The lease: device time in all, the machine's start (assumed: "a few minutes", never timed from
-# here), and the two calls.
+# here), the first call, and what a second call has if the first used all of its deadline.
 LEASE_S = 15 * 60
 START_S = 3 * 60
-FIRST_CALL_S = 8 * 60
+FIRST_CALL_S = 9 * 60
 SECOND_CALL_S = LEASE_S - START_S - FIRST_CALL_S
 COMMAND_S = 10 * 60       # one command of a lease at most
 LEASE_CORES = 16
@@ -96,12 +106,22 @@ LEASE_ARCH = "9.0a"       # the cards lent (H100, H200), as lease_arch builds th
 BUILD_RECORD = f"{RESULTS}/build_sm{LEASE_ARCH.replace('.', '')}.json"
 BUILD_MARGIN = 2.0        # the lease's CPUs are not the ones measured, and ~25 compilers share its 16 cores
 BUILD_LOAD_S = 20         # after the link: each stage's process imports torch and loads its library
-WARM_BUILD_S = 30         # the same on a machine that built them: ninja finds nothing to do
 # A cold start of torch: the CUDA build maps 2.95 GiB of libraries and touches ~0.65 GiB of them
 # (resident after `import torch`, measured on the CUDA torch here), 7 s at 100 MB/s from a cold
 # disk; then the driver's first initialisation and the tools' --version (nvcc, ncu,
 # compute-sanitizer, nvidia-smi), seconds each when cold.
 ENV_S = 40
+# grad_check.py all on the GPU compiles the Triton stage's kernels on a cold cache: in float32 its
+# forward autotuned over 6 configurations in float64 (gradcheck) and in float32, and two backward
+# kernels in each; in bfloat16, 6 and 2. Measured here (tiles/compiler_report.py's compile for
+# sm_90, one process, 2026-11-29): float64's 8 compiles 3.6 s, float32's 8 4.8 s (1.3 s of it the
+# first compile's imports), bfloat16's 8 2.3 s. Doubled (other CPUs, a cold disk), plus the
+# autotuner's timing (do_bench: 25 ms of warm-up and 100 ms of repeats, 6 configurations a key),
+# a child's start (isolated.START_S) and the checks themselves (seconds: gradcheck's thousands of
+# launches of every stage).
+TRITON_COMPILE_S = {"float32": 3.6 + 4.8, "bfloat16": 2.3}
+TRITON_KEYS = {"float32": 2, "bfloat16": 1}  # the autotuner's keys a run times: 6 configurations each
+CHECKS_S = 10
 
 
 @dataclass(frozen=True)
@@ -119,6 +139,7 @@ class Part:
     unless: Callable[[], str | None] | None = None  # why to skip it, decided when it is due
     says: str = ""                      # what its output must hold besides the exit status (a refusal's words)
     stands_for: str = ""                # another part whose place it takes: it meets the needs on that one
+    tail: bool = False                  # cut by the deadline: not counted against it; NOT RUN if not reached
 
     def command(self, tag: str = TAG, out: str = OUT) -> list[str]:
         return [a.replace(TAG, tag).replace(OUT, out) for a in self.argv]
@@ -183,6 +204,49 @@ def script_lacks(script: str, flag: str) -> Callable[[], str | None]:
                     for node in ast.walk(tree))
         return None if named else f"{script} has no {flag} option yet (python {script} --help does not list it)"
     return reason
+
+
+def isolated_module():
+    """cuda/isolated.py (no torch at load): its children's limits and which versions ran on a GPU."""
+    return cli.load_file("cuda/isolated.py", "dense_cuda_isolated")
+
+
+def isolated_units(run: str) -> int:
+    """How many children cuda/isolated.py starts for `run` as the lease asks it: exact every version
+    and candidate; kernels each version never timed (isolated.never_timed), at most (one whose
+    exact check fails is not started); sanitize each never-run version and candidate but version 0
+    (--never-run)."""
+    iso = isolated_module()
+    order = iso.never_run_first()
+    if run == "exact":
+        return len(order)
+    if run == "kernels":
+        return len(iso.never_timed())
+    return len([name for name, never in order if never and name != "v0"])
+
+
+def isolated_limit(run: str) -> tuple[int, str]:
+    """(a run's part limit, where it comes from): its children in waves of JOBS, each its expected
+    seconds (isolated.EXPECTED_S, from the start measured here), one of them to its own limit (a
+    hang), and the margin by which the run ends before the part's limit."""
+    iso = isolated_module()
+    units, jobs = isolated_units(run), iso.JOBS[run]
+    waves = math.ceil(units / jobs)
+    expected, own = iso.EXPECTED_S[run], iso.LIMITS[run]
+    limit = math.ceil(waves * expected + (own - expected) + iso.MARGIN_S)
+    return limit, (f"{units} processes, {jobs} at a time: {waves} × {expected:.0f} s expected + one hung to its "
+                   f"{own} s limit + {iso.MARGIN_S} s to end before this limit")
+
+
+def grad_check_limit(dtype: str) -> tuple[int, str]:
+    """grad-check's limit: Triton's cold compiles (TRITON_COMPILE_S, measured here) doubled, the
+    autotuner's timing of 6 configurations a key, a child's start, the checks."""
+    compile_s, keys = TRITON_COMPILE_S[dtype], TRITON_KEYS[dtype]
+    tune_s = keys * 6 * 0.125
+    start = isolated_module().START_S
+    limit = math.ceil(2 * compile_s + tune_s + start + CHECKS_S)
+    return limit, (f"2 × {compile_s:.1f} s of Triton compiles (measured here for sm_90) + {tune_s:.1f} s autotuning "
+                   f"+ {start:.0f} s start + {CHECKS_S} s checks")
 
 
 # ---------------------------------------------------------------------------------------
@@ -255,59 +319,63 @@ def parts() -> dict[str, Part]:
     k, k_why = ptx_deselection()
     xdist = ["-n", "8"] if importlib.util.find_spec("xdist") else []  # 8 processes share the GPU
     generated = "ptx/generated/dense_kernels.ptx"
-    sanitize = ("python", "cuda/bench_gpu.py", "check", "--odd-only")  # the odd shapes: the sanitizer is slow
     odd = ("--device", "cuda", "-b", "33", "-i", "65", "-o", "17")
     stages = ("cpp", "cuda", "ptx", "emulation")
     limit, limit_why, _ = build_limit()
+    exact_record = f"{RESULTS}/cuda_exact_{TAG}.json"
+    exact_s, exact_why = isolated_limit("exact")
+    kernels_s, kernels_why = isolated_limit("kernels")
+    sanitize_s, sanitize_why = isolated_limit("sanitize")
+    grad_s, grad_why = grad_check_limit("float32")
+    grad16_s, grad16_why = grad_check_limit("bfloat16")
     refusal = "--backend nccl needs one GPU per rank"  # distributed.py's words, before any rank starts
     listed = [
         Part("env", ENV_S, (py, ".ci/gpu.py", "--env"), "the card, its driver and clocks, the tools' versions"),
         Part("build", limit, (py, ".ci/gpu.py", "--build", *stages),
              f"the compiled stages and the CPU emulation, side by side; limit {limit_why}"),
-        Part("build-warm", WARM_BUILD_S, (py, ".ci/gpu.py", "--build", *stages, "--warm"),
-             "the same on the machine the first call built them on (refused at once on a fresh one)",
-             stands_for="build"),
-        Part("pytest", 100, (py, "-m", "pytest", "-m", "gpu and not slow", *(["-k", k] if k else []), "-q", "-ra",
-                             "-p", "no:cacheprovider", *xdist, f"--junitxml={OUT}/pytest-gpu.xml"),
-             f"the GPU tests (slow multi-process ones apart); {k_why}", extras=(f"{OUT}/pytest-gpu.xml",),
-             needs=("build",)),
-        Part("grad-check", 20, (py, "grad_check.py", "all", *odd), "every stage's gradients on odd shapes, float32",
-             needs=("build",)),
-        Part("grad-check-bf16", 20, (py, "grad_check.py", "all", *odd, "--dtype", "bfloat16"),
-             "the same in bfloat16, for the stages that take it", needs=("build",),
-             unless=script_lacks("grad_check.py", "--dtype")),
-        Part("exact", 40, (py, "cuda/bench_gpu.py", "exact"),
-             "every GEMM entry, each type, layout and odd shape, on the GPU against the CPU emulation, bit for bit",
-             needs=("build",)),
+        Part("exact", exact_s, (py, "cuda/isolated.py", "exact", "--json", exact_record),
+             "every GEMM entry against the emulation's committed bits (cuda/exact_expected.json), one version a "
+             f"process, never-run ones first; limit {exact_why}",
+             records=(exact_record,), produces=(exact_record,), needs=("build",)),
+        Part("kernels", kernels_s, (py, "cuda/isolated.py", "kernels", "--parts", "goals", "small", "bf16", "roof",
+                                    "tf32", "goals16", "--rounds", "10", "--exact", exact_record,
+                                    "--json", f"{RESULTS}/cuda_kernels_{TAG}.json"),
+             "each version never timed on a GPU whose own exact check passed, by its number, one a process: its "
+             "goals (float32 on the CUDA cores; bfloat16), TF32's error and speed, the tensor cores' roofs beside "
+             f"it; limit {kernels_why}",
+             records=(f"{RESULTS}/cuda_kernels_{TAG}.json",), inputs=(exact_record,), needs=("build", "exact")),
+        *[Part(tool, sanitize_s, (py, "cuda/isolated.py", "sanitize", "--tool", tool, "--never-run"),
+               f"compute-sanitizer's {tool} on every never-run version and candidate, one a process; limit "
+               f"{sanitize_why} (cut by the deadline)", needs=("build",), tail=True)
+          for tool in ("memcheck", "racecheck", "synccheck")],
+        Part("ncu", 90, (py, "cuda/bench_gpu.py", "--ncu", "--passed", exact_record,
+                         "--json", f"{RESULTS}/ncu_gemm_{TAG}.json"),
+             "Nsight Compute's counters for every version and candidate the exact run passed (never-run first) and "
+             "the backward's elementwise kernels (cut by the deadline)",
+             records=(f"{RESULTS}/ncu_gemm_{TAG}.json",), inputs=(exact_record,), needs=("build", "exact"), tail=True),
+        # The second call: what the first leaves out, when it ends early.
+        Part("grad-check", grad_s, (py, "grad_check.py", "all", *odd),
+             f"every stage's gradients on odd shapes, float32; limit {grad_why}", needs=("build",)),
         Part("nccl-refusal", 15, (py, "distributed.py", "-m", "cuda", "--world-size", "2", "--backend", "nccl",
                                   "--epochs", "1"),
              f"two NCCL ranks on one GPU: refused in one line (exit 2, {refusal!r}) before the start", expect=2,
              says=refusal, needs=("build",)),
+        Part("grad-check-bf16", grad16_s, (py, "grad_check.py", "all", *odd, "--dtype", "bfloat16"),
+             f"the same in bfloat16, for the stages that take it; limit {grad16_why}", needs=("build",),
+             unless=script_lacks("grad_check.py", "--dtype"), tail=True),
+        Part("pytest", 100, (py, "-m", "pytest", "-m", "gpu and not slow", *(["-k", k] if k else []), "-q", "-ra",
+                             "-p", "no:cacheprovider", *xdist, f"--junitxml={OUT}/pytest-gpu.xml"),
+             f"the GPU tests (slow multi-process ones apart); {k_why}", extras=(f"{OUT}/pytest-gpu.xml",),
+             needs=("build",), tail=True),
         Part("gemm", 60, (py, "cuda/bench_gpu.py", "check", "gemm", "goals", "--rounds", "15",
                           "--json", f"{RESULTS}/cuda_gpu_{TAG}.json"),
-             "every version checked against float64, then timed at 4096³; the goals",
-             records=(f"{RESULTS}/cuda_gpu_{TAG}.json",), needs=("build",)),
-        # The tensor-core chapter's measurements (roof, tf32, goals16) join this command and its
-        # record, not a record of their own: each is seconds of GPU work (the kernels last
-        # milliseconds, a round is a fraction of a second; the float64 checks and the first launch
-        # of each module are most of it), and the 18 s they add are what the lease had left.
-        Part("kernels", 45 + 18, (py, "cuda/bench_gpu.py", "small", "grad", "bf16", "roof", "tf32", "goals16",
-                                  "--rounds", "15", "--json", f"{RESULTS}/cuda_kernels_{TAG}.json"),
-             "every version at B = 32; the backward's elementwise kernels; bfloat16 (checked first); the tensor "
-             "cores' roofs beside their versions, split-TF32's error and speed, the bfloat16 goals",
-             records=(f"{RESULTS}/cuda_kernels_{TAG}.json",), needs=("build", "exact")),
+             "chapter 4's versions checked against float64, then timed at 4096³; the goals",
+             records=(f"{RESULTS}/cuda_gpu_{TAG}.json",), needs=("build",), tail=True),
         Part("ptx-regen", 10, ("bash", "ptx/regen.sh"), "the compiler's own PTX, the baseline of the PTX edits",
-             produces=(generated,)),
+             produces=(generated,), tail=True),
         Part("ptx", 45, (py, "cuda/bench_gpu.py", "ptx", "--rounds", "10", "--json", f"{RESULTS}/ptx_gpu_{TAG}.json"),
              "the hand-edited PTX against the compiler's, alternating", records=(f"{RESULTS}/ptx_gpu_{TAG}.json",),
-             inputs=(generated,), needs=("build", "ptx-regen")),
-        Part("ncu", 90, (py, "cuda/bench_gpu.py", "--ncu", "--json", f"{RESULTS}/ncu_gemm_{TAG}.json"),
-             "Nsight Compute's counters for every version's GEMMs and the backward's elementwise kernels",
-             records=(f"{RESULTS}/ncu_gemm_{TAG}.json",), needs=("build",)),
-        Part("memcheck", 40, ("compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "9", *sanitize),
-             "out-of-bounds and misaligned accesses, every version", needs=("build",)),
-        Part("racecheck", 40, ("compute-sanitizer", "--tool", "racecheck", "--error-exitcode", "9", *sanitize),
-             "shared-memory races, every version", needs=("build",)),
+             inputs=(generated,), needs=("build", "ptx-regen"), tail=True),
         Part("candidates", 40, (py, "cuda/bench_gpu.py", "candidates", "--rounds", "15",
                                 "--json", f"{RESULTS}/cuda_candidates_{TAG}.json"),
              "the autotuning candidates, checked then timed", records=(f"{RESULTS}/cuda_candidates_{TAG}.json",),
@@ -332,15 +400,14 @@ def parts() -> dict[str, Part]:
     return {p.name: p for p in listed}
 
 
-# What can fail first, then the timings, most valuable first: chapter 4's table (v10 to v12 are
-# not in its record yet), then what no chapter has measured (B = 32, the backward's kernels,
-# bfloat16, the tensor cores against their roofs and goals), then chapter 5's PTX edits.
+# In order of value: the build, each version's exact check, each new version's timings; then the
+# tail the deadline cuts (the sanitizers on the never-run kernels, ncu). The second call holds what
+# the first leaves out, and builds (on a fresh machine from scratch, on the first's in seconds).
 SELECTIONS: dict[str, list[str]] = {
-    "lease": ["env", "build", "pytest", "grad-check", "grad-check-bf16", "exact", "nccl-refusal",
-              "gemm", "kernels", "ptx-regen", "ptx"],
-    "explain": ["env", "build-warm", "ncu", "memcheck", "racecheck"],
+    "lease": ["env", "build", "exact", "kernels", "memcheck", "racecheck", "synccheck", "ncu"],
+    "second": ["env", "build", "grad-check", "nccl-refusal", "grad-check-bf16", "pytest", "gemm", "ptx-regen", "ptx"],
 }
-DEADLINES = {"lease": FIRST_CALL_S, "explain": SECOND_CALL_S}
+DEADLINES = {"lease": FIRST_CALL_S, "second": SECOND_CALL_S}
 DEFAULT = "lease"          # what runs when no selection is named
 DEADLINE_S = FIRST_CALL_S  # for parts named one by one: the first call of a lease of their own
 
@@ -369,13 +436,20 @@ def resolve(names: list[str], every: dict[str, Part]) -> tuple[list[Part], int]:
 @dataclass
 class Outcome:
     part: str
-    status: str           # passed, skipped: why / FAILED ..., TIMED OUT ..., NOT RUN: why
+    status: str           # passed, skipped: why, NOT RUN: the deadline... / FAILED ..., TIMED OUT ..., NOT RUN: why
     seconds: float
     records: list[str]
 
     @property
     def ok(self) -> bool:
-        return self.status == "passed" or self.status.startswith("skipped")
+        """Passed, skipped with its reason, or not run (or stopped) by the call's deadline: the
+        deadline cuts the tail of a plan by design; a part that fails or hangs to its own limit does not."""
+        return self.status == "passed" or self.status.startswith(("skipped", CUT))
+
+
+MIN_START_S = 5  # a part is started only with this long left (or its whole limit, if shorter)
+CUT = "NOT RUN: the deadline"  # a part the deadline did not reach, or stopped before its own limit
+PART_LIMIT_ENV = "GPU_PART_LIMIT_S"  # the seconds a part may run, in its environment (cuda/isolated.py reads it)
 
 
 def device_tag(name: str) -> str:
@@ -485,8 +559,8 @@ def run(selected: list[Part], out: Path, tag: str, deadline_s: float, env: dict 
                 outcomes.append(Outcome(part.name, f"NOT RUN: {', '.join(not_passed)} did not pass", 0, []))
             elif skip:
                 outcomes.append(Outcome(part.name, f"skipped: {skip}", 0, []))
-            elif left < min(part.limit_s, 5):
-                why = f"NOT RUN: {max(left, 0):.0f} s left of the {deadline_s:.0f} s deadline"
+            elif left < min(part.limit_s, MIN_START_S):
+                why = f"{CUT} ({max(left, 0):.0f} s left of its {deadline_s:.0f} s)"
                 outcomes.append(Outcome(part.name, why, 0, []))
             elif _cannot_start(argv):
                 outcomes.append(Outcome(part.name, _cannot_start(argv) or "", 0, []))
@@ -501,15 +575,17 @@ def run(selected: list[Part], out: Path, tag: str, deadline_s: float, env: dict 
                 def hear(line: str, heard: list[str] = heard) -> None:
                     heard.append(line)
                     say(line)
-                code = _run_one(argv, limit, env, hear)
+                code = _run_one(argv, limit, {**env, PART_LIMIT_ENV: f"{limit:.0f}"}, hear)
                 written = [r for r in records if (ROOT / r).exists() and (ROOT / r).stat().st_mtime_ns != before[r]]
                 silent = part.says and not any(part.says in line for line in heard)
                 status = ("passed" if code == part.expect and not silent else
+                          f"{CUT} stopped it after {limit:.0f} s" if code is None and limit < part.limit_s else
                           f"TIMED OUT after {limit:.0f} s" if code is None else
                           f"FAILED (exit {code}, but its output lacks {part.says!r})" if code == part.expect else
                           f"FAILED (exit {code}" + (f", expected {part.expect})" if part.expect else ")"))
                 outcomes.append(Outcome(part.name, status, time.monotonic() - t0, written))
-                (packed if status == "passed" else failed_records).extend(written)
+                # a record is written after every measurement: one the deadline stopped holds what it measured
+                (packed if status == "passed" or status.startswith(CUT) else failed_records).extend(written)
                 if status == "passed":
                     passed.update({part.name, part.stands_for} - {""})
                 shown, new = shown_by_a_chapter(packed)
@@ -724,9 +800,13 @@ def plan_problems(selected: list[Part], deadline_s: int, tag: str = "h100") -> l
     deadline, inputs a fresh machine lacks, prerequisites that come later, records outside
     docs/results/ or not written by their own command, commands whose exit status hides a failure."""
     problems = []
-    total = sum(p.limit_s for p in selected)
-    if total > deadline_s:
-        problems.append(f"the limits add up to {total} s, over the {deadline_s} s deadline: later parts would not run")
+    total = sum(p.limit_s for p in selected if not p.tail)
+    if deadline_s - total <= GRACE_S:
+        problems.append(f"the limits add up to {total} s, over the {deadline_s} s deadline less the {GRACE_S} s of "
+                        "grace a stopped part may take: later parts would not run")
+    tails = [p.name for p in selected if p.tail]
+    if tails and any(not p.tail for p in selected[[p.name for p in selected].index(tails[0]):]):
+        problems.append(f"a part the deadline may cut ({tails[0]}) runs before one it may not: the tail comes last")
     earlier: set[str] = set()
     produced: set[str] = set()
     writers: dict[str, str] = {}
@@ -837,8 +917,8 @@ def _command_problems(argv: list[str]) -> list[str]:
     return []
 
 
-CALLS = {"lease": "the first call", "explain": f"the second call: {LEASE_S} s of lease - {START_S} s to start - "
-                                                f"{FIRST_CALL_S} s of first call"}
+CALLS = {"lease": "the first call", "second": f"the second call, only if the first ends early: {LEASE_S} s of lease "
+                                               f"- {START_S} s to start - {FIRST_CALL_S} s of first call"}
 
 
 def by_name(every: dict[str, Part]) -> list[str]:
@@ -848,6 +928,15 @@ def by_name(every: dict[str, Part]) -> list[str]:
     return [n for n in every if n not in held]
 
 
+def budget(selected: list[Part], deadline_s: int) -> str:
+    """One line: the limits that must fit, the tail the deadline cuts, the slack against the grace."""
+    held = sum(p.limit_s for p in selected if not p.tail)
+    tail = sum(p.limit_s for p in selected if p.tail)
+    return (f"limits {held} s of its {deadline_s} s deadline ({deadline_s / 60:g} minutes), {deadline_s - held} s of "
+            f"slack against {GRACE_S} s of grace" + (f"; a tail of {tail} s of limits that the deadline cuts" if tail
+                                                     else ""))
+
+
 def listing(names: list[str], every: dict[str, Part]) -> str:
     """--list: each selection (or the parts named) with its parts, limits and commands; with no
     names, also the parts that no selection holds, which run by name."""
@@ -855,9 +944,10 @@ def listing(names: list[str], every: dict[str, Part]) -> str:
     for name in names or list(SELECTIONS):
         chosen, limit = resolve([name], every)
         call = f" ({CALLS[name]})" if name in CALLS else ""
-        lines.append(f"{name}: {sum(p.limit_s for p in chosen)} s of limits, deadline {limit} s{call}")
+        lines.append(f"{name}: {budget(chosen, limit)}{call}")
         for p in chosen:
-            lines.append(f"  {p.name:<15} {p.limit_s:4d} s  {p.text()}\n  {'':<15}         {p.why}")
+            lines.append(f"  {p.name:<15} {p.limit_s:4d} s{' tail' if p.tail else '     '}  {p.text()}\n"
+                         f"  {'':<15}              {p.why}")
     if not names:
         lines.append(f"run by name, with the parts they need (the first call of a lease, {DEADLINE_S} s):")
         for n in by_name(every):
@@ -899,7 +989,7 @@ def dry_run(names: list[str]) -> bool:
         list(pool.map(_prefetch, checked.values()))
     for name in names or list(SELECTIONS):
         selected, deadline = resolve([name], every)
-        print(f"{name}: {len(selected)} parts, limits {sum(p.limit_s for p in selected)} s of its {deadline} s")
+        print(f"{name}: {len(selected)} parts, {budget(selected, deadline)}")
         problems = plan_problems(selected, deadline)
         for p in selected:
             try:
@@ -909,7 +999,8 @@ def dry_run(names: list[str]) -> bool:
             skip = p.unless() if p.unless else None
             if skip and mine:  # what it waits for is not there yet: it will skip, saying why
                 skip, mine = f"{skip} (its command cannot run yet: {mine[0]})", []
-            print(f"  {'FAIL' if mine else 'ok  '}  {p.name:<15} {p.limit_s:4d} s  {p.text()}"
+            print(f"  {'FAIL' if mine else 'ok  '}  {p.name:<15} {p.limit_s:4d} s{' tail' if p.tail else '     '}  "
+                  f"{p.text()}"
                   + (f"\n        would skip: {skip}" if skip else ""))
             problems += mine
         for problem in problems:
