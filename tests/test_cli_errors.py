@@ -460,7 +460,8 @@ INVOCATIONS = [(s,) for s in SCRIPTS] + [
     ("-m", "parallel.collectives.ionice"), ("-m", "parallel.collectives.figures"),
     ("cpp/overhead.py",), ("cuda/static_report.py",), ("ptx/sass_report.py",),
     *[("-m", "parallel.collectives.costmodel", c) for c in ("fit", "show", "plot", "predict")],
-    *[("-m", "parallel.tp.report", c) for c in ("bytes", "shards", "timeline")], ("-m", "parallel.dp.trace")]
+    *[("-m", "parallel.tp.report", c) for c in ("bytes", "shards", "timeline")], ("-m", "parallel.dp.trace"),
+    ("-m", "parallel.dp.simple")]
 
 
 @pytest.mark.parametrize("invocation", INVOCATIONS, ids=" ".join)

@@ -12,6 +12,10 @@ process would take on the whole batch.
 
 parallel/dp/ring.py is the ring the rest of the project uses; its docstring says what it adds
 to this one, and why.
+
+Examples:
+  python -m parallel.dp.simple              # 2 ranks (CPU processes, gloo), then one process: the same weights
+  python -m parallel.dp.simple --ranks 3    # chunks of uneven sizes
 """
 
 from __future__ import annotations
@@ -76,3 +80,29 @@ def train(steps: int = 20, batch_size: int = 64, lr: float = 0.1, seed: int = 0,
         opt.zero_grad()
     # endregion
     return model
+
+
+def _weights(steps: int) -> list[Tensor]:
+    return [p.detach() for p in train(steps).parameters()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import cli
+    from parallel.common.launch import launch
+
+    parser = cli.parser(__doc__)
+    parser.add_argument("--ranks", type=cli.positive(int), default=2, help="local ranks (default 2)")
+    parser.add_argument("--steps", type=cli.positive(int), default=20, help="SGD steps (default 20)")
+    args = parser.parse_args(argv)
+    ranks, alone = launch(_weights, args.ranks, (args.steps,)), _weights(args.steps)
+    worst = max((a - b).abs().max().item() for mine in ranks for a, b in zip(mine, alone))
+    same = worst <= 1e-5  # float32 sums in another order: rounding apart, no more
+    print(f"{args.ranks} ranks, {args.steps} steps of the global batch: every rank's weights within {worst:.1e} "
+          f"of one process's ({'the same training' if same else 'NOT the same training'})")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    import cli
+
+    cli.run(main)
