@@ -135,7 +135,8 @@ def world_sizes(*sizes: int, quick: int = 2) -> list:
 # tests run, so that on 2 cores a whole run does not wait for each build in turn. Each build is
 # made once however many processes ask (torch's lock for the cpp extension, cli.build_lock for
 # the emulation's libraries): a test that needs one waits for it instead of building it again.
-# DENSE_NO_PREBUILD=1 turns this off; a run of one test file never starts it.
+# Only the builds the selected tests need are made (prebuild_steps), and none for one test file.
+# DENSE_NO_PREBUILD=1 turns this off.
 # ---------------------------------------------------------------------------
 PREBUILD = """
 import sys
@@ -148,29 +149,56 @@ def step(name, fn):
         print(f"{name} failed: {e}", flush=True)
     print(f"{name} done", flush=True)
 import modes
-if modes.available()["cpp"] is None:
+wanted = sys.argv[1:]
+if "cpp" in wanted and modes.available()["cpp"] is None:
     step("cpp", lambda: modes.build("cpp"))
 emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
-if emulated.unavailable_reason() is None:
+if "emulation" in wanted and emulated.unavailable_reason() is None:
     step("emulation", emulated.build)
 counters = cli.load_file("cuda/counters.py", "dense_cuda_counters")
-if counters.unavailable_reason() is None:
+if "counters" in wanted and counters.unavailable_reason() is None:
     step("counters", counters.build)
 """
+# Each build, and what shows that a selected test needs it: a test parametrized by stage (a "mode"
+# that names one) needs its own stage's build alone (the cpp extension for "cpp"); any other test, what its module
+# names (a module that names the cpp stage, cuda/emulated.py or cuda/counters.py may load it).
+PREBUILD_NEEDS = {"cpp": re.compile(r"\bcpp\b"), "emulation": re.compile(r"\bemulated\b"),
+                  "counters": re.compile(r"\bcounters\b")}
 _prebuild: tuple[subprocess.Popen, Path] | None = None
+
+
+def prebuild_steps(items: list[pytest.Item]) -> list[str]:
+    """The builds worth starting ahead for these tests, in PREBUILD's order: none for one test
+    file (its tests wait for a build either way), else those some selected test needs."""
+    if len({item.path for item in items}) < 2:
+        return []
+    sources: dict[Path, str] = {}
+    needed: set[str] = set()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        mode = callspec.params.get("mode") if callspec else None
+        if mode in modes.MODES:
+            needed |= {"cpp"} if mode == "cpp" else set()
+            continue
+        if item.path not in sources:
+            sources[item.path] = item.path.read_text()
+        needed |= {step for step, names in PREBUILD_NEEDS.items() if names.search(sources[item.path])}
+    return [step for step in PREBUILD_NEEDS if step in needed]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     global _prebuild
     if os.environ.get("DENSE_NO_PREBUILD") or session.config.option.collectonly:
         return
-    if len({item.path for item in session.items}) < 2:
+    steps = prebuild_steps(session.items)
+    if not steps:
         return
     log = ROOT / "build" / "prebuild.log"
     log.parent.mkdir(exist_ok=True)
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-c", PREBUILD], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)  # Ctrl-C: the tests' alone
+        process = subprocess.Popen([sys.executable, "-c", PREBUILD, *steps], cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)  # Ctrl-C: the tests' alone
     _prebuild = (process, log)
 
 
