@@ -182,6 +182,7 @@ def test_every_candidate_and_every_version_in_every_type_is_an_entry():
     assert exact.unit_name("candidate3") == exact.unit_name("candidate 3") == "candidate 3"
 
 
+@pytest.mark.slow  # a subprocess that imports torch
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal of a machine without a GPU")
 def test_one_refuses_in_one_line_without_a_gpu():
     got = subprocess.run([sys.executable, "cuda/exact_check.py", "one", "--version", "3"], cwd=ROOT,
