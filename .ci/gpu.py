@@ -135,6 +135,7 @@ class Part:
     inputs: tuple[str, ...] = ()        # files of the repository it reads that git may not hold
     produces: tuple[str, ...] = ()      # files of the repository it writes for later parts
     needs: tuple[str, ...] = ()         # parts that must have passed before it runs
+    after: tuple[str, ...] = ()         # parts that must have run before it, passed or not (it reads their record)
     expect: int = 0                     # the exit status that means it did its job
     unless: Callable[[], str | None] | None = None  # why to skip it, decided when it is due
     says: str = ""                      # what its output must hold besides the exit status (a refusal's words)
@@ -343,7 +344,8 @@ def parts() -> dict[str, Part]:
              "each version never timed on a GPU whose own exact check passed, by its number, one a process: its "
              "goals (float32 on the CUDA cores; bfloat16), TF32's error and speed, the tensor cores' roofs beside "
              f"it; limit {kernels_why}",
-             records=(f"{RESULTS}/cuda_kernels_{TAG}.json",), inputs=(exact_record,), needs=("build", "exact")),
+             records=(f"{RESULTS}/cuda_kernels_{TAG}.json",), inputs=(exact_record,), needs=("build",),
+             after=("exact",)),
         *[Part(tool, sanitize_s, (py, "cuda/isolated.py", "sanitize", "--tool", tool, "--never-run"),
                f"compute-sanitizer's {tool} on every never-run version and candidate, one a process; limit "
                f"{sanitize_why} (cut by the deadline)", needs=("build",), tail=True)
@@ -352,7 +354,8 @@ def parts() -> dict[str, Part]:
                          "--json", f"{RESULTS}/ncu_gemm_{TAG}.json"),
              "Nsight Compute's counters for every version and candidate the exact run passed (never-run first) and "
              "the backward's elementwise kernels (cut by the deadline)",
-             records=(f"{RESULTS}/ncu_gemm_{TAG}.json",), inputs=(exact_record,), needs=("build", "exact"), tail=True),
+             records=(f"{RESULTS}/ncu_gemm_{TAG}.json",), inputs=(exact_record,), needs=("build",), after=("exact",),
+             tail=True),
         # The second call: what the first leaves out, when it ends early.
         Part("grad-check", grad_s, (py, "grad_check.py", "all", *odd),
              f"every stage's gradients on odd shapes, float32; limit {grad_why}", needs=("build",)),
@@ -426,7 +429,7 @@ def resolve(names: list[str], every: dict[str, Part]) -> tuple[list[Part], int]:
     standing_in = {every[n].stands_for for n in names}
     for name in reversed(list(every)):  # what a wanted part needs, transitively (needs point backwards)
         if name in wanted:
-            wanted |= set(every[name].needs) - standing_in
+            wanted |= set(every[name].needs + every[name].after) - standing_in
     return [p for n, p in every.items() if n in wanted], DEADLINE_S
 
 
@@ -539,6 +542,7 @@ def run(selected: list[Part], out: Path, tag: str, deadline_s: float, env: dict 
     started = time.monotonic()
     outcomes: list[Outcome] = []
     passed: set[str] = set()  # names of the parts that passed, and of the parts they stand for
+    ran: set[str] = set()     # names of the parts that were started, however they ended
     packed: list[str] = []
     failed_records: list[str] = []
     with open(out / LOG, "a") as log:
@@ -553,10 +557,14 @@ def run(selected: list[Part], out: Path, tag: str, deadline_s: float, env: dict 
             t0 = time.monotonic()
             left = deadline_s - (t0 - started)
             not_passed = [n for n in part.needs if n not in passed]
+            # a part that reads another's record (the exact run's, which says per version what passed)
+            # runs whenever that one ran, passed or failed: one version's failure must not cancel the rest
+            not_passed += [n for n in part.after if n not in ran]
             skip = part.unless() if part.unless else None
             argv = [sys.executable if a == "python" else a for a in part.command(tag, str(out))]
             if not_passed:
-                outcomes.append(Outcome(part.name, f"NOT RUN: {', '.join(not_passed)} did not pass", 0, []))
+                outcomes.append(Outcome(part.name, f"NOT RUN: {', '.join(not_passed)} did not pass"
+                                        + (" or did not run" if part.after else ""), 0, []))
             elif skip:
                 outcomes.append(Outcome(part.name, f"skipped: {skip}", 0, []))
             elif left < min(part.limit_s, MIN_START_S):
@@ -576,6 +584,7 @@ def run(selected: list[Part], out: Path, tag: str, deadline_s: float, env: dict 
                     heard.append(line)
                     say(line)
                 code = _run_one(argv, limit, {**env, PART_LIMIT_ENV: f"{limit:.0f}"}, hear)
+                ran.add(part.name)
                 written = [r for r in records if (ROOT / r).exists() and (ROOT / r).stat().st_mtime_ns != before[r]]
                 silent = part.says and not any(part.says in line for line in heard)
                 status = ("passed" if code == part.expect and not silent else
@@ -818,7 +827,7 @@ def plan_problems(selected: list[Part], deadline_s: int, tag: str = "h100") -> l
             script = p.argv[1] if p.argv[0] == "python" and len(p.argv) > 1 else ""
             if not (ROOT / script).is_file() or p.says not in (ROOT / script).read_text():
                 problems.append(f"{p.name}: {script or p.argv[0]} never says {p.says!r}, the words it must say")
-        for n in p.needs:
+        for n in p.needs + p.after:
             if n not in earlier:
                 problems.append(f"{p.name}: needs {n!r}, which does not run before it")
         for f in p.inputs:

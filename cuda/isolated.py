@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             cli.json_writer(record)(tmp)
             tmp.replace(json_path)
     print(f"{args.run}: {len(units)} processes, {jobs} at a time, each under {limit:.0f} s, within {seconds:.0f} s "
-          f"(never run on a GPU first: {', '.join(record['never_run']) or 'none'})", flush=True)
+          f"(first those with a type no GPU has run: {', '.join(record['never_run']) or 'none'})", flush=True)
     outcomes = run_units(args.run, units, jobs, seconds, on_done=save)
     for name, outcome in outcomes.items():
         save(name, outcome)

@@ -94,7 +94,7 @@ def test_the_lease_holds_in_order_of_value_the_build_the_isolated_checks_the_tim
     assert [p.name for p in lease if p.tail] == ["memcheck", "racecheck", "synccheck", "ncu"]
     every = plan.parts()
     assert every["exact"].argv[:3] == ("python", "cuda/isolated.py", "exact")
-    assert every["kernels"].argv[:3] == ("python", "cuda/isolated.py", "kernels") and "exact" in every["kernels"].needs
+    assert every["kernels"].argv[:3] == ("python", "cuda/isolated.py", "kernels") and "exact" in every["kernels"].after
     exact_record = every["exact"].records[0]
     assert every["kernels"].argv[every["kernels"].argv.index("--exact") + 1] == exact_record
     assert every["ncu"].argv[every["ncu"].argv.index("--passed") + 1] == exact_record
@@ -140,7 +140,7 @@ def test_timings_run_only_after_a_check_on_the_gpu():
             assert any("--smoke" in every[n].argv for n in p.needs), p.name
         if p.argv[1:2] == ("cuda/bench_gpu.py",) and "gemm" in p.argv:
             assert p.argv.index("check") < p.argv.index("gemm"), p.name
-    assert "exact" in every["kernels"].needs
+    assert "exact" in every["kernels"].after and "exact" in every["ncu"].after
 
 
 def test_the_tensor_core_measurements_run_in_the_lease_after_the_exact_comparison():
@@ -151,7 +151,7 @@ def test_the_tensor_core_measurements_run_in_the_lease_after_the_exact_compariso
     named = kernels.argv[kernels.argv.index("--parts") + 1:kernels.argv.index("--rounds")]
     assert {"roof", "tf32", "goals16"} <= set(named)
     assert set(named) <= set(plan._constant(ROOT / "cuda" / "bench_gpu.py", "PARTS"))
-    assert kernels.records == (f"{plan.RESULTS}/cuda_kernels_{plan.TAG}.json",) and "exact" in kernels.needs
+    assert kernels.records == (f"{plan.RESULTS}/cuda_kernels_{plan.TAG}.json",) and "exact" in kernels.after
     lease = [p.name for p in selection("lease")]
     assert lease.index("exact") < lease.index("kernels") and plan.plan_problems(selection("lease"), 540) == []
 
@@ -509,6 +509,26 @@ def test_a_part_stops_at_its_limit_and_the_next_one_runs(repo, capsys, monkeypat
     text = capsys.readouterr().out
     assert "sleeping" in text and "TIMED OUT after 2 s" in text and "ran" in text
     assert "FAILED: slow," in text.strip().splitlines()[-1]
+
+
+def test_one_versions_failed_exact_check_does_not_cancel_the_others_timings(repo, capsys):
+    """The exact part fails (one version differed) but writes its record: the timing part, which
+    reads that record and times each version whose own check passed, still runs; a part that needs
+    the failed one to have passed does not."""
+    root, out = repo
+    exact = Part("exact", 20, ("python", "-c", "import sys; open('docs/results/one.json', 'w').write('{}'); "
+                               "print('DIFF v33'); sys.exit(1)"), "", records=("docs/results/one.json",))
+    timing = Part("kernels", 20, ("python", "-c", "print('timing the versions that passed')"), "", after=("exact",))
+    needing = Part("strict", 20, ("python", "-c", "print('never')"), "", needs=("exact",))
+    assert plan.run([exact, timing, needing], out, "h100", 100) == 1
+    text = capsys.readouterr().out
+    assert "timing the versions that passed" in text and "never" not in text
+    table = {line.split()[0]: line for line in text.strip().splitlines()[-4:-1]}
+    assert "passed" in table["kernels"] and "FAILED (exit 1)" in table["exact"]
+    assert "NOT RUN: exact did not pass" in table["strict"]
+    skipped_exact = Part("exact", 20, ("python", "-c", "pass"), "", unless=lambda: "not here")
+    assert plan.run([skipped_exact, timing], out, "h100", 100) == 1  # never started: nothing to read
+    assert "NOT RUN: exact did not pass or did not run" in capsys.readouterr().out
 
 
 def test_a_part_the_deadline_cuts_is_not_run_and_does_not_fail_the_call(repo, capsys, monkeypatch):

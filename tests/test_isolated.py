@@ -148,3 +148,19 @@ def test_kernels_refuses_to_run_without_an_exact_record(capsys):
     with pytest.raises(SystemExit) as stopped:
         iso.main(["kernels"])
     assert stopped.value.code == 2 and "only if its own exact check passed" in capsys.readouterr().err
+
+
+def test_the_record_says_which_version_ended_how_and_is_written_as_they_end(tmp_path, monkeypatch, capsys):
+    """main(): each version's ending in the record, in the order they ran, never-run first; the
+    exit status 1 names the versions that failed; a version the deadline did not reach is NOT RUN."""
+    monkeypatch.setattr(iso, "_header", lambda: {"device": "test"})
+    monkeypatch.setattr(iso, "exact_units", lambda order, limit, expected=None: [
+        child(SAME, "v33"), child(FAULT, "v34"), child(SAME, "v3")])
+    path = tmp_path / "exact.json"
+    assert iso.main(["exact", "--json", str(path), "--jobs", "2"]) == 1
+    record = json.loads(path.read_text())
+    assert record["order"] == ["v33", "v34", "v3"] and record["never_run"][0] == "v0"
+    assert {n: u["status"] for n, u in record["units"].items()} == {"v33": "SAME", "v34": "FAULT", "v3": "SAME"}
+    assert "CUDA error: an illegal memory access" in record["units"]["v34"]["detail"]
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "exact: FAILED: v34 (0 not run)"
+    assert not list(tmp_path.glob("*.tmp"))
