@@ -79,6 +79,30 @@ def test_a_broken_split_fails_the_rule_the_split_passes():
         tf32_error.split_gemm(x, w, drop="small·small")
 
 
+@pytest.fixture(scope="module")
+def recomputed() -> list[dict]:
+    """The forward GEMM recomputed now through the emulator at B = O = 32, K = 64, 128 and 256: v26
+    and v34 each the worse of their runs under the two accumulation models (seconds)."""
+    emu = tf32_error.emulation()
+    results = []
+    for k in (64, 128, 256):
+        (x, w, _), _ = grad_check.draw(32, k, 32, True, torch.float32, seed=0)
+        results += tf32_error.measure_gemm(emu, x, w, versions=(26, 34))
+    return results
+
+
+@pytest.mark.parametrize("variant", ["v26", "v34"])
+def test_the_split_versions_pass_float32s_rule_recomputed_at_small_k(recomputed, variant):
+    """The record's verdict on the kernels as they are now, not as they were when it was taken: a
+    change to v26 or v34 that breaks the split (one of its three products dropped, say) fails here."""
+    mine = [r for r in recomputed if r["variant"] == variant]
+    assert len(mine) == 3 and all(r["passed"] for r in mine), [(r["in"], r["ratio"], r["accumulation"]) for r in mine]
+    # each the worse of the two models, and the split's own products well inside float32's error
+    assert all(r["error"] == max(r["error_by_accumulation"].values()) for r in mine)
+    split = [r for r in recomputed if r["variant"] == "split"]
+    assert all(r["passed"] and r["ratio"] < 1 for r in split)
+
+
 def test_the_table_shows_the_record(record):
     text = tf32_error.table(record)
     for k in record["shape"]["in"]:

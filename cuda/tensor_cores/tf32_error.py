@@ -21,13 +21,17 @@ the layer's tensors must also stay within grad_check.error_bound where float32 d
 (v25, and the TF32 GEMM itself) is also judged against a TF32 GEMM's error with u = 2^-11.
 
 What the emulator models, and what it does not: its mma and wgmma add a k-step's products (each
-exact) to the accumulator in double and round once to float32, in the order the kernels issue
-them. A GPU's tensor cores may truncate, and order and round their sums otherwise (not
-documented). So these figures are the algorithm's error, not a GPU's: cuda/bench_gpu.py's tf32
-part measures the GPU's against cuBLAS itself.
+exact) to the accumulator by one of two models (cuda/emulate/tc_accumulate.h): the exact sum
+rounded once to float32, or the published model of the H100's tensor cores (the products aligned
+to the largest exponent with 2 extra bits and cut toward zero, the block's sum cut to float32),
+which no GPU has confirmed yet. Each tensor-core version is run under both, and each tensor keeps
+the larger of the two errors (the record says which model gave it). So these figures are the
+algorithm's error under either reading, not a GPU's: cuda/bench_gpu.py's tf32 part measures the
+GPU's against cuBLAS itself.
 
-Cost: the emulated kernels run one GPU thread per fiber on one core. At the defaults (B = 128,
-O = 256, K = 64, 256, 1024 and 4096) about a minute on this project's machines, growing with
+Cost: the emulated kernels run one GPU thread per fiber on one core, each tensor-core version
+twice (one run per accumulation model). At the defaults (B = 128, O = 256, K = 64, 256, 1024 and
+4096) about two minutes on this project's machines, growing with
 ⌈B/128⌉·⌈O/128⌉·ΣK; sizes over 16 times the defaults' work are refused. B, K and O must be
 multiples of 4: v34 copies rows of whole 16 bytes (TMA).
 
@@ -51,7 +55,10 @@ if str(ROOT) not in sys.path:  # cli.py and grad_check.py, from any working dire
 import cli  # noqa: E402  (first: a Ctrl-C while torch imports is one line too)
 
 # isort: split
+import ctypes  # noqa: E402
 import math  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -83,9 +90,15 @@ LABELS = {
 }
 TF32_VARIANTS = ("tf32", *(f"v{v}" for v in (25,)))  # also judged by TF32's rule
 MAX_WORK = 16 * DEFAULT_BATCH * DEFAULT_OUT * sum(DEFAULT_K)  # in ⌈B/128⌉·⌈O/128⌉·128²·ΣK
-MODEL = ("the emulator's mma and wgmma add a k-step's products to the accumulator in double and round once to "
-         "float32, in the kernels' order; a GPU's tensor cores may truncate and accumulate otherwise: this is the "
-         "algorithm's error, not a GPU's (cuda/bench_gpu.py's tf32 part measures that)")
+TC_VARIANTS = tuple(f"v{v}" for v in VERSIONS)  # the tensor-core versions: run under each accumulation model
+# cuda/emulate/tc_accumulate.h's models, in emu::Accumulation's order.
+ACCUMULATIONS = ("exact", "h100")
+MODEL = ("the emulator's mma and wgmma add a k-step's products to the accumulator in the kernels' order, by two "
+         "models: in double, then round once to float32; or as the published H100 model has it, not GPU-confirmed "
+         "(the products aligned to the largest exponent with 2 extra bits and cut toward zero, the block's sum cut to "
+         "float32: they truncate where the first rounds); each tensor-core result is the worse of the two (its "
+         "\"accumulation\" says which): this is the algorithm's error, not a GPU's (cuda/bench_gpu.py's tf32 part "
+         "measures that)")
 
 
 def emulation():
@@ -98,6 +111,18 @@ def emulation():
     except RuntimeError as e:
         raise cli.UserError(str(e).splitlines()[0]) from None
     return emu
+
+
+@contextmanager
+def accumulation(emu, model: str) -> Iterator[None]:
+    """The emulator's mma and wgmma sum by `model` (one of ACCUMULATIONS) inside the block."""
+    lib = emu.library()
+    lib.emu_set_accumulation.argtypes, lib.emu_set_accumulation.restype = [ctypes.c_int], ctypes.c_int
+    previous = lib.emu_set_accumulation(ACCUMULATIONS.index(model))
+    try:
+        yield
+    finally:
+        lib.emu_set_accumulation(previous)
 
 
 def split_gemm(x: Tensor, w: Tensor, drop: str | None = None) -> Tensor:
@@ -140,6 +165,50 @@ def _judged(k: int, tensor: str, got: dict[str, Tensor], exact: Tensor, size: Te
     return out
 
 
+def _worse(by_model: dict[str, list[dict]]) -> list[dict]:
+    """One tensor's entries: each tensor-core variant's from the accumulation model that gave it the
+    larger error (the first model on a tie), with that model and both errors; the other variants'
+    as the first model's pass has them (they do not use the tensor cores)."""
+    first = by_model[ACCUMULATIONS[0]]
+    out = []
+    for entry in first:
+        if entry["variant"] not in TC_VARIANTS:
+            out.append(entry)
+            continue
+        each = {m: next(e for e in entries if e["variant"] == entry["variant"]) for m, entries in by_model.items()}
+        model = max(each, key=lambda m: each[m]["error"])
+        chosen = {**each[model], "accumulation": model,
+                  "error_by_accumulation": {m: e["error"] for m, e in each.items()}}
+        if not all(e.get("same_bits_as") == "v26" for e in each.values()):
+            chosen.pop("same_bits_as", None)
+        out.append(chosen)
+    return out
+
+
+def measure_gemm(emu, x: Tensor, w: Tensor, versions: tuple[int, ...] = VERSIONS) -> list[dict]:
+    """The forward GEMM x·Wᵀ's entries at K = x's columns: every variant judged by float32's rule,
+    each tensor-core version the worse of its runs under the accumulation models."""
+    batch, k = x.shape
+    out_f = w.shape[0]
+    exact = x.double() @ w.double().t()
+    size = x.double().abs() @ w.double().abs().t()
+    base = {"float32": F.linear(x, w), "tf32": F.linear(grad_check.tf32(x), grad_check.tf32(w)),
+            "split": split_gemm(x, w)}
+    c = torch.empty(batch, out_f)
+    emu.gemm(SERIAL_VERSION, "nt", x, w, c, None, batch, out_f, k, emu.KPLAIN)
+    base[f"v{SERIAL_VERSION}"] = c
+    by_model = {}
+    for model in ACCUMULATIONS:
+        got = dict(base)
+        with accumulation(emu, model):
+            for v in versions:
+                c = torch.empty(batch, out_f)
+                emu.gemm(v, "nt", x, w, c, None, batch, out_f, k, emu.KPLAIN)
+                got[f"v{v}"] = c
+        by_model[model] = _judged(k, GEMM, got, exact, size, None)
+    return _worse(by_model)
+
+
 def measure(batch: int, out_f: int, ks: tuple[int, ...], seed: int = 0, versions: tuple[int, ...] = VERSIONS,
             progress: Callable[[str], None] = lambda line: None) -> list[dict]:
     """Every variant's error, tensor by tensor, at each K (the records' "results")."""
@@ -149,27 +218,23 @@ def measure(batch: int, out_f: int, ks: tuple[int, ...], seed: int = 0, versions
         inputs, grad_out = grad_check.draw(batch, k, out_f, True, torch.float32, seed)
         x, w, _ = inputs
         progress(f"K={k}: the forward GEMM")
-        exact = x.double() @ w.double().t()
-        size = x.double().abs() @ w.double().abs().t()
-        got = {"float32": F.linear(x, w), "tf32": F.linear(grad_check.tf32(x), grad_check.tf32(w)),
-               "split": split_gemm(x, w)}
-        for v in (SERIAL_VERSION, *versions):
-            c = torch.empty(batch, out_f)
-            emu.gemm(v, "nt", x, w, c, None, batch, out_f, k, emu.KPLAIN)
-            got[f"v{v}"] = c
-        results += _judged(k, GEMM, got, exact, size, None)
+        results += measure_gemm(emu, x, w, versions)
         progress(f"K={k}: the layer, forward and backward")
         truth = grad_check.truth(inputs, grad_out)
         sizes = grad_check.magnitudes(*inputs, grad_out)
         bounds = grad_check.error_bound(*inputs, grad_out, torch.float32)
-        layers = {"float32": grad_check.forward_backward(grad_check.reference, inputs, grad_out),
-                  "tf32": grad_check.forward_backward(grad_check.TF32Linear.apply, inputs, grad_out)}
-        for v in versions:
-            progress(f"K={k}: v{v}")
-            layers[f"v{v}"] = grad_check.forward_backward(emu.dense(v), inputs, grad_out)
+        base = {"float32": grad_check.forward_backward(grad_check.reference, inputs, grad_out),
+                "tf32": grad_check.forward_backward(grad_check.TF32Linear.apply, inputs, grad_out)}
+        layers = {}
+        for model in ACCUMULATIONS:
+            layers[model] = dict(base)
+            with accumulation(emu, model):
+                for v in versions:
+                    progress(f"K={k}: v{v}, {model} accumulation")
+                    layers[model][f"v{v}"] = grad_check.forward_backward(emu.dense(v), inputs, grad_out)
         for i, tensor in enumerate(grad_check.TENSORS):
-            results += _judged(k, tensor, {name: got[i] for name, got in layers.items()}, truth[i], sizes[i],
-                               bounds[i])
+            results += _worse({model: _judged(k, tensor, {name: got[i] for name, got in mine.items()}, truth[i],
+                                              sizes[i], bounds[i]) for model, mine in layers.items()})
     return results
 
 
