@@ -24,6 +24,7 @@ if emu.unavailable_reason():
 vectors = load_script("cuda/tensor_cores/accumulation_vectors.py")
 
 EXACT, H100 = 0, 1  # emu::Accumulation
+MODELS = {"exact": EXACT, "h100": H100}
 D = ctypes.POINTER(ctypes.c_double)
 
 
@@ -93,9 +94,6 @@ def test_the_emulators_block_is_the_models_on_every_vector(lib, record, model):
     wrong = [(v["format"], v["name"], f"{block(lib, MODELS[model], v):#010x}", v["expected"][model])
              for v in record["vectors"] if block(lib, MODELS[model], v) != int(v["expected"][model], 16)]
     assert not wrong
-
-
-MODELS = {"exact": EXACT, "h100": H100}
 
 
 def test_the_h100_block_agrees_on_many_random_vectors(lib):

@@ -43,6 +43,8 @@
 //   bit, i.e. units of 2^(M-25). Each term's magnitude is cut to that grid (truncation toward
 //   zero), the cut terms are added exactly (no normalisation inside the block: the carries are
 //   kept), and the sum is normalised once and cut to float32 (toward zero; subnormal if small).
+//   (So the block takes the operand pairs, not only their products: 1.5·1.5 and 1·2.25 are the
+//   same product, aligned by exponent 0 and 1.)
 // What the sources do not pin, and what is chosen here:
 // - The authors' C version of the same model (models/tools/C/src/block_fma_nv.c) takes M from the
 //   products' normalised exponents instead, which cuts one bit more when the largest product's
