@@ -318,8 +318,8 @@ def run(exe: Path, *args: str, env: dict | None = None):
 
 @pytest.mark.slow
 def test_a_consumer_that_reads_a_stage_before_its_phase_reads_poison_and_is_reported(tmp_path):
-    copy = planted_copy(tmp_path, "tc6_tma.cuh", "    mbarrier_wait(&full[s], parity);  // the stage's bytes",
-                        "    // (removed) mbarrier_wait(&full[s], parity);  // the stage's bytes")
+    copy = planted_copy(tmp_path, "tc6_tma.cuh", "    ring.consumer_wait(step);  // the stage's bytes",
+                        "    // (removed) ring.consumer_wait(step);  // the stage's bytes")
     result = run(driver(tmp_path, copy), "--quick", "32")
     assert re.search(r"wgmma read shared offset \d+, which a TMA copy has not delivered", result.stderr), result.stderr
     assert result.returncode != 0
@@ -327,8 +327,8 @@ def test_a_consumer_that_reads_a_stage_before_its_phase_reads_poison_and_is_repo
 
 @pytest.mark.slow
 def test_a_wrong_expect_tx_byte_count_is_a_hang_that_names_the_barrier(tmp_path):
-    copy = planted_copy(tmp_path, "tc6_tma.cuh", "mbarrier_arrive_expect_tx(&full[s], kStage);",
-                        "mbarrier_arrive_expect_tx(&full[s], kStage + 16);")
+    copy = planted_copy(tmp_path, "tc6_tma.cuh", "TmaPipeline<kTc6Stages, kStage> ring(",
+                        "TmaPipeline<kTc6Stages, kStage + 16> ring(")
     result = run(driver(tmp_path, copy), "--quick", "32")
     assert re.search(r"128 thread\(s\) wait on the mbarrier at shared offset \d+: phase 0, 0 of 1 arrivals and 16 "
                      r"transaction bytes still pending", result.stderr), result.stderr
@@ -340,8 +340,8 @@ def test_a_producer_that_refills_a_stage_still_being_read_is_caught(tmp_path):
     """Without the wait on the stage's `empty` barrier, thread 0 refills a stage the others still
     read: in the emulation they read the refill's poison (reported), and ThreadSanitizer reports
     the race between the copy and their reads."""
-    old = "      mbarrier_wait(&empty[s], parity);  // everyone is: refill it, kTc6Stages steps ahead"
-    copy = planted_copy(tmp_path, "tc6_tma.cuh", old, "      // (removed)")
+    old = "    mbarrier_wait(&empty[stage(step)], parity(step));  // every consumer has released `step`"
+    copy = planted_copy(tmp_path, "tma_pipeline.cuh", old, "    // (removed)")
     plain = run(driver(tmp_path, copy), "--quick", "32")
     assert "which a TMA copy has not delivered" in plain.stderr and plain.returncode != 0, plain.stderr[-2000:]
     racy = run(driver(tmp_path, copy, "thread"), "--quick", "32", env={"TSAN_OPTIONS": "halt_on_error=1"})

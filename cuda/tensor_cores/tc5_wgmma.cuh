@@ -13,35 +13,29 @@
 #pragma once
 
 #include "../kernels/hopper_instructions.cuh"
-#include "tc2_ldmatrix.cuh"  // tc2_offset: v23's swizzle is the 128B swizzle
+#include "tc2_ldmatrix.cuh"  // tc2_stage: v23's swizzle is the 128B swizzle
 
 namespace {
 
 constexpr int kTc5BM = 64, kTc5BN = 128, kTc5BK = 64;
 
-// Stage the BX × 64 tile of P at (x0, k0) as 64-element rows, 128B-swizzled: rows along x
-// (contig_k: one 128-byte row per x) or along k (one row per k, in blocks of 64 x, 8 KiB apart).
-template <typename T, int BX>
-__device__ __forceinline__ void tc5_stage(unsigned char* S, const T* P, bool contig_k, int64_t x0, int64_t k0,
-                                          int64_t X, int64_t K, bool vec) {
-  for (int u = threadIdx.x; u < BX * kTc5BK / 8; u += 128) {
-    // chunk u: row r of 64 elements and its first column c
-    const int r = contig_k ? u / 8 : u / (BX / 8) % kTc5BK, c = contig_k ? (u % 8) * 8 : (u % (BX / 8)) * 8;
-    const int64_t gr = contig_k ? x0 + r : k0 + r, gc = contig_k ? k0 + c : x0 + c;
-    const int64_t rows = contig_k ? X : K, cols = contig_k ? K : X;
-    const T* src = P + gr * cols + gc;
-    uint4 chunk;
-    if (vec && gr < rows && gc + 8 <= cols) {
-      chunk = *reinterpret_cast<const uint4*>(src);
-    } else {
-      T v[8];
+// D's fragment (PTX ISA, "Register Fragments" of wgmma m64nNk16, matrix D): register i of thread
+// `thread` of the warpgroup (0 to 127) holds row 16·warp + g (+8 for i % 4 ≥ 2) and column
+// 8·(i/4) + 2t + i % 2 of the warpgroup's 64×N tile of D. f(row, column, value) for each of the
+// thread's R = N/2 registers, rows and columns counted from the tile's origin (r0, c0).
+template <int R, typename F>
+__device__ __forceinline__ void for_each_d(const float (&acc)[R], unsigned thread, int64_t r0, int64_t c0, F&& f) {
+  const int warp = thread / 32, lane = thread % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = gr < rows && gc + j < cols ? src[j] : zero<T>();
-      memcpy(&chunk, v, 16);
-    }
-    const int block = contig_k ? 0 : c / 64;  // x-rows: one block; k-rows: a block per 64 columns of x
-    *reinterpret_cast<uint4*>(S + block * (kTc5BK * 128) + tc2_offset<true>(r, c % 64)) = chunk;
-  }
+  for (int i = 0; i < R; ++i) f(r0 + 16 * warp + g + 8 * ((i / 2) % 2), c0 + 8 * (i / 4) + 2 * t + i % 2, acc[i]);
+}
+// The epilogue from the registers: C(m, n) = epilogue(D) for the tile of D at (m0, n0), inside C.
+template <typename T, int R>
+__device__ __forceinline__ void store_d(const float (&acc)[R], unsigned thread, T* C, const T* bias, int64_t M,
+                                        int64_t N, int64_t m0, int64_t n0, int kind) {
+  for_each_d(acc, thread, m0, n0, [&](int64_t m, int64_t n, float v) {
+    if (m < M && n < N) C[m * N + n] = from_acc<T>(epilogue(v, bias, n, kind));
+  });
 }
 
 template <typename T, bool TA, bool TB>
@@ -49,14 +43,13 @@ __device__ void gemm_v31(const T* A, const T* B, T* C, const T* bias, int64_t M,
   alignas(1024) __shared__ unsigned char smem[(kTc5BM + kTc5BN) * kTc5BK * 2];
   unsigned char *As = smem, *Bs = smem + kTc5BM * kTc5BK * 2;
   shared_window(smem);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t m0 = int64_t(blockIdx.y) * kTc5BM, n0 = int64_t(blockIdx.x) * kTc5BN;
   const bool a_vec = aligned16(A) && (TA ? M : K) % 8 == 0, b_vec = aligned16(B) && (TB ? K : N) % 8 == 0;
   float acc[kTc5BN / 2] = {};
   // region v31
   for (int64_t k0 = 0; k0 < K; k0 += kTc5BK) {
-    tc5_stage<T, kTc5BM>(As, A, !TA, m0, k0, M, K, a_vec);
-    tc5_stage<T, kTc5BN>(Bs, B, TB, n0, k0, N, K, b_vec);
+    tc2_stage<T, true, kTc5BM>(As, A, !TA, m0, k0, M, K, a_vec);
+    tc2_stage<T, true, kTc5BN>(Bs, B, TB, n0, k0, N, K, b_vec);
     fence_proxy_async();  // the stores above, visible to the tensor cores' reads
     __syncthreads();
     wgmma_fence();
@@ -72,12 +65,7 @@ __device__ void gemm_v31(const T* A, const T* B, T* C, const T* bias, int64_t M,
     __syncthreads();
   }
   // endregion
-  // D's fragment: register i holds row 16·warp + g (+8 for i % 4 ≥ 2), column 8·(i/4) + 2t + i % 2
-#pragma unroll
-  for (int i = 0; i < kTc5BN / 2; ++i) {
-    const int64_t m = m0 + 16 * warp + g + 8 * ((i / 2) % 2), n = n0 + 8 * (i / 4) + 2 * t + i % 2;
-    if (m < M && n < N) C[m * N + n] = from_acc<T>(epilogue(acc[i], bias, n, kind));
-  }
+  store_d(acc, threadIdx.x, C, bias, M, N, m0, n0, kind);
 }
 
 }  // namespace

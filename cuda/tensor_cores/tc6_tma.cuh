@@ -4,14 +4,16 @@
 // its bytes into an mbarrier, on which the warpgroup waits. A ring of 4 stages keeps three steps of
 // copies in flight while the tensor cores work on the fourth.
 //   nvcc -cubin -std=c++17 -O3 -arch=sm_90a -Xptxas -v cuda/units/tc_v32.cu -o /tmp/v32.cubin
-// Two barriers a stage: `full` completes when the stage's bytes have arrived (thread 0 announces
-// them with expect_tx, the copies deliver them); `empty` when all 128 threads are done reading it,
-// after which thread 0 refills it. Phases alternate 0, 1, 0...: a thread waits on stage s of step i
-// with parity (i / 4) % 2. The tensor maps are made on the host (cuda/kernels/launch.cuh), one per
-// operand: K-major operands in boxes of 64 k × the tile's rows, MN-major ones in 64 × 64 boxes.
+// The ring (tma_pipeline.cuh): two barriers a stage, `full` completing when the stage's bytes have
+// arrived (thread 0 announces them with expect_tx, the copies deliver them), `empty` when all 128
+// threads are done reading it, after which thread 0 refills it. Phases alternate 0, 1, 0...: a
+// thread waits on stage s of step i with parity (i / 4) % 2. The tensor maps are made on the host
+// (cuda/kernels/launch.cuh), one per operand: K-major operands in boxes of 64 k × the tile's rows,
+// MN-major ones in 64 × 64 boxes.
 #pragma once
 
 #include "tc5_wgmma.cuh"
+#include "tma_pipeline.cuh"
 
 namespace {
 
@@ -50,51 +52,34 @@ __device__ void gemm_v32(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
   constexpr int kStage = TileA::kBytes + TileB::kBytes;
   DENSE_DYNAMIC_SMEM(smem);  // kTc6Stages × kStage bytes of tiles, then the barriers
   shared_window(smem);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kTc6Stages * kStage);
-  uint64_t* empty = full + kTc6Stages;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const TmaPipeline<kTc6Stages, kStage> ring(smem + kTc6Stages * kStage);
   const int64_t m0 = int64_t(blockIdx.y) * kTc5BM, n0 = int64_t(blockIdx.x) * kTc5BN;
   const int64_t steps = (K + 63) / 64;
-  auto issue = [&](int s, int64_t step) {  // thread 0: the copies of `step` into stage s
-    mbarrier_arrive_expect_tx(&full[s], kStage);
-    TileA::load(smem + s * kStage, &map_a, !TA, m0, step * 64, &full[s]);
-    TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * 64, &full[s]);
+  auto load = [&](uint64_t* bar, int s, int64_t step) {  // thread 0: the copies of `step` into stage s
+    TileA::load(smem + s * kStage, &map_a, !TA, m0, step * 64, bar);
+    TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * 64, bar);
   };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kTc6Stages; ++s) {
-      mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], 128);
-    }
-    fence_barrier_init();
-  }
+  if (threadIdx.x == 0) ring.init(128);
   __syncthreads();
   if (threadIdx.x == 0)
-    for (int s = 0; s < kTc6Stages && s < steps; ++s) issue(s, s);
+    for (int s = 0; s < kTc6Stages && s < steps; ++s) load(ring.producer_acquire(s), s, s);
   float acc[kTc5BN / 2] = {};
   // region v32
   for (int64_t step = 0; step < steps; ++step) {
-    const int s = int(step % kTc6Stages);
-    const unsigned parity = unsigned(step / kTc6Stages) % 2;
-    mbarrier_wait(&full[s], parity);  // the stage's bytes have landed
-    const unsigned char *as = smem + s * kStage, *bs = as + TileA::kBytes;
+    ring.consumer_wait(step);  // the stage's bytes have landed
+    const unsigned char *as = smem + ring.stage(step) * kStage, *bs = as + TileA::kBytes;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 64; kk += 16)
       wgmma_m64k16<kTc5BN, T, TA, !TB>(acc, TileA::desc(as, !TA, 0, kk), TileB::desc(bs, TB, 0, kk), 1);
     wgmma_commit();
     wgmma_wait<0>();
-    mbarrier_arrive(&empty[s]);  // this thread is done reading the stage
-    if (threadIdx.x == 0 && step + kTc6Stages < steps) {
-      mbarrier_wait(&empty[s], parity);  // everyone is: refill it, kTc6Stages steps ahead
-      issue(s, step + kTc6Stages);
-    }
+    ring.consumer_release(step);  // this thread is done reading the stage
+    if (threadIdx.x == 0 && step + kTc6Stages < steps)  // once all have: refill it, kTc6Stages steps ahead
+      load(ring.producer_refill(step), ring.stage(step), step + kTc6Stages);
   }
   // endregion
-#pragma unroll
-  for (int i = 0; i < kTc5BN / 2; ++i) {
-    const int64_t m = m0 + 16 * warp + g + 8 * ((i / 2) % 2), n = n0 + 8 * (i / 4) + 2 * t + i % 2;
-    if (m < M && n < N) C[m * N + n] = from_acc<T>(epilogue(acc[i], bias, n, kind));
-  }
+  store_d(acc, threadIdx.x, C, bias, M, N, m0, n0, kind);
 }
 
 }  // namespace

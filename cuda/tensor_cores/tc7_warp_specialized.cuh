@@ -10,7 +10,7 @@
 // Registers: 128 × 40 + 256 × 232 = 64,512 of the SM's 65,536, one block an SM.
 #pragma once
 
-#include "tc6_tma.cuh"  // TmaTile
+#include "tc6_tma.cuh"  // TmaTile, TmaPipeline
 
 namespace {
 
@@ -27,29 +27,21 @@ __device__ void gemm_v33(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
   constexpr int kStage = TileA::kBytes + TileB::kBytes;
   DENSE_DYNAMIC_SMEM(smem);
   shared_window(smem);
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kTc7Stages * kStage);
-  uint64_t* empty = full + kTc7Stages;
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const TmaPipeline<kTc7Stages, kStage> ring(smem + kTc7Stages * kStage);
+  const int wg = threadIdx.x / 128;
   const int64_t m0 = int64_t(blockIdx.y) * kTc7BM, n0 = int64_t(blockIdx.x) * kTc7BN;
   const int64_t steps = (K + 63) / 64;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kTc7Stages; ++s) {
-      mbarrier_init(&full[s], 1);      // the producer's arrival, with the stage's bytes to come
-      mbarrier_init(&empty[s], 256);   // every consumer thread, done reading
-    }
-    fence_barrier_init();
-  }
+  if (threadIdx.x == 0) ring.init(256);  // every consumer thread releases each stage
   __syncthreads();
   // region v33
   if (wg == 0) {  // the producer
     setmaxnreg_dec<40>();
     if (threadIdx.x == 0)
       for (int64_t step = 0; step < steps; ++step) {
-        const int s = int(step % kTc7Stages);
-        if (step >= kTc7Stages) mbarrier_wait(&empty[s], unsigned(step / kTc7Stages - 1) % 2);  // consumed
-        mbarrier_arrive_expect_tx(&full[s], kStage);
-        TileA::load(smem + s * kStage, &map_a, !TA, m0, step * 64, &full[s]);
-        TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * 64, &full[s]);
+        uint64_t* bar = ring.producer_acquire(step);  // (from step 4 on: once it is consumed)
+        unsigned char* as = smem + ring.stage(step) * kStage;
+        TileA::load(as, &map_a, !TA, m0, step * 64, bar);
+        TileB::load(as + TileA::kBytes, &map_b, TB, n0, step * 64, bar);
       }
     return;
   }
@@ -57,24 +49,19 @@ __device__ void gemm_v33(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
   float acc[kTc7BN / 2] = {};
   const int r0 = 64 * (wg - 1);  // this warpgroup's rows of the tile
   for (int64_t step = 0; step < steps; ++step) {
-    const int s = int(step % kTc7Stages);
-    mbarrier_wait(&full[s], unsigned(step / kTc7Stages) % 2);
-    const unsigned char *as = smem + s * kStage, *bs = as + TileA::kBytes;
+    ring.consumer_wait(step);
+    const unsigned char *as = smem + ring.stage(step) * kStage, *bs = as + TileA::kBytes;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 64; kk += 16)
       wgmma_m64k16<kTc7BN, T, TA, !TB>(acc, TileA::desc(as, !TA, r0, kk), TileB::desc(bs, TB, 0, kk), 1);
     wgmma_commit();
     wgmma_wait<1>();  // the previous step's group has completed: its stage is free
-    if (step > 0) mbarrier_arrive(&empty[(step - 1) % kTc7Stages]);
+    if (step > 0) ring.consumer_release(step - 1);
   }
   wgmma_wait<0>();
   // endregion
-#pragma unroll
-  for (int i = 0; i < kTc7BN / 2; ++i) {
-    const int64_t m = m0 + r0 + 16 * warp + g + 8 * ((i / 2) % 2), n = n0 + 8 * (i / 4) + 2 * t + i % 2;
-    if (m < M && n < N) C[m * N + n] = from_acc<T>(epilogue(acc[i], bias, n, kind));
-  }
+  store_d(acc, threadIdx.x % 128, C, bias, M, N, m0 + r0, n0, kind);  // (consumer warpgroup wg)
 }
 
 }  // namespace

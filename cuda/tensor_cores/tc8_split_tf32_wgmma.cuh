@@ -10,7 +10,7 @@
 #pragma once
 
 #include "tc4_tf32.cuh"  // split_tf32, finite
-#include "tc6_tma.cuh"
+#include "tc6_tma.cuh"  // TmaPipeline, store_d
 
 namespace {
 
@@ -68,41 +68,29 @@ __device__ void gemm_v34(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
   unsigned char* split = smem + kTc8Stages * kStage;  // A big, small, finite big; then B's
   unsigned char *a_big = split, *a_small = a_big + TileA::kBytes, *a_bigf = a_small + TileA::kBytes;
   unsigned char *b_big = a_bigf + TileA::kBytes, *b_small = b_big + TileB::kBytes, *b_bigf = b_small + TileB::kBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(b_bigf + TileB::kBytes);
-  uint64_t* empty = full + kTc8Stages;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const TmaPipeline<kTc8Stages, kStage> ring(b_bigf + TileB::kBytes);
   const int64_t m0 = int64_t(blockIdx.y) * kTc8BM, n0 = int64_t(blockIdx.x) * kTc8BN;
   const int64_t steps = (K + kTc8BK - 1) / kTc8BK;
-  auto issue = [&](int s, int64_t step) {
-    mbarrier_arrive_expect_tx(&full[s], kStage);
-    TileA::load(smem + s * kStage, &map_a, !TA, m0, step * kTc8BK, &full[s]);
-    TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * kTc8BK, &full[s]);
+  auto load = [&](uint64_t* bar, int s, int64_t step) {
+    TileA::load(smem + s * kStage, &map_a, !TA, m0, step * kTc8BK, bar);
+    TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * kTc8BK, bar);
   };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kTc8Stages; ++s) {
-      mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], 128);
-    }
-    fence_barrier_init();
-  }
+  if (threadIdx.x == 0) ring.init(128);
   __syncthreads();
   if (threadIdx.x == 0)
-    for (int s = 0; s < kTc8Stages && s < steps; ++s) issue(s, s);
+    for (int s = 0; s < kTc8Stages && s < steps; ++s) load(ring.producer_acquire(s), s, s);
   float acc[kTc8BN / 2] = {};
   // region v34
   for (int64_t step = 0; step < steps; ++step) {
-    const int s = int(step % kTc8Stages);
-    const unsigned parity = unsigned(step / kTc8Stages) % 2;
-    mbarrier_wait(&full[s], parity);
-    TileA::template split<!TA>(smem + s * kStage, a_big, a_small, a_bigf);
-    TileB::template split<TB>(smem + s * kStage + TileA::kBytes, b_big, b_small, b_bigf);
+    ring.consumer_wait(step);
+    const unsigned char* raw = smem + ring.stage(step) * kStage;
+    TileA::template split<!TA>(raw, a_big, a_small, a_bigf);
+    TileB::template split<TB>(raw + TileA::kBytes, b_big, b_small, b_bigf);
     fence_proxy_async();
     __syncthreads();                // the split tiles are whole...
-    mbarrier_arrive(&empty[s]);     // ...and the raw stage is free for the next copies
-    if (threadIdx.x == 0 && step + kTc8Stages < steps) {
-      mbarrier_wait(&empty[s], parity);
-      issue(s, step + kTc8Stages);
-    }
+    ring.consumer_release(step);    // ...and the raw stage is free for the next copies
+    if (threadIdx.x == 0 && step + kTc8Stages < steps)
+      load(ring.producer_refill(step), ring.stage(step), step + kTc8Stages);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kTc8BK; kk += 8) {  // k-steps of 8 tf32: 32 bytes along the rows
@@ -116,11 +104,7 @@ __device__ void gemm_v34(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
     __syncthreads();  // every warp's wgmma's have read the split tiles before they are rewritten
   }
   // endregion
-#pragma unroll
-  for (int i = 0; i < kTc8BN / 2; ++i) {
-    const int64_t m = m0 + 16 * warp + g + 8 * ((i / 2) % 2), n = n0 + 8 * (i / 4) + 2 * t + i % 2;
-    if (m < M && n < N) C[m * N + n] = from_acc<T>(epilogue(acc[i], bias, n, kind));
-  }
+  store_d(acc, threadIdx.x, C, bias, M, N, m0, n0, kind);
 }
 
 }  // namespace
