@@ -26,8 +26,8 @@
   (cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), \
    fn<<<dim3((geo).grid.x, (geo).grid.y, (geo).grid.z), dim3((geo).block.x, (geo).block.y, (geo).block.z), (bytes),  \
         stream>>>(__VA_ARGS__))
-#define DENSE_TENSOR_MAP_2D(map, elem_bytes, base, dim0, dim1, stride_bytes, box0, box1) \
-  encode_tensor_map_2d((map), (elem_bytes), (base), (dim0), (dim1), (stride_bytes), (box0), (box1))
+#define DENSE_TENSOR_MAP_2D(map, elem_bytes, base, dim0, dim1, stride_bytes, box0, box1, swizzle_bytes) \
+  encode_tensor_map_2d((map), (elem_bytes), (base), (dim0), (dim1), (stride_bytes), (box0), (box1), (swizzle_bytes))
 #define DENSE_INVALID static_cast<int>(cudaErrorInvalidValue)
 // An entry this build left out (a unit not compiled in): the runtime's "no kernel image" error.
 #define DENSE_NOT_BUILT static_cast<int>(cudaErrorNoKernelImageForDevice)
@@ -38,10 +38,11 @@
 
 // cuTensorMapEncodeTiled, reached through the runtime's driver entry point (no -lcuda): a 2-D
 // tensor of dim0 × dim1 elements (dim0 contiguous), rows stride_bytes apart, copied in boxes of
-// box0 × box1 into 128B-swizzled shared memory, zeros outside the tensor. 0, or a cudaError_t.
+// box0 × box1 into shared memory swizzled by 128 or 64 bytes, zeros outside the tensor. 0, or a
+// cudaError_t.
 namespace {
 int encode_tensor_map_2d(CUtensorMap* map, int elem_bytes, const void* base, uint64_t dim0, uint64_t dim1,
-                         uint64_t stride_bytes, uint32_t box0, uint32_t box1) {
+                         uint64_t stride_bytes, uint32_t box0, uint32_t box1, uint32_t swizzle_bytes) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -56,7 +57,8 @@ int encode_tensor_map_2d(CUtensorMap* map, int elem_bytes, const void* base, uin
   const cuuint32_t box[2] = {box0, box1}, element_strides[2] = {1, 1};
   // (a 16-bit box is copied as bytes: bfloat16 and float16 alike)
   const CUresult r = encode(map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? 0 : static_cast<int>(cudaErrorInvalidValue);
 }

@@ -28,8 +28,9 @@ inline int device_arch = 90;
 }  // namespace emu
 #define DENSE_DEVICE_ARCH() emu::device_arch
 // cuTensorMapEncodeTiled, as the emulation models it (cuda/emulate/hopper.h): 0 or 1.
-#define DENSE_TENSOR_MAP_2D(map, elem_bytes, base, dim0, dim1, stride_bytes, box0, box1) \
-  emu::tensor_map_encode_2d((map), (elem_bytes), (base), (dim0), (dim1), (stride_bytes), (box0), (box1), emu::kSwizzle128)
+#define DENSE_TENSOR_MAP_2D(map, elem_bytes, base, dim0, dim1, stride_bytes, box0, box1, swizzle_bytes) \
+  emu::tensor_map_encode_2d((map), (elem_bytes), (base), (dim0), (dim1), (stride_bytes), (box0), (box1), \
+                            (swizzle_bytes) == 64 ? emu::kSwizzle64 : emu::kSwizzle128)
 #define DENSE_INVALID 1  // an invalid request; 2 (emu::kBarrierNeverReached): a block could not finish
 #define DENSE_NOT_BUILT 3  // an entry the build left out (every entry is built here: not reached)
 

@@ -27,7 +27,7 @@ struct CUtensorMap {  // (128 opaque bytes; the GPU's is 64-byte aligned, which 
 
 namespace {
 
-enum SmemSwizzle : int { kSwizzleNone = 0, kSwizzle128B = 1 };  // the matrix descriptor's bits 62-63
+enum SmemSwizzle : int { kSwizzleNone = 0, kSwizzle128B = 1, kSwizzle64B = 2 };  // the matrix descriptor's bits 62-63
 
 #if defined(__CUDACC__)
 // The shared window: on a GPU every shared address is already in it; the emulation needs the arena.

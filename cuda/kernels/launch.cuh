@@ -9,8 +9,8 @@
 // geometry, dynamic shared bytes, args...), DENSE_LAUNCH_STATUS() (0 or the error of the launch
 // just made), DENSE_INVALID (the error for a bad request), DENSE_NOT_BUILT (the error for an entry
 // this build left out), DENSE_DEVICE_ARCH() (the current device's compute capability, 90 for sm_90)
-// and DENSE_TENSOR_MAP_2D(map, element bytes, base, dim0, dim1, row stride bytes, box0, box1)
-// (cuTensorMapEncodeTiled with the 128B swizzle: 0 or an error).
+// and DENSE_TENSOR_MAP_2D(map, element bytes, base, dim0, dim1, row stride bytes, box0, box1,
+// swizzle bytes) (cuTensorMapEncodeTiled with the 128- or 64-byte swizzle: 0 or an error).
 #pragma once
 
 #include <cstring>
@@ -41,9 +41,10 @@ Fn entry(int kind, int version, int layout, DType dtype) {
   return reinterpret_cast<Fn>(const_cast<void*>(Registry::get().find(kind, version, layout, dtype)));
 }
 
-// A TMA version: the operands' tensor maps, made here per call, in boxes of 128 bytes along the
-// contiguous dimension: K-major operands (rows along m or n) a box of the tile's rows, MN-major
-// ones (rows along k) one of 64 (or 32, for 4-byte elements) rows of k.
+// A TMA version: the operands' tensor maps, made here per call. K-major operands (rows along m or
+// n): boxes of 128 bytes of k × the tile's rows, 128B-swizzled. MN-major ones (rows along k):
+// boxes of 64 (or 32, for 4-byte elements) rows of k × 128 bytes of m or n, or × the tile's width
+// where it is narrower (v35's 32 m: 64 bytes), swizzled by a row's bytes (tc6_tma.cuh's TmaTile).
 template <typename T>
 int launch_tma_t(int version, int l, const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K,
                  int epilogue, int sm_count, acc_t<T>* workspace, Stream stream) {
@@ -58,10 +59,12 @@ int launch_tma_t(int version, int l, const T* A, const T* B, T* C, const T* bias
   constexpr uint32_t E = sizeof(T), inner = 128 / E;
   const Tile t = tile(version, 4);
   CUtensorMap ma, mb;
-  const int ra = !ta ? DENSE_TENSOR_MAP_2D(&ma, E, A, K, M, K * E, inner, t.BM)
-                     : DENSE_TENSOR_MAP_2D(&ma, E, A, M, K, M * E, inner, inner);
-  const int rb = tb ? DENSE_TENSOR_MAP_2D(&mb, E, B, K, N, K * E, inner, t.BN)
-                    : DENSE_TENSOR_MAP_2D(&mb, E, B, N, K, N * E, inner, inner);
+  const uint32_t wide_a = inner < uint32_t(t.BM) ? inner : uint32_t(t.BM);  // MN-major boxes' inner sides
+  const uint32_t wide_b = inner < uint32_t(t.BN) ? inner : uint32_t(t.BN);
+  const int ra = !ta ? DENSE_TENSOR_MAP_2D(&ma, E, A, K, M, K * E, inner, t.BM, 128)
+                     : DENSE_TENSOR_MAP_2D(&ma, E, A, M, K, M * E, wide_a, inner, wide_a * E);
+  const int rb = tb ? DENSE_TENSOR_MAP_2D(&mb, E, B, K, N, K * E, inner, t.BN, 128)
+                    : DENSE_TENSOR_MAP_2D(&mb, E, B, N, K, N * E, wide_b, inner, wide_b * E);
   if (ra != 0 || rb != 0) return DENSE_INVALID;
   const TmaGemmFn<T> fn = entry<TmaGemmFn<T>>(kGemmEntry, version, l, dtype_of<T>());
   if (fn == nullptr) return DENSE_NOT_BUILT;

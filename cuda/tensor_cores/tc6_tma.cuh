@@ -9,7 +9,7 @@
 // threads are done reading it, after which thread 0 refills it. Phases alternate 0, 1, 0...: a
 // thread waits on stage s of step i with parity (i / 4) % 2. The tensor maps are made on the host
 // (cuda/kernels/launch.cuh), one per operand: K-major operands in boxes of 64 k × the tile's rows,
-// MN-major ones in 64 × 64 boxes.
+// MN-major ones in boxes of 64 k × 64 m or n (32 for a tile only 32 wide), one per block.
 #pragma once
 
 #include "tc5_wgmma.cuh"
@@ -22,11 +22,19 @@ static_assert((kTc5BM + kTc5BN) * 64 * 2 == dense_kernels::tma_stage_bytes(32) &
                   kTc6Stages == dense_kernels::tma_stages(32),
               "the launcher's dynamic shared memory is this ring of stages");
 
-// The bytes and layout of one operand's tile of a stage: Rows (m or n) × 64 k, 128B-swizzled,
-// K-major (one 128-byte row per m or n) or MN-major (one row per k, 64-wide blocks of m or n).
+// The bytes and layout of one operand's tile of a stage: Rows (m or n) × 64 k, K-major (one
+// 128-byte row per m or n, 128B-swizzled) or MN-major (one row per k, in blocks of kWide m or n).
+// MN-major, a block's rows are kSpan = 2·kWide bytes and swizzled by as many: the PTX ISA's
+// canonical MN-major layouts ("Shared Memory Matrix Layout", for 16-bit types T = 8 elements of
+// 16 bytes) are ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) under the 128-byte swizzle, blocks of 64
+// m or n, and ((T,4,m),(8,k)):((1,T,LBO),(4T,SBO)) under the 64-byte one, blocks of 32: a tile 32
+// wide (v35's B) is one whole block of the second, and only half a block of the first.
 template <int Rows>
 struct TmaTile {
-  static constexpr int kBytes = Rows * 64 * 2;  // (MN-major, fewer than 64 rows still take a 64-wide box)
+  static constexpr int kBytes = Rows * 64 * 2;
+  static constexpr int kWide = Rows < 64 ? Rows : 64, kSpan = 2 * kWide, kBlock = 64 * kSpan;
+  static_assert(Rows % kWide == 0 && (kSpan == 128 || kSpan == 64), "MN-major blocks of 64 or 32");
+  static constexpr int kMnSwizzle = kSpan == 128 ? kSwizzle128B : kSwizzle64B;  // the tensor map's too
   // Issue the copies of the tile at (x0, k0) into S, completing `bar` (one thread calls this).
   __device__ __forceinline__ static void load(unsigned char* S, const CUtensorMap* map, bool k_major, int64_t x0,
                                               int64_t k0, uint64_t* bar) {
@@ -34,13 +42,15 @@ struct TmaTile {
       tma_load_2d(S, map, int(k0), int(x0), bar);
     } else {
 #pragma unroll
-      for (int b = 0; b < (Rows + 63) / 64; ++b) tma_load_2d(S + b * 8192, map, int(x0 + 64 * b), int(k0), bar);
+      for (int b = 0; b < Rows / kWide; ++b) tma_load_2d(S + b * kBlock, map, int(x0 + kWide * b), int(k0), bar);
     }
   }
-  // The descriptor of rows [r0, r0 + 64 (A) or Rows (B)) at k-step kk of 16.
+  // The descriptor of rows [r0, r0 + 64 (A) or Rows (B)) at k-step kk of 16: K-major, 32 bytes
+  // further along the rows; MN-major, 16 rows further down; blocks LBO = kBlock apart, atoms of 8
+  // rows SBO = 8·kSpan apart.
   __device__ __forceinline__ static uint64_t desc(const unsigned char* S, bool k_major, int r0, int kk) {
     return k_major ? smem_desc(S + r0 * 128 + kk * 2, 16, 1024, kSwizzle128B)
-                   : smem_desc(S + (r0 / 64) * 8192 + kk * 128, 8192, 1024, kSwizzle128B);
+                   : smem_desc(S + (r0 / kWide) * kBlock + kk * kSpan, kBlock, 8 * kSpan, kMnSwizzle);
   }
 };
 

@@ -8,7 +8,10 @@
 //   nvcc -cubin -std=c++17 -O3 -arch=sm_90a -Xptxas -v cuda/units/tc_v35.cu -o /tmp/v35.cubin
 // The feeding is v32's: one warpgroup, thread 0 issuing TMA into a ring of 4 stages. For the
 // backward's layouts the same swap holds: D' = op(B)ᵀ·op(A)ᵀ, each operand K-major or MN-major as
-// it lies in memory (wgmma's transpose flags).
+// it lies in memory (wgmma's transpose flags). x stored K×M (the tn layout) is an MN-major B only
+// 32 wide: it lands as one block of 64 rows of k × 32 m under the 64-byte swizzle, the PTX ISA's
+// canonical MN-major layout for 32 elements of 16 bits (TmaTile in tc6_tma.cuh; the 128-byte
+// swizzle's MN-major atom is 64 wide).
 #pragma once
 
 #include "tc6_tma.cuh"  // TmaTile, TmaPipeline, for_each_d
@@ -24,12 +27,11 @@ __device__ void gemm_v35(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
                          int64_t N, int64_t K, int kind) {
   using TileW = TmaTile<kTc9BN>;  // wgmma's A: 64 rows of W (n), K-major, or MN-major if W is stored K×N
   using TileX = TmaTile<kTc9BM>;  // wgmma's B: 32 rows of x (m), K-major, or MN-major if x is stored K×M
-  // A stage: W's tile (8192 bytes), then x's at 8192: 32 rows of m, or 64 rows of k if stored K×M,
-  // whose 64-wide box brings 32 more m than are used.
+  // A stage: W's tile (8192 bytes), then x's (4096) at 8192, in the 2 × 8192 the launcher reserves.
   constexpr int kStage = 2 * 8192;
   DENSE_DYNAMIC_SMEM(smem);
   shared_window(smem);
-  const TmaPipeline<kTc9Stages, 8192 + (TA ? 8192 : kTc9BM * 128)> ring(smem + kTc9Stages * kStage);
+  const TmaPipeline<kTc9Stages, TileW::kBytes + TileX::kBytes> ring(smem + kTc9Stages * kStage);
   const int64_t n0 = int64_t(blockIdx.x) * kTc9BN, m0 = int64_t(blockIdx.y) * kTc9BM;
   // this block's slice of K: whole steps of 64, as even as they come (v9's rule)
   const int64_t steps = (K + 63) / 64, per_slice = (steps + gridDim.z - 1) / gridDim.z;
