@@ -193,9 +193,12 @@ def run_one(unit: Unit, limit_s: float, say: Callable[[str], None], keep: int = 
     """Run a unit's command under limit_s, its lines to say() prefixed with its name: (its exit
     status, None if stopped; its last `keep` lines; seconds)."""
     started = time.monotonic()
-    proc = subprocess.Popen(unit.argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True)
     tail: list[str] = []
+    try:
+        proc = subprocess.Popen(unit.argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", start_new_session=True)
+    except OSError as e:  # compute-sanitizer not on the PATH, say: this unit fails, the others run
+        return 127, [f"{unit.argv[0]}: cannot start ({e.strerror or e})"], time.monotonic() - started
 
     def echo() -> None:
         for line in proc.stdout or ():

@@ -361,7 +361,7 @@ def test_the_dry_run_checks_every_selection():
 def test_the_gpu_tests_leave_out_slow_ones_and_items_the_ptx_stage_cannot_run():
     """pytest -m gpu would take in the slow multi-process tests; and tests/test_cuda.py's items
     that cross the ptx stage with a version it does not carry would each only skip."""
-    argv = next(p for p in selection("lease") if "pytest" in p.argv).command()
+    argv = next(p for p in selection("second") if "pytest" in p.argv).command()
 
     def collect(*args: str) -> set[str]:
         got = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],

@@ -164,3 +164,11 @@ def test_the_record_says_which_version_ended_how_and_is_written_as_they_end(tmp_
     assert "CUDA error: an illegal memory access" in record["units"]["v34"]["detail"]
     assert capsys.readouterr().out.strip().splitlines()[-1] == "exact: FAILED: v34 (0 not run)"
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_child_that_cannot_start_fails_alone():
+    units = [iso.Unit("v21", ["no-such-compute-sanitizer", "--tool", "memcheck"], 20), child(SAME, "v22")]
+    got = iso.run_units("sanitize", units, jobs=2, deadline_s=60, say=lambda s: None)
+    assert (got["v21"].status, got["v21"].detail) == ("FAILED", "no-such-compute-sanitizer: cannot start (No such "
+                                                                 "file or directory)")
+    assert got["v22"].status == "CLEAN"
