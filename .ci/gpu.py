@@ -353,7 +353,8 @@ def parts() -> dict[str, Part]:
         Part("ncu", 90, (py, "cuda/bench_gpu.py", "--ncu", "--passed", exact_record,
                          "--json", f"{RESULTS}/ncu_gemm_{TAG}.json"),
              "Nsight Compute's counters for every version and candidate the exact run passed (never-run first) and "
-             "the backward's elementwise kernels (cut by the deadline)",
+             "the backward's elementwise kernels; limit not measured (no GPU here; ncu replays each of some 40 "
+             "kernels for its counters), cut by the deadline",
              records=(f"{RESULTS}/ncu_gemm_{TAG}.json",), inputs=(exact_record,), needs=("build",), after=("exact",),
              tail=True),
         # The second call: what the first leaves out, when it ends early.

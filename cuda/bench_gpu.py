@@ -825,10 +825,11 @@ PROFILE_SHAPE = (2048, 2048, 2048)
 def profile_units(passed: dict | None = None) -> list[str]:
     """What profile launches, in order: with an isolated exact run's record (cuda/isolated.py
     exact: its units in the order they ran, never-run versions first), the versions and candidates
-    it found SAME; without one, every version and candidate of the header."""
+    it found SAME; without one, every version and candidate of the header, never-run ones first."""
     if passed is not None:
         return [u for u in passed["order"] if passed["units"].get(u, {}).get("status") == "SAME" and u != "v0"]
-    return [*(f"v{v}" for v in catalog.version_ids()), *(f"candidate {c.index}" for c in catalog.candidates())]
+    order = cli.load_file("cuda/isolated.py", "dense_cuda_isolated").never_run_first()
+    return [name for name, _ in order if name != "v0"]
 
 
 def profile(passed: dict | None = None) -> dict:
