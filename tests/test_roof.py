@@ -446,3 +446,21 @@ def test_the_goals16_part_does_not_time_a_version_0_that_writes_nan(on_the_cpu, 
     assert part["goals"] == {} and not any(c["ok"] for c in part["checked"].values())
     assert "Not timed: version 0 failed the bfloat16 check against float64" in bench_gpu.table({**HEADER,
                                                                                                "goals16": part})
+
+
+@needs_emulation
+def test_kernel_n_times_version_n_alone_by_its_number_never_version_0(on_the_cpu, monkeypatch):
+    """--kernel N (a version never run on a GPU, in a process of its own): the B = 32 table times
+    cuBLAS, the reference and v25 alone; the bfloat16 goals are v24's, checked and timed with v24
+    selected."""
+    monkeypatch.setattr(bench_gpu, "KERNEL", 25)
+    part = bench_gpu.small(2)
+    assert {r["line"] for r in part["rows"]} == {"cuBLAS x·Wᵀ", "reference", "v25"}
+    monkeypatch.setattr(bench_gpu, "KERNEL", 24)
+    selected = []
+    stage = on_the_cpu
+    monkeypatch.setattr(bench_gpu.modes, "dense", lambda mode: lambda x, w, b: (
+        selected.append(stage.version), emulated.dense(stage.version)(x, w, b))[1])
+    goals = bench_gpu.goals16(2)
+    assert goals["version"] == "v24" and set(goals["goals"]) == {"forward", "fwd+bwd", "forward, B=32"}
+    assert selected and set(selected) == {24}
