@@ -51,6 +51,7 @@ def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.emu_run_wgmma.restype = I32
     lib.emu_run_tma.argtypes = [I32, P, U64, U64, U64, U32, U32, I32, I32, I32, P, I32]
     lib.emu_run_tma.restype = I32
+    lib.emu_fence_probe.argtypes, lib.emu_fence_probe.restype = [I32], I32
     return lib
 
 
@@ -360,3 +361,157 @@ def test_accumulators_read_before_their_wgmma_completes_are_poison_and_reported(
         result.stderr[-2000:]
     # the launch reports the protocol error (4) instead of returning the poisoned product
     assert "v33 nt: launch refused (4)" in result.stdout and result.returncode != 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Fences and setmaxnreg's registers: what a GPU punishes and the emulation reports
+# ---------------------------------------------------------------------------------------------
+def plant(tmp_path: Path, name: str, plants: list[tuple[tuple[str, ...], str, str]]) -> Path:
+    """A copy of cuda/ in tmp_path/name with each (files, old, new) applied to the first of the
+    tensor-core files that holds `old` (once)."""
+    copy = tmp_path / name / "cuda"
+    shutil.copytree(ROOT / "cuda", copy, ignore=shutil.ignore_patterns("*.py", "*.md"))
+    for files, old, new in plants:
+        holders = [copy / "tensor_cores" / f for f in files if (copy / "tensor_cores" / f).exists()
+                   and (copy / "tensor_cores" / f).read_text().count(old) == 1]
+        assert holders, (files, old)
+        holders[0].write_text(holders[0].read_text().replace(old, new))
+    return copy
+
+
+def drivers(tmp_path: Path, copies: dict[str, Path]) -> dict[str, Path]:
+    """The plain driver of each planted copy, two compiles side by side (one a core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        built = {name: pool.submit(driver, tmp_path / name, copy) for name, copy in copies.items()}
+        return {name: future.result() for name, future in built.items()}
+
+
+def source_line(report: str) -> str:
+    """The kernel's file and line of the code address a report names (addr2line, with -g)."""
+    import subprocess
+
+    found = re.search(r"\(addr2line -i -e (\S+) (0x[0-9a-f]+)\)", report)
+    assert found, report
+    if shutil.which("addr2line") is None:
+        pytest.skip("needs addr2line")
+    out = subprocess.run(["addr2line", "-i", "-e", found[1], found[2]], capture_output=True, text=True).stdout
+    return out.strip().splitlines()[0]
+
+
+@pytest.mark.slow
+def test_a_missing_fence_is_reported_with_the_instruction(tmp_path):
+    """Each fence deleted from a kernel that needs it: v31 without fence.proxy.async (the tensor cores
+    read tiles its threads stored), v31 without wgmma.fence, v32 without fence.mbarrier_init (the copy
+    engine completes on barriers the generic proxy initialised). A GPU may read stale bytes or
+    barriers there; the emulation reports each, and the launch fails."""
+    copies = {
+        "proxy": plant(tmp_path, "proxy", [(("tc5_wgmma.cuh",), "    fence_proxy_async();", "")]),
+        "wgmma": plant(tmp_path, "wgmma", [(("tc5_wgmma.cuh",), "    wgmma_fence();\n", "")]),
+        "init": plant(tmp_path, "init", [(("tc6_tma.cuh", "tma_pipeline.cuh"), "fence_barrier_init();", "")]),
+    }
+    exes = drivers(tmp_path, copies)
+    proxy = run(exes["proxy"], "--quick", "31")
+    found = re.search(r"wgmma read shared offset \d+ \(operand [AB], row \d+, k \d+\) written by thread \d+ through "
+                      r"the generic proxy with no fence.proxy.async since: wgmma.mma_async of warpgroup 0 at .*",
+                      proxy.stderr)
+    assert found and "launch refused (4)" in proxy.stdout and proxy.returncode != 0, proxy.stderr[-2000:]
+    assert "tc5_wgmma.cuh:" in source_line(found[0])  # the kernel's wgmma, by its line
+    wgmma = run(exes["wgmma"], "--quick", "31")
+    assert re.search(r"thread \d+ issued wgmma.mma_async at \S+ \(addr2line [^)]*\) with no wgmma.fence before it",
+                     wgmma.stderr), wgmma.stderr[-2000:]
+    assert "launch refused (4)" in wgmma.stdout and wgmma.returncode != 0
+    init = run(exes["init"], "--quick", "32")
+    assert re.search(r"cp.async.bulk.tensor by thread 0 at \S+ \(addr2line [^)]*\) completes on the mbarrier at shared "
+                     r"offset \d+, which thread 0 initialised \(mbarrier.init, a generic write\) with no "
+                     r"fence.mbarrier_init or fence.proxy.async since", init.stderr), init.stderr[-2000:]
+    assert "launch refused (4)" in init.stdout and init.returncode != 0
+
+
+@pytest.mark.slow
+def test_a_register_increase_the_block_cannot_meet_and_an_accumulator_read_in_flight_are_reported(tmp_path):
+    """v33's consumers asking for 240 registers a thread: 128 × 40 + 256 × 240 = 66,560, more than
+    the 168 × 384 = 64,512 the block launched with; the second consumer waits at setmaxnreg.inc
+    forever (a hang on a GPU), reported with every warpgroup's count. And v31 reading an accumulator
+    between its wgmma and the wait: the arithmetic on it traps, reported at the line that reads."""
+    peek = "    { volatile float peek = acc[0] * 2.0f; (void)peek; }  // (planted) a read in flight\n"
+    commit = "    wgmma_commit();\n"
+    copies = {
+        "regs": plant(tmp_path, "regs", [(("tc7_warp_specialized.cuh",), "setmaxnreg_inc<232>",
+                                          "setmaxnreg_inc<240>")]),
+        "read": plant(tmp_path, "read", [(("tc5_wgmma.cuh",), commit, commit + peek)]),
+    }
+    exes = drivers(tmp_path, copies)
+    regs = run(exes["regs"], "--quick", "33")
+    assert re.search(r"128 thread\(s\) of warpgroup 2 wait at setmaxnreg.inc to 240 registers a thread: it needs "
+                     r"9216 more, and the block's pool has 7168 free of the 168 x 384 = 64512 it launched with "
+                     r"\(warpgroup 0 at 40, warpgroup 1 at 240, warpgroup 2 at 168 registers a thread\)",
+                     regs.stderr), regs.stderr[-3000:]
+    assert "cannot finish" in regs.stderr and "launch refused (2)" in regs.stdout and regs.returncode != 0
+    if not re.match(r"x86_64|AMD64", __import__("platform").machine()):
+        pytest.skip("the accumulators' floating-point trap is x86-64's (MXCSR)")
+    read = run(exes["read"], "--quick", "31")
+    found = re.search(r"thread \d+ read wgmma accumulator registers while the wgmma was in flight .* took their poison "
+                      r"NaN at .*", read.stderr)
+    assert found and "launch refused (4)" in read.stdout and read.returncode != 0, read.stderr[-2000:]
+    planted_line = (copies["read"] / "tensor_cores" / "tc5_wgmma.cuh").read_text().splitlines().index(peek.rstrip("\n"))
+    assert source_line(found[0]).endswith(f"tc5_wgmma.cuh:{planted_line + 1}")
+
+
+# emu_fence_probe's plants (cuda/emulate/emulate.cpp): the launch's status and what it reports.
+PROBES = {
+    "correct": (0, 0, None),
+    "no fence.proxy.async": (1, 4, r"wgmma read shared offset \d+ \(operand A, row 0, k 0\) written by thread "
+                             r"1\d\d through the generic proxy with no fence.proxy.async since: wgmma.mma_async of "
+                             r"warpgroup 0"),
+    "fence after the arrival": (2, 4, r"written by thread 1\d\d through the generic proxy and fenced "
+                                r"\(fence.proxy.async\), but no __syncthreads or mbarrier after that fence ordered it"),
+    "fence before the arrival": (3, 0, None),
+    "no wgmma.fence": (4, 4, r"thread \d+ issued wgmma.mma_async at .* with no wgmma.fence before it"),
+    "accumulator written, no wgmma.fence": (5, 4, r"issued wgmma.mma_async at .* on accumulator registers that "
+                                            r"other instructions wrote since the wgmma before it on them, with no "
+                                            r"wgmma.fence"),
+    "no fence.mbarrier_init": (6, 4, r"cp.async.bulk.tensor by thread 0 at .* completes on the mbarrier at shared "
+                               r"offset 16392, which thread 0 initialised \(mbarrier.init, a generic write\) with no "
+                               r"fence.mbarrier_init"),
+    "accumulator read in flight": (7, 4, r"thread \d+ read wgmma accumulator registers while the wgmma was in flight"),
+    "setmaxnreg beyond the pool": (8, 2, r"128 thread\(s\) of warpgroup 0 wait at setmaxnreg.inc to 104 registers a "
+                                   r"thread: it needs 5120 more, and the block's pool has 4096 free of the 64 x 256 "
+                                   r"= 16384 it launched with \(warpgroup 0 at 64, warpgroup 1 at 32 registers a "
+                                   r"thread\)"),
+}
+
+
+@pytest.mark.parametrize("case", PROBES)
+def test_each_fence_and_register_rule_is_checked(lib, capfd, case):
+    """One small kernel, each rule broken on its own (and the mbarrier-ordered fence that is right)."""
+    plant, status, report = PROBES[case]
+    if plant == 7 and not re.match(r"x86_64|AMD64", __import__("platform").machine()):
+        pytest.skip("the accumulators' floating-point trap is x86-64's (MXCSR)")
+    got = lib.emu_fence_probe(plant)
+    err = capfd.readouterr().err
+    assert got == status, err
+    if report is None:
+        assert "cuda_emu" not in err, err
+    else:
+        assert re.search(report, err), err
+
+
+def test_the_launch_register_counts_are_ptxas_counts():
+    """A kernel that moves registers with setmaxnreg declares ptxas's registers a thread at launch
+    (the block's pool, in the emulation); each constant must be the count in the static record, and
+    the emulation's launch must know it."""
+    import json
+
+    record = json.loads((ROOT / "docs" / "results" / "cuda_static_sm90.json").read_text())
+    emulate = (ROOT / "cuda" / "emulate" / "emulate.cpp").read_text()
+    users = [p for p in sorted((ROOT / "cuda" / "tensor_cores").glob("*.cuh")) if "setmaxnreg_" in p.read_text()]
+    assert users
+    for path in users:
+        text = path.read_text()
+        name, registers = re.search(r"constexpr int (k\w+LaunchRegisters) = (\d+);", text).groups()
+        version = int(re.search(r"__device__ void gemm_v(\d+)", text)[1])
+        assert re.search(rf"\{{{version}, unsigned\({name}\)\}}", emulate), (name, version)
+        counts = {k["registers"] for k in record["kernels"] if k["version"] == version}
+        assert counts == {int(registers)}, (path.name, counts, registers)

@@ -29,8 +29,8 @@
 // barrier ends an interval of accesses and which blocks of the grid to run (a sample): the
 // compiler's instrumentation of every load and store does the rest, the kernels stay unchanged.
 // Not modelled: warps executing in lock step (code relying on it without __syncwarp is a race
-// here, as it is on Volta and later), timing, caches, the limits of registers and shared memory,
-// and uninitialised shared memory (static storage starts at zero). Coalescing and bank conflicts
+// here, as it is on Volta and later), timing, caches, the limits of registers (but for setmaxnreg's
+// pool, hopper.h) and shared memory, and uninitialised shared memory (static storage starts at zero). Coalescing and bank conflicts
 // are counted, not timed, by the CUDA_EMU_COUNT build alone.
 #pragma once
 
@@ -240,6 +240,15 @@ struct Block {
   std::vector<AsyncCopies> copies;  // per thread of the block
   std::vector<Warpgroup> warpgroups;
   unsigned char* dynamic_shared = nullptr;  // the launch's dynamic shared memory (1024-byte aligned)
+  size_t dynamic_bytes = 0;
+  // Registers a thread at launch: ptxas's count for the kernel, where the kernel declares it (the
+  // pool setmaxnreg moves registers in; hopper.h); 0 where it does not.
+  unsigned launch_registers = 0;
+  // Per thread, the block-wide barriers (__syncthreads) it has passed: every thread passes the same
+  // ones, so a thread whose count exceeds another's count at some moment has passed a barrier that
+  // the other reached after that moment (hopper.h orders a fence before a read with it). Each thread
+  // writes only its own count.
+  std::vector<unsigned> syncs;
   std::atomic<bool> hopper{false};  // a Hopper instruction ran in this launch (hopper.h keeps its state)
 };
 // Set by hopper.h: what a new block of the launch starts from, what it must finish at its end
@@ -247,6 +256,14 @@ struct Block {
 inline void (*hopper_block_start)(Block&) = nullptr;
 inline void (*hopper_thread_end)(Block&) = nullptr;
 inline unsigned (*hopper_report_waits)(Block&) = nullptr;  // prints them; returns how many threads wait
+// With fibers: called before the scheduler resumes thread i and after it switched back (hopper.h
+// attributes the shared-memory bytes that changed meanwhile to thread i, and arms thread i's
+// floating-point trap while its wgmma accumulators are in flight).
+inline void (*hopper_fiber_enter)(Block&, unsigned) = nullptr;
+inline void (*hopper_fiber_left)(Block&, unsigned) = nullptr;
+// Set by an emulated instruction between two waits of its own: the fiber, resumed from the first,
+// ran none of the kernel's code before the second, so hopper_fiber_left need not look for its stores.
+inline bool fiber_quiet = false;
 
 inline CUDA_EMU_PER_THREAD Block* current_block = nullptr;
 inline CUDA_EMU_PER_THREAD unsigned lane_id = 0, warp_id = 0;
@@ -460,7 +477,10 @@ class Scheduler {
           resumed = true;
           current_ = i;
           become_thread(l, i);
+          const bool hopper = l.shared_block.hopper.load();
+          if (hopper && hopper_fiber_enter) hopper_fiber_enter(l.shared_block, i);
           fiber::switch_to(self_, fibers_[i].context);
+          if ((hopper || l.shared_block.hopper.load()) && hopper_fiber_left) hopper_fiber_left(l.shared_block, i);
           finished += fibers_[i].done;
         }
         if (!resumed) return never_reached(l, n, finished);
@@ -494,7 +514,15 @@ class Scheduler {
     const unsigned me = current_;
     b.waiting.push_back(me);
     fibers_[me].ready = false;
+    switched_ = true;
     fiber::switch_to(fibers_[me].context, self_);
+  }
+  // Whether the running fiber's last wait() switched away (it was not the last to arrive), which it
+  // asks right after that wait.
+  bool switched() {
+    const bool s = switched_;
+    switched_ = false;
+    return s;
   }
 
  private:
@@ -534,6 +562,7 @@ class Scheduler {
   fiber::Context self_;       // the launching thread, while fibers run
   Launch* launch_ = nullptr;
   unsigned current_ = 0;
+  bool switched_ = false;
 };
 inline Scheduler& executor() {
   static Scheduler* scheduler = new Scheduler;  // never destroyed: it keeps the fibers' stacks
@@ -547,8 +576,9 @@ inline void Barrier::wait() { executor().wait(*this); }
 // kBarrierNeverReached.
 // `dynamic_bytes` of dynamic shared memory (kernel<<<grid, block, bytes>>>), which the kernel
 // reaches through dynamic_shared().
+// `launch_registers`: ptxas's registers a thread for the kernel, where it declares them (0: not).
 template <typename F>
-int launch(dim3 grid, dim3 block, F&& fn, size_t dynamic_bytes = 0) {
+int launch(dim3 grid, dim3 block, F&& fn, size_t dynamic_bytes = 0, unsigned launch_registers = 0) {
   static std::mutex one_at_a_time;
   std::lock_guard<std::mutex> lock(one_at_a_time);
   const unsigned n = block.x * block.y * block.z;
@@ -569,6 +599,9 @@ int launch(dim3 grid, dim3 block, F&& fn, size_t dynamic_bytes = 0) {
       dynamic_bytes ? static_cast<unsigned char*>(std::aligned_alloc(1024, (dynamic_bytes + 1023) / 1024 * 1024)) : nullptr,
       std::free);
   l.shared_block.dynamic_shared = dynamic.get();
+  l.shared_block.dynamic_bytes = dynamic_bytes;
+  l.shared_block.launch_registers = launch_registers;
+  l.shared_block.syncs.assign(n, 0);
   for (auto& g : l.shared_block.warpgroups) g.barrier.init(128);
   protocol_error.store(0);
   if (hopper_block_start) hopper_block_start(l.shared_block);  // nothing left of an earlier launch
@@ -583,7 +616,10 @@ int launch(dim3 grid, dim3 block, F&& fn, size_t dynamic_bytes = 0) {
 
 }  // namespace emu
 
-inline void __syncthreads() { emu::current_block->barrier.wait(); }
+inline void __syncthreads() {
+  emu::current_block->barrier.wait();
+  ++emu::current_block->syncs[emu::thread_index()];
+}
 namespace emu {
 inline unsigned char* dynamic_shared() { return current_block->dynamic_shared; }
 }  // namespace emu

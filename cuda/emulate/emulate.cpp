@@ -20,7 +20,8 @@ inline int take_status() {
                                   dim3{(geo).block.x, (geo).block.y, (geo).block.z}, [&] { fn(__VA_ARGS__); }))
 #define DENSE_LAUNCH_SMEM(fn, geo, bytes, ...)                                                                 \
   (emu::last_status = emu::launch(dim3{(geo).grid.x, (geo).grid.y, (geo).grid.z},                              \
-                                  dim3{(geo).block.x, (geo).block.y, (geo).block.z}, [&] { fn(__VA_ARGS__); }, (bytes)))
+                                  dim3{(geo).block.x, (geo).block.y, (geo).block.z}, [&] { fn(__VA_ARGS__); }, (bytes), \
+                                  emu::launch_registers(reinterpret_cast<const void*>(fn))))
 #define DENSE_LAUNCH_STATUS() emu::take_status()
 // The emulated device's compute capability: sm_90 unless a test asks for another (emu_set_arch).
 namespace emu {
@@ -36,6 +37,22 @@ inline int device_arch = 90;
 
 #include "kernels/all.cuh"
 #include "kernels/instructions.cuh"
+
+// Registers a thread at launch, as ptxas counts them for the entry `fn`, where its kernel declares
+// them (those that move registers with setmaxnreg: the block's pool is that count × its threads);
+// 0 for the others. tests/test_hopper.py holds each constant against the static record.
+namespace emu {
+inline unsigned launch_registers(const void* fn) {
+  constexpr std::pair<int, unsigned> declared[] = {{33, unsigned(kTc7LaunchRegisters)}};
+  for (const auto& [version, registers] : declared)
+    for (int layout = 0; layout < 3; ++layout)
+      for (int dtype = 0; dtype < dense_kernels::kDTypes; ++dtype)
+        if (dense_kernels::Registry::get().find(dense_kernels::kGemmEntry, version, layout, dtype) == fn)
+          return registers;
+  return 0;
+}
+}  // namespace emu
+
 #include "kernels/launch.cuh"
 #include "units/tc_roof.cu"  // the tensor cores' roofs: micro-benchmarks, not GEMM entries
 
@@ -278,11 +295,13 @@ EMU_API int emu_run_wgmma(int kind, int n, int trans_a, int trans_b, uint64_t de
   return emu::launch(dim3{1, 1, 1}, dim3{128, 1, 1}, [&] {
     unsigned char* window = emu::dynamic_shared();
     const unsigned t = threadIdx.x;
-    if (t == 0) std::memcpy(window, image, size_t(bytes));
-    __syncthreads();
     shared_window(window);
+    if (t == 0) std::memcpy(window, image, size_t(bytes));
+    fence_proxy_async();  // the generic stores above, visible to wgmma's reads
+    __syncthreads();
     float acc[128];
     for (int i = 0; i < n / 2; ++i) acc[i] = c[t * (n / 2) + i];
+    wgmma_fence();
     if (kind == 2) {
       wgmma_m64n128k8_tf32(reinterpret_cast<float(&)[64]>(acc), desc_a, desc_b, 1);
     } else {
@@ -320,6 +339,7 @@ EMU_API int emu_run_tma(int elem_bytes, const void* base, uint64_t dim0, uint64_
     uint64_t* bar = reinterpret_cast<uint64_t*>(window + 32768);
     if (threadIdx.x == 0) {
       mbarrier_init(bar, 1);
+      fence_barrier_init();  // the initialisation, visible to the copy's complete_tx
       mbarrier_arrive_expect_tx(bar, box0 * box1 * uint32_t(elem_bytes));
       tma_load_2d(window, &map, c0, c1, bar);
     }
@@ -327,6 +347,67 @@ EMU_API int emu_run_tma(int elem_bytes, const void* base, uint64_t dim0, uint64_
     mbarrier_wait(bar, 0);
     if (threadIdx.x == 0) std::memcpy(out, window, size_t(bytes));
   }, 32768 + 1024);
+}
+
+// Hopper's fence and register rules broken one at a time, for tests/test_hopper.py (its planted
+// kernels take a build each; this takes none): a 256-thread block, warpgroup 1 storing A (64×16)
+// and B (32×16, bfloat16) that warpgroup 0's wgmma m64n32k16 reads, twice. `plant`: 0 nothing;
+// 1 no fence.proxy.async after the stores; 2 the fence after the mbarrier arrival that orders the
+// stores before the wgmma; 3 none (the same, fence before arrival: correct); 4 no wgmma.fence;
+// 5 an accumulator written between the two wgmma's with no wgmma.fence; 6 a TMA copy on an
+// mbarrier no fence.mbarrier_init made visible; 7 arithmetic on an accumulator in flight;
+// 8 setmaxnreg.inc beyond the pool (64 registers a thread at launch; warpgroup 1 gives 32 back).
+// Returns the launch's status.
+EMU_API int emu_fence_probe(int plant) {
+  alignas(16) static const unsigned short src[64 * 64] = {};
+  CUtensorMap map;
+  if (emu::tensor_map_encode_2d(&map, 2, src, 64, 64, 128, 64, 8, emu::kSwizzle128) != 0) return 1;
+  return emu::launch(dim3{1, 1, 1}, dim3{256, 1, 1}, [&] {
+    unsigned char* w = emu::dynamic_shared();
+    const unsigned t = threadIdx.x;
+    if (t == 0) std::memset(w, 0, 32768);
+    shared_window(w);
+    uint64_t* ordered = reinterpret_cast<uint64_t*>(w + 16384);
+    uint64_t* landed = ordered + 1;
+    if (t == 0) {
+      mbarrier_init(ordered, 128);
+      mbarrier_init(landed, 1);
+      if (plant != 6) fence_barrier_init();
+    }
+    __syncthreads();
+    if (t == 0) {  // 8 rows of 64 bfloat16 by TMA
+      mbarrier_arrive_expect_tx(landed, 8 * 128);
+      tma_load_2d(w + 32768, &map, 0, 0, landed);
+    }
+    mbarrier_wait(landed, 0);
+    if (t >= 128) {  // warpgroup 1: A and B, 1.0 everywhere, then the fence and the arrival
+      for (unsigned i = t - 128; i < 12288 / 16; i += 128)
+        reinterpret_cast<uint4*>(w)[i] = uint4{0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
+      if (plant != 1 && plant != 2) fence_proxy_async();
+      mbarrier_arrive(ordered);
+      if (plant == 2) fence_proxy_async();
+      setmaxnreg_dec<32>();
+      return;
+    }
+    mbarrier_wait(ordered, 0);
+    float acc[16] = {};
+    const uint64_t da = smem_desc(w, 16, 1024, kSwizzle128B), db = smem_desc(w + 8192, 16, 1024, kSwizzle128B);
+    if (plant != 4) wgmma_fence();
+    wgmma_m64k16<32, __nv_bfloat16, 0, 0>(acc, da, db, 1);
+    wgmma_commit();
+    if (plant == 7) {
+      volatile float peek = acc[0] * 2.0f;
+      (void)peek;
+    }
+    wgmma_wait<0>();
+    acc[1] = 0.0f;  // another instruction writes an accumulator: the next wgmma needs a wgmma.fence
+    if (plant != 5) wgmma_fence();
+    wgmma_m64k16<32, __nv_bfloat16, 0, 0>(acc, da, db, 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    if (plant == 8) setmaxnreg_inc<104>();  // 40 more a thread: 5120, where warpgroup 1 gave 4096
+    else setmaxnreg_inc<96>();
+  }, 65536, 64);
 }
 
 }  // extern "C"

@@ -13,8 +13,20 @@
 //   thread's part of the result (D's fragment table, the PTX ISA's "Register Fragments" for
 //   m64nNk16) is computed at the wgmma.wait_group that completes its group, reading A and B from
 //   shared memory then, as the tensor cores read them asynchronously. Until then the thread's
-//   accumulator registers hold a poison NaN (0x7FA00BAD): reading them early gets NaN, a thread
-//   that ends with a group in flight is reported, and a write to them in flight is reported.
+//   accumulator registers hold a poison NaN (0x7FA00BAD, signalling): a thread that ends with a
+//   group in flight is reported, and so is a write to them in flight (at the wait), and a read of
+//   them that reaches arithmetic, a comparison or a conversion (a floating-point trap, x86-64).
+//   A read that only copies the bits (a move, a store, the integer rounding to bfloat16) cannot be
+//   seen on a CPU without instrumenting every load: it is not reported, and leaves NaN where the
+//   value lands. wgmma.fence is required before a thread's first wgmma and after other
+//   instructions wrote its accumulators (writes only: reads leave no trace).
+// - The async proxy: a wgmma reading shared memory that the kernel's own stores wrote, with no
+//   fence.proxy.async by the writer (ordered before the read by a __syncthreads), is reported with
+//   the offset, the writer and the wgmma's code address; so is a TMA copy completing on an
+//   mbarrier whose mbarrier.init no fence.mbarrier_init made visible. (Stores are attributed to a
+//   thread with fibers only: hopper_checks.h says how, and what it does not see.)
+// - setmaxnreg moves registers between warpgroups within the block's pool (ptxas's registers a
+//   thread at launch × threads); an increase the pool cannot meet is reported as the hang it is.
 // - TMA: a copy in flight fills its box's bytes in shared memory with 0xFF (NaN in every float
 //   type) at issue; the bytes land, with the tensor map's swizzle and zeros outside the tensor,
 //   when a thread waits on its mbarrier, and then complete the barrier's transaction bytes. A wgmma
@@ -48,6 +60,11 @@ inline void protocol_error_report(const char* fmt, ...) {
   va_end(args);
   report_protocol_error();
 }
+}  // namespace emu
+
+#include "hopper_checks.h"  // the async proxy, wgmma.fence, accumulators in flight, setmaxnreg's pool
+
+namespace emu {
 
 // ---------------------------------------------------------------------------------------------
 // Swizzles and matrix descriptors (PTX ISA: "Matrix Descriptor Format", "Shared Memory Matrix
@@ -156,6 +173,10 @@ struct MBarrier {
   int64_t tx = 0;                              // bytes announced (expect_tx) and not yet delivered
   std::vector<unsigned> waiting;               // fibers
   std::condition_variable changed;             // OS threads
+  int init_by = -1;                            // the thread whose mbarrier.init made it
+  uint32_t fenced_at = kUnfenced;              // its barrier count at its fence.mbarrier_init
+  uint32_t arrived_fences = 0, released_fences = 0;  // the latest fence.proxy.async its arrivals (this
+                                                     // phase) / its last completed phase ordered
 };
 struct TmaCopy {
   unsigned char* dst;
@@ -172,9 +193,19 @@ struct WgmmaOp {
   bool chained;      // C is what the op before it on the same registers leaves there
   float c[128];      // otherwise C, as the registers held it at issue
 };
+// What the last completed wgmma on an accumulator left there, and the thread's wgmma.fence count
+// then: a later wgmma on it that finds other values needs a wgmma.fence after that.
+struct WgmmaLeft {
+  float* d;
+  int n;
+  unsigned fences;
+  float v[128];
+};
 struct WgmmaThread {
   std::vector<WgmmaOp> ops;
   std::vector<size_t> group_ends;
+  unsigned fences = 0;  // wgmma.fence's in this block
+  std::vector<WgmmaLeft> left;
 };
 constexpr uint32_t kPoisonBits = 0x7fa00badu;
 
@@ -185,6 +216,10 @@ struct HopperState {
   std::vector<TmaCopy> tma;  // in flight
   std::vector<WgmmaThread> wgmma = std::vector<WgmmaThread>(1024);
   bool protocol_failed = false;
+  ProxyView proxy;  // (fibers only)
+  RegisterPool pool;
+  std::vector<unsigned char> armed = std::vector<unsigned char>(1024);  // per thread: wgmma's in flight
+  std::atomic<bool> proxy_reported{false}, fence_reported{false}, init_reported{false}, pool_reported{false};
 };
 inline HopperState& hopper() {
   static HopperState* state = new HopperState;  // one launch at a time (emu::launch is serialised)
@@ -234,6 +269,8 @@ inline void maybe_complete(const void* bar, MBarrier& b) {
   if (b.pending == 0 && b.tx == 0) {
     ++b.phase;
     b.pending = b.count;
+    b.released_fences = b.arrived_fences;
+    b.arrived_fences = 0;
     wake_waiters(b);
   }
 }
@@ -248,6 +285,7 @@ inline void deliver(HopperState& s, const void* bar) {
     const TmaCopy c = s.tma[i];
     s.tma.erase(s.tma.begin() + long(i));
     land(c);
+    proxy_async_wrote(s.proxy, c.dst, c.bytes);  // the async proxy's own writes
     MBarrier& b = s.bars[bar];
     b.tx -= c.bytes;
     maybe_complete(bar, b);
@@ -257,12 +295,18 @@ inline void deliver(HopperState& s, const void* bar) {
 // ---------------------------------------------------------------------------------------------
 // The instructions.
 // ---------------------------------------------------------------------------------------------
-inline void shared_window(void* arena) {
+// `bytes`: the arena's size, whose generic writes the async proxy's view tracks (0: unknown, untracked).
+inline void shared_window(void* arena, size_t bytes) {
   if (reinterpret_cast<uintptr_t>(arena) % 1024 != 0) {
     std::fprintf(stderr, "cuda_emu: shared_window(): the arena must be 1024-byte aligned (the swizzles' period)\n");
     std::abort();
   }
-  hopper_here().window.store(static_cast<unsigned char*>(arena));
+  HopperState& s = hopper_here();
+  s.window.store(static_cast<unsigned char*>(arena));
+  if (kProxyTracked && bytes > 0) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    proxy_begin(s.proxy, static_cast<unsigned char*>(arena), bytes);
+  }
 }
 
 inline void mbarrier_init(void* bar, unsigned count) {
@@ -272,6 +316,28 @@ inline void mbarrier_init(void* bar, unsigned count) {
   b.count = b.pending = count;
   b.phase = 0;
   b.tx = 0;
+  b.init_by = int(thread_index());
+  b.fenced_at = kUnfenced;
+}
+
+// fence.mbarrier_init (and fence.proxy.async, which orders them too): the thread's mbarrier.init's
+// become visible to the async proxy, once a barrier orders the fence before another thread's use.
+inline void fence_barrier_inits(HopperState& s, unsigned t) {
+  for (auto& [bar, b] : s.bars)
+    if (b.init_by == int(t) && b.fenced_at == kUnfenced) b.fenced_at = current_block->syncs[t];
+}
+inline void fence_mbarrier_init() {
+  HopperState& s = hopper_here();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  fence_barrier_inits(s, thread_index());
+}
+// fence.proxy.async: the thread's generic writes to shared memory become visible to the async proxy.
+inline void fence_proxy_async() {
+  HopperState& s = hopper_here();
+  const unsigned t = thread_index();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  fence_barrier_inits(s, t);
+  if (kProxyTracked) proxy_fence(s.proxy, t, current_block->syncs[t]);
 }
 
 inline MBarrier& initialised(HopperState& s, const void* bar, const char* what) {
@@ -290,6 +356,7 @@ inline void mbarrier_arrive(void* bar, uint32_t expect_bytes = 0) {
   std::lock_guard<std::mutex> lock(s.mutex);
   MBarrier& b = initialised(s, bar, "mbarrier.arrive");
   b.tx += expect_bytes;
+  b.arrived_fences = std::max(b.arrived_fences, s.proxy.last_fence[thread_index()]);
   if (b.pending == 0) {
     protocol_error_report("mbarrier at shared offset %u: more arrivals than its count (%u) in one phase",
                           window_offset(bar), b.count);
@@ -300,7 +367,9 @@ inline void mbarrier_arrive(void* bar, uint32_t expect_bytes = 0) {
 }
 
 // cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [map, {c0, c1}], [bar]
-inline void tma_load_2d(void* dst, const void* map, int c0, int c1, void* bar) {
+// (Not inlined: its return address is the kernel's instruction, for the reports.)
+__attribute__((noinline)) inline void tma_load_2d(void* dst, const void* map, int c0, int c1, void* bar) {
+  const void* pc = __builtin_return_address(0);
   HopperState& s = hopper_here();
   TensorMapModel m;
   std::memcpy(&m, map, sizeof(m));
@@ -315,7 +384,18 @@ inline void tma_load_2d(void* dst, const void* map, int c0, int c1, void* bar) {
   const uint32_t bytes = m.box[0] * m.box[1] * m.elem_bytes;
   std::lock_guard<std::mutex> lock(s.mutex);
   MBarrier& b = initialised(s, bar, "cp.async.bulk.tensor");
+  const unsigned t = thread_index();
+  if (b.fenced_at == kUnfenced)
+    report_once(s.init_reported, "cp.async.bulk.tensor by thread %u at %s completes on the mbarrier at shared offset "
+                "%u, which thread %d initialised (mbarrier.init, a generic write) with no fence.mbarrier_init or "
+                "fence.proxy.async since: the copy engine (the async proxy) may not see the initialisation", t,
+                code_address(pc).text, window_offset(bar), b.init_by);
+  else if (int(t) != b.init_by && !(current_block->syncs[t] > b.fenced_at))
+    report_once(s.init_reported, "cp.async.bulk.tensor by thread %u at %s completes on the mbarrier at shared offset "
+                "%u, which thread %d initialised and fenced, but no __syncthreads ordered that fence before this copy",
+                t, code_address(pc).text, window_offset(bar), b.init_by);
   std::memset(dst, 0xff, bytes);  // in flight: NaN in every float type until the bytes land
+  proxy_async_wrote(s.proxy, static_cast<unsigned char*>(dst), bytes);
   s.tma.push_back({static_cast<unsigned char*>(dst), m, c0, c1, bar, bytes});
   // A consumer may already wait on this barrier, having found nothing to land: wake it to land this.
   wake_waiters(b);
@@ -326,11 +406,13 @@ inline void tma_load_2d(void* dst, const void* map, int c0, int c1, void* bar) {
 inline bool mbarrier_try_wait_parity(void* bar, unsigned parity) {
   HopperState& s = hopper_here();
   std::unique_lock<std::mutex> lock(s.mutex);
-  for (;;) {
+  for (bool again = false;; again = true) {
     MBarrier& b = initialised(s, bar, "mbarrier.try_wait.parity");
-    if ((b.phase & 1u) != (parity & 1u)) return true;
-    deliver(s, bar);
-    if ((b.phase & 1u) != (parity & 1u)) return true;
+    if ((b.phase & 1u) != (parity & 1u) || (deliver(s, bar), (b.phase & 1u) != (parity & 1u))) {
+      uint32_t& waited = s.proxy.waited[thread_index()];  // the fences the phase's arrivals made
+      waited = std::max(waited, b.released_fences);
+      return true;
+    }
 #ifdef CUDA_EMU_THREADS
     if (b.changed.wait_for(lock, std::chrono::seconds(30)) == std::cv_status::timeout) {
       std::fprintf(stderr, "cuda_emu: a thread waited 30 s on the mbarrier at shared offset %u (phase %u, %u of %u "
@@ -340,7 +422,9 @@ inline bool mbarrier_try_wait_parity(void* bar, unsigned parity) {
     }
 #else
     lock.unlock();
+    fiber_quiet = again;  // (resumed from an earlier suspend here: nothing of the kernel's ran since)
     executor().suspend(b.waiting);  // resumed when the phase completes, or never (reported)
+    fiber_quiet = false;
     lock.lock();
 #endif
   }
@@ -366,27 +450,88 @@ inline void same_in_warpgroup(const char* what, uint64_t a, uint64_t b) {
   Warpgroup& g = current_block->warpgroups[t / 128];
   const uint64_t mine[2] = {a, b};
   std::memcpy(g.slot[t % 128], mine, 16);
+#ifndef CUDA_EMU_THREADS
+  executor().switched();
+#endif
   g.barrier.wait();
   uint64_t first[2];
   std::memcpy(first, g.slot[0], 16);
   const bool same = std::memcmp(first, mine, 16) == 0;
+#ifndef CUDA_EMU_THREADS
+  fiber_quiet = executor().switched();  // resumed from the first wait: nothing of the kernel's ran since
+#endif
   g.barrier.wait();
+#ifndef CUDA_EMU_THREADS
+  fiber_quiet = false;
+#endif
   if (!same) protocol_error_report("%s: thread %u's operands differ from thread %u's of its warpgroup", what, t, t - t % 128);
 }
 
-inline void wgmma_issue(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool scale_d, bool trans_a, bool trans_b,
-                        bool bf16, bool tf32) {
+// The async proxy's read of a wgmma's operands: every byte of A (64 × K) and B (N × K) must have
+// been written by TMA, or by generic stores fenced and ordered before it (one thread of the
+// warpgroup checks, after all 128 have issued).
+inline void check_operands_seen(HopperState& s, const WgmmaOp& op, const void* pc) {
+  const unsigned t = thread_index(), syncs = current_block->syncs[t];
+  proxy_attribute(s.proxy, t);
+  const Descriptor da = decode_descriptor(op.a), db = decode_descriptor(op.b);
+  const int K = op.tf32 ? 8 : 16;
+  for (int operand = 0; operand < 2; ++operand)
+    for (int mn = 0; mn < (operand == 0 ? 64 : op.n); ++mn)
+      for (int k = 0; k < K; ++k) {
+        uint32_t addr = 0;
+        int who = -1;
+        if (!operand_address(operand == 0 ? da : db, operand == 0 ? op.trans_a : op.trans_b, mn, k, op.elem_bytes, addr))
+          return;  // (wgmma_execute reports the descriptor)
+        if (const char* why = proxy_unseen(s.proxy, addr, unsigned(op.elem_bytes), t, syncs, who)) {
+          report_once(s.proxy_reported, "wgmma read shared offset %u (operand %c, row %d, k %d) written by thread %d "
+                      "through the generic proxy %s: wgmma.mma_async of warpgroup %u at %s", addr, operand ? 'B' : 'A',
+                      mn, k, who, why, t / 128, code_address(pc).text);
+          return;
+        }
+      }
+}
+
+// (Not inlined: its return address is the kernel's instruction, for the reports.)
+__attribute__((noinline)) inline void wgmma_issue(float* d, int n, uint64_t desc_a, uint64_t desc_b, bool scale_d,
+                                                  bool trans_a, bool trans_b, bool bf16, bool tf32) {
+  const void* pc = __builtin_return_address(0);
   HopperState& s = hopper_here();
   same_in_warpgroup("wgmma.mma_async", desc_a, desc_b ^ (uint64_t(n) << 1) ^ uint64_t(scale_d));
-  WgmmaThread& me = s.wgmma[thread_index()];
+  const unsigned t = thread_index();
+  WgmmaThread& me = s.wgmma[t];
   WgmmaOp op{desc_a, desc_b, n, tf32 ? 4 : 2, bf16, tf32, trans_a, trans_b, scale_d, d, false, {}};
   for (const WgmmaOp& earlier : me.ops) op.chained = op.chained || earlier.d == d;
-  if (!op.chained) std::memcpy(op.c, d, sizeof(float) * size_t(n / 2));
+  if (!op.chained) {
+    // wgmma.fence: before the thread's first wgmma, and between other instructions' writes to the
+    // accumulators and the next wgmma on them
+    const WgmmaLeft* left = nullptr;
+    for (const WgmmaLeft& l : me.left)
+      if (l.d == d) left = &l;
+    if (left == nullptr && me.fences == 0)
+      report_once(s.fence_reported, "thread %u issued wgmma.mma_async at %s with no wgmma.fence before it: a "
+                  "warpgroup's first wgmma must follow one", t, code_address(pc).text);
+    else if (left != nullptr && left->fences == me.fences &&
+             std::memcmp(left->v, d, sizeof(float) * size_t(n / 2)) != 0)
+      report_once(s.fence_reported, "thread %u issued wgmma.mma_async at %s on accumulator registers that other "
+                  "instructions wrote since the wgmma before it on them, with no wgmma.fence between", t,
+                  code_address(pc).text);
+    std::memcpy(op.c, d, sizeof(float) * size_t(n / 2));
+  }
+  if (kProxyTracked && t % 128 == 0) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.proxy.base != nullptr) check_operands_seen(s, op, pc);
+  }
   float poison;
   std::memcpy(&poison, &kPoisonBits, 4);
   for (int i = 0; i < n / 2; ++i) d[i] = poison;
   me.ops.push_back(op);
+  // from here until the wait that completes it, arithmetic on the poison traps
+  fp_trap_install();
+  s.armed[t] = 1;
+  fp_trap_arm(true);
 }
+
+inline void wgmma_fence() { ++hopper_here().wgmma[thread_index()].fences; }
 
 inline void wgmma_commit() {
   WgmmaThread& me = hopper_here().wgmma[thread_index()];
@@ -436,6 +581,7 @@ inline void wgmma_wait(int pending) {
   HopperState& s = hopper_here();
   WgmmaThread& me = s.wgmma[thread_index()];
   if (pending < 0 || me.group_ends.size() <= size_t(pending)) return;
+  fp_trap_arm(false);  // (the products below may meet infinities and NaNs of the operands)
   const size_t groups = me.group_ends.size() - size_t(pending), done = me.group_ends[groups - 1];
   float poison;
   std::memcpy(&poison, &kPoisonBits, 4);
@@ -459,22 +605,76 @@ inline void wgmma_wait(int pending) {
     later.chained = false;
     for (int e = 0; e < later.n / 2; ++e) later.d[e] = poison;
   }
+  // What the completed ops leave in registers no op in flight goes on from, for wgmma.fence's rule.
+  for (size_t i = 0; i < done; ++i) {
+    const WgmmaOp& op = me.ops[i];
+    bool still = false;
+    for (size_t j = done; j < me.ops.size(); ++j) still = still || me.ops[j].d == op.d;
+    if (still) continue;
+    WgmmaLeft* left = nullptr;
+    for (WgmmaLeft& l : me.left)
+      if (l.d == op.d) left = &l;
+    if (left == nullptr) left = &me.left.emplace_back();
+    left->d = op.d;
+    left->n = op.n;
+    left->fences = me.fences;
+    std::memcpy(left->v, op.d, sizeof(float) * size_t(op.n / 2));
+  }
   me.ops.erase(me.ops.begin(), me.ops.begin() + long(done));
   me.group_ends.erase(me.group_ends.begin(), me.group_ends.begin() + long(groups));
   for (size_t& end : me.group_ends) end -= done;
+  s.armed[thread_index()] = !me.ops.empty();
+  fp_trap_arm(!me.ops.empty());
 }
 
-// setmaxnreg.{inc,dec}.sync.aligned.u32: moves registers between the warpgroups; here only its
-// rules are checked (a multiple of 8 from 24 to 256, the same in the whole warpgroup).
-inline void setmaxnreg(unsigned regs) {
-  hopper_here();
+// setmaxnreg.{inc,dec}.sync.aligned.u32: a multiple of 8 from 24 to 256, the same in the whole
+// warpgroup; .dec gives the warpgroup's surplus to the block's pool, .inc takes from it and waits
+// until it can (hopper_checks.h).
+inline void setmaxnreg(unsigned regs, bool inc) {
+  HopperState& s = hopper_here();
   if (regs < 24 || regs > 256 || regs % 8 != 0)
     protocol_error_report("setmaxnreg %u: the count must be a multiple of 8 from 24 to 256", regs);
-  same_in_warpgroup("setmaxnreg", regs, 0);
+  same_in_warpgroup("setmaxnreg", regs, inc);
+  const unsigned t = thread_index();
+  std::unique_lock<std::mutex> lock(s.mutex);
+  RegisterPool& p = s.pool;
+  if (p.launch == 0) {
+    report_once(s.pool_reported, "setmaxnreg in a kernel that does not declare its registers a thread at launch "
+                "(ptxas's count): the block's pool cannot be modelled");
+    return;
+  }
+  RegisterGroup& g = p.groups[t / 128];
+  const unsigned call = ++p.calls[t];
+  if (call > g.requests) {  // the warpgroup's first thread here makes the request for all 128
+    if (inc ? regs < g.regs : regs > g.regs)
+      report_once(s.pool_reported, "setmaxnreg.%s to %u registers a thread from warpgroup %u's %u", inc ? "inc" : "dec",
+                  regs, t / 128, g.regs);
+    g.requests = call;
+    g.want = regs;
+    if (pool_grant(p)) {
+#ifdef CUDA_EMU_THREADS
+      p.changed.notify_all();
+#else
+      for (RegisterGroup& other : p.groups) executor().wake(other.waiting);
+#endif
+    }
+  }
+  while (g.granted < call) {
+#ifdef CUDA_EMU_THREADS
+    if (p.changed.wait_for(lock, std::chrono::seconds(30)) == std::cv_status::timeout) {
+      pool_report_wait(p, t / 128, 128);
+      std::abort();
+    }
+#else
+    lock.unlock();
+    executor().suspend(g.waiting);  // resumed when a decrease makes room, or never (reported)
+    lock.lock();
+#endif
+  }
 }
 
 // ---- the scheduler's hooks ----
-inline void hopper_reset(Block&) {
+inline void hopper_reset(Block& block) {
   HopperState& s = hopper();
   std::lock_guard<std::mutex> lock(s.mutex);
   s.window.store(nullptr);
@@ -482,9 +682,16 @@ inline void hopper_reset(Block&) {
   s.tma.clear();
   for (auto& t : s.wgmma) t = WgmmaThread{};
   s.protocol_failed = false;
+  proxy_reset(s.proxy);
+  pool_reset(s.pool, block.launch_registers, unsigned(block.syncs.size()));
+  std::fill(s.armed.begin(), s.armed.end(), 0);
+  for (auto* flag : {&s.proxy_reported, &s.fence_reported, &s.init_reported, &s.pool_reported, &fp_trap_reported})
+    flag->store(false);
 }
 inline void hopper_thread_done(Block&) {
   HopperState& s = hopper();
+  s.armed[thread_index()] = 0;
+  fp_trap_arm(false);
   WgmmaThread& me = s.wgmma[thread_index()];
   if (!me.ops.empty()) {
     protocol_error_report("thread %u ended with %zu wgmma operation(s) never completed by wgmma.wait_group: its "
@@ -503,7 +710,23 @@ inline unsigned hopper_waits(Block&) {
                    "that never comes)\n", b.waiting.size(), window_offset(bar), b.phase, b.pending, b.count,
                    static_cast<long long>(b.tx));
   }
+  for (size_t w = 0; w < s.pool.groups.size(); ++w)
+    if (!s.pool.groups[w].waiting.empty())  // (counted "at a warp-wide instruction", which setmaxnreg is)
+      pool_report_wait(s.pool, w, s.pool.groups[w].waiting.size());
   return waiting;
+}
+// With fibers: thread i is resumed (its trap armed if its accumulators are in flight), and has
+// switched back (its shared-memory writes meanwhile attributed to it; the scheduler's own code runs
+// with the trap off).
+inline void hopper_enter(Block&, unsigned i) {
+  if (hopper().armed[i]) fp_trap_arm(true);
+}
+inline void hopper_left(Block&, unsigned i) {
+  HopperState& s = hopper();
+  fp_trap_arm(false);
+  const bool quiet = fiber_quiet;  // (set by fiber i just before it switched; the next fiber sets its own)
+  fiber_quiet = false;
+  if (kProxyTracked && !quiet) proxy_attribute(s.proxy, i);
 }
 // The scheduler's hooks are set once, when the library loads, before any launch: a store from every
 // emulated thread would be a data race (ThreadSanitizer's test finds one), even of the same value.
@@ -511,6 +734,8 @@ inline const bool hopper_installed = [] {
   hopper_block_start = hopper_reset;
   hopper_thread_end = hopper_thread_done;
   hopper_report_waits = hopper_waits;
+  hopper_fiber_enter = hopper_enter;
+  hopper_fiber_left = hopper_left;
   return true;
 }();
 

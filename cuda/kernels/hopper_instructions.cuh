@@ -131,10 +131,16 @@ __device__ __forceinline__ void wgmma_m64n128k8_tf32(float (&d)[64], uint64_t de
 #endif
 }
 #else
-inline void shared_window(void* arena) { emu::shared_window(arena); }
+// The arena's size tells the emulation which bytes to watch for generic writes the async proxy
+// reads (cuda/emulate/hopper_checks.h): a static array's, or the launch's dynamic shared memory.
+inline void shared_window(void* arena) {
+  emu::shared_window(arena, arena == emu::dynamic_shared() ? emu::current_block->dynamic_bytes : 0);
+}
+template <size_t N>
+inline void shared_window(unsigned char (&arena)[N]) { emu::shared_window(arena, N); }
 inline uint32_t smem_addr(const void* p) { return emu::window_offset(p); }
-inline void fence_proxy_async() {}
-inline void fence_barrier_init() {}
+inline void fence_proxy_async() { emu::fence_proxy_async(); }
+inline void fence_barrier_init() { emu::fence_mbarrier_init(); }
 inline void mbarrier_init(uint64_t* bar, unsigned count) { emu::mbarrier_init(bar, count); }
 inline void mbarrier_arrive(uint64_t* bar) { emu::mbarrier_arrive(bar); }
 inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) { emu::mbarrier_arrive(bar, bytes); }
@@ -143,10 +149,10 @@ inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint6
   emu::tma_load_2d(dst, map, c0, c1, bar);
 }
 template <unsigned Regs>
-inline void setmaxnreg_inc() { emu::setmaxnreg(Regs); }
+inline void setmaxnreg_inc() { emu::setmaxnreg(Regs, true); }
 template <unsigned Regs>
-inline void setmaxnreg_dec() { emu::setmaxnreg(Regs); }
-inline void wgmma_fence() {}
+inline void setmaxnreg_dec() { emu::setmaxnreg(Regs, false); }
+inline void wgmma_fence() { emu::wgmma_fence(); }
 inline void wgmma_commit() { emu::wgmma_commit(); }
 template <int N>
 inline void wgmma_wait() { emu::wgmma_wait(N); }

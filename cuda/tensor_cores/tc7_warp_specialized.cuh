@@ -15,6 +15,7 @@
 namespace {
 
 constexpr int kTc7BM = 128, kTc7BN = 256, kTc7Stages = 4;
+constexpr int kTc7LaunchRegisters = 168;  // ptxas's registers a thread at launch (384 threads, 1 block): setmaxnreg's pool
 static_assert((kTc7BM + kTc7BN) * 64 * 2 == dense_kernels::tma_stage_bytes(33) &&
                   kTc7Stages == dense_kernels::tma_stages(33),
               "the launcher's dynamic shared memory is this ring of stages");
