@@ -212,33 +212,6 @@ def isolated_module():
     return cli.load_file("cuda/isolated.py", "dense_cuda_isolated")
 
 
-def isolated_units(run: str) -> int:
-    """How many children cuda/isolated.py starts for `run` as the lease asks it: exact every version
-    and candidate; kernels each version never timed (isolated.never_timed), at most (one whose
-    exact check fails is not started); sanitize each never-run version and candidate but version 0
-    (--never-run)."""
-    iso = isolated_module()
-    order = iso.never_run_first()
-    if run == "exact":
-        return len(order)
-    if run == "kernels":
-        return len(iso.never_timed())
-    return len([name for name, never in order if never and name != "v0"])
-
-
-def isolated_limit(run: str) -> tuple[int, str]:
-    """(a run's part limit, where it comes from): its children in waves of JOBS, each its expected
-    seconds (isolated.EXPECTED_S, from the start measured here), one of them to its own limit (a
-    hang), and the margin by which the run ends before the part's limit."""
-    iso = isolated_module()
-    units, jobs = isolated_units(run), iso.JOBS[run]
-    waves = math.ceil(units / jobs)
-    expected, own = iso.EXPECTED_S[run], iso.LIMITS[run]
-    limit = math.ceil(waves * expected + (own - expected) + iso.MARGIN_S)
-    return limit, (f"{units} processes, {jobs} at a time: {waves} × {expected:.0f} s expected + one hung to its "
-                   f"{own} s limit + {iso.MARGIN_S} s to end before this limit")
-
-
 def grad_check_limit(dtype: str) -> tuple[int, str]:
     """grad-check's limit: Triton's cold compiles (TRITON_COMPILE_S, measured here) doubled, the
     autotuner's timing of 6 configurations a key, a child's start, the checks."""
@@ -324,9 +297,9 @@ def parts() -> dict[str, Part]:
     stages = ("cpp", "cuda", "ptx", "emulation")
     limit, limit_why, _ = build_limit()
     exact_record = f"{RESULTS}/cuda_exact_{TAG}.json"
-    exact_s, exact_why = isolated_limit("exact")
-    kernels_s, kernels_why = isolated_limit("kernels")
-    sanitize_s, sanitize_why = isolated_limit("sanitize")
+    exact_s, exact_why = isolated_module().part_limit("exact")
+    kernels_s, kernels_why = isolated_module().part_limit("kernels")
+    sanitize_s, sanitize_why = isolated_module().part_limit("sanitize")
     grad_s, grad_why = grad_check_limit("float32")
     grad16_s, grad16_why = grad_check_limit("bfloat16")
     refusal = "--backend nccl needs one GPU per rank"  # distributed.py's words, before any rank starts
@@ -684,100 +657,17 @@ def build(stages: list[str], warm: bool = False) -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# Measuring the build: --time-build
+# Measuring the build: --time-build (.ci/build_timing.py)
 # ---------------------------------------------------------------------------------------
-_NINJA_BUILD = re.compile(r"^build (\S+): (\w+) (.+)$", re.M)
-
-
-def _timed(command: str | list[str], cwd: Path) -> dict[str, float]:
-    """Run one compiler command; its wall seconds and the CPU seconds of it and everything it ran
-    (nvcc's cicc and ptxas included): what it costs on a core of its own, whatever else the
-    machine is doing."""
-    import resource
-
-    before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
-    got = subprocess.run(command, cwd=cwd, shell=isinstance(command, str), capture_output=True, text=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if got.returncode != 0:
-        raise cli.UserError(f"--time-build: a compiler failed in {cwd}: {got.stderr.strip()[-500:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": round(time.monotonic() - t0, 2), "cpu_s": round(cpu, 2)}
-
-
-def ninja_one_at_a_time(build_dir: Path) -> dict[str, dict[str, float]]:
-    """Compile every source of the build.ninja in `build_dir`, one at a time, then link: each
-    command as ninja would run it (ninja -t commands), timed by _timed. {source relative to the
-    repository, or "link": seconds}."""
-    seconds = {}
-    edges = _NINJA_BUILD.findall((build_dir / "build.ninja").read_text())
-    for target, rule, inputs in sorted(edges, key=lambda e: e[1] == "link"):  # the link last
-        if rule == "phony":
-            continue
-        command = subprocess.run(["ninja", "-t", "commands", "-s", target], cwd=build_dir, capture_output=True,
-                                 text=True, check=True).stdout.strip()
-        source = Path(inputs.split()[0])
-        key = "link" if rule == "link" else (source.relative_to(ROOT).as_posix() if source.is_relative_to(ROOT)
-                                              else str(source))
-        print(f"  {key}...", file=sys.stderr, flush=True)
-        seconds[key] = _timed(command, build_dir)
-    return seconds
-
-
 def lease_arch(compute_cap: str) -> str:
     """The architecture a lease builds for, from nvidia-smi's compute capability: "9.0" is built as
     "9.0a", the code of the Hopper-only instructions (wgmma, TMA) that v31-v35 need."""
     return compute_cap + "a" if compute_cap == "9.0" else compute_cap
 
 
-def time_build(arch: str) -> dict:
-    """Build what the build part builds, from scratch, in folders of their own under
-    build/time-build/, with each stage's own flags (the loader's: modes.load_extension writes the
-    build.ninja) for GPU architecture `arch`, one compiler at a time: each source's seconds and
-    the link's (ninja_one_at_a_time), and the CPU emulation's library (one c++ command)."""
-    import shutil
-
-    from torch.utils import cpp_extension
-
-    os.environ.update({"TORCH_CUDA_ARCH_LIST": arch, "DENSE_FORCE_JIT": "1"})
-    import torch
-
-    import benchmark
-    import modes
-
-    if torch.version.cuda is None:
-        raise cli.UserError(f"--time-build needs a CUDA build of torch (this one is {torch.__version__}) and nvcc")
-    scratch = ROOT / "build" / "time-build"
-    shutil.rmtree(scratch, ignore_errors=True)
-    original_build, original_ninja = modes._jit_build, cpp_extension._run_ninja_build
-    stages: dict[str, dict] = {}
-
-    def fresh(name, sources, build_dir, *rest):  # the loader's own call, into a folder of its own
-        where = scratch / name
-        where.mkdir(parents=True)
-        cpp_extension._run_ninja_build = lambda directory, verbose, error_prefix: stages.__setitem__(
-            name, {"seconds": ninja_one_at_a_time(Path(directory))})
-        original_build(name, sources, where, *rest)
-
-    load = os.getloadavg()[0]
-    modes._jit_build = fresh
-    try:
-        for mode in ("cpp", "cuda", "ptx"):
-            print(f"building the {mode} stage from scratch, one compiler at a time...", file=sys.stderr, flush=True)
-            modes.build(mode)
-    finally:
-        modes._jit_build, cpp_extension._run_ninja_build = original_build, original_ninja
-    emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
-    print("building the CPU emulation's library...", file=sys.stderr, flush=True)
-    command = [os.environ.get("CXX", "c++"), *emulated.CXX_FLAGS, "cuda/emulate/emulate.cpp", "-o",
-               str(scratch / "libdense_emu.so")]
-    stages["emulation"] = {"seconds": {"cuda/emulate/emulate.cpp": _timed(command, ROOT)}}
-    nvcc = subprocess.run([str(modes.cuda_build().home / "bin" / "nvcc"), "--version"], capture_output=True,
-                          text=True).stdout
-    return {"device": benchmark.describe_device("cpu"), **benchmark.describe_machine(), "torch": torch.__version__,
-            "nvcc": (re.findall(r"release [\d.]+, V[\d.]+", nvcc) or ["?"])[0], "arch": arch,
-            "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
-            "cuda_stage_sources": [s.as_posix() for s in modes.cuda_stage_sources()],
-            "stages": stages, **benchmark.provenance()}
+def build_timing():
+    """.ci/build_timing.py: --time-build's job, the build compiled one source at a time and timed."""
+    return cli.load_file(".ci/build_timing.py", "dense_ci_build_timing")
 
 
 # ---------------------------------------------------------------------------------------
@@ -1071,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
         return build(args.build, args.warm)
     if args.time_build:
         json_path = cli.check_output(args.json, "--json")
-        record = time_build(args.time_build)
+        record = build_timing().time_build(args.time_build)
         seconds, how = build_estimate(record)
         lines = [f"{stage}: " + ", ".join(f"{Path(k).name} {v['cpu_s']:.1f}" for k, v in
                                           sorted(s["seconds"].items(), key=lambda kv: -kv[1]["cpu_s"]))

@@ -45,6 +45,7 @@ import cli  # noqa: E402
 
 # isort: split
 import json  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -170,6 +171,30 @@ def parts_for(version: int, requested: list[str]) -> list[str]:
     f32, bf16 = version in catalog.version_ids(dtype="f32"), version in catalog.version_ids(dtype="bf16")
     core = version in catalog.cuda_core_versions()
     return [p for p in requested if APPLIES[p](f32, bf16, core)]
+
+
+def part_units(run: str) -> int:
+    """How many children `run` starts as the GPU plan asks it: exact every version and candidate;
+    kernels each version never timed (never_timed), at most (one whose exact check fails is not
+    started); sanitize each never-run version and candidate but version 0 (--never-run)."""
+    order = never_run_first()
+    if run == "exact":
+        return len(order)
+    if run == "kernels":
+        return len(never_timed())
+    return len([name for name, never in order if never and name != "v0"])
+
+
+def part_limit(run: str) -> tuple[int, str]:
+    """(the plan's limit for `run`'s part, where it comes from): its children in waves of JOBS,
+    each its expected seconds (EXPECTED_S, from the start measured here), one of them to its own
+    limit (a hang), and the margin by which the run ends before the part's limit."""
+    units, jobs = part_units(run), JOBS[run]
+    waves = math.ceil(units / jobs)
+    expected, own = EXPECTED_S[run], LIMITS[run]
+    limit = math.ceil(waves * expected + (own - expected) + MARGIN_S)
+    return limit, (f"{units} processes, {jobs} at a time: {waves} × {expected:.0f} s expected + one hung to its "
+                   f"{own} s limit + {MARGIN_S} s to end before this limit")
 
 
 # ---------------------------------------------------------------------------------------

@@ -117,13 +117,13 @@ def test_the_limits_come_from_measurements_and_say_so():
     every = plan.parts()
     assert iso.START_S == 2 * 2.4 + 5 and iso.MARGIN_S > plan.GRACE_S
     for run, name in (("exact", "exact"), ("kernels", "kernels"), ("sanitize", "memcheck")):
-        limit, why = plan.isolated_limit(run)
+        limit, why = iso.part_limit(run)
         assert every[name].limit_s == limit and why in every[name].why
-    waves = math.ceil(plan.isolated_units("exact") / iso.JOBS["exact"])
+    waves = math.ceil(iso.part_units("exact") / iso.JOBS["exact"])
     assert every["exact"].limit_s == math.ceil(waves * iso.EXPECTED_S["exact"] + iso.LIMITS["exact"]
                                                - iso.EXPECTED_S["exact"] + iso.MARGIN_S)
-    assert plan.isolated_units("exact") == len(plan.isolated_module().unit_entries())
-    assert plan.isolated_units("kernels") == len(iso.never_timed()) == 14
+    assert iso.part_units("exact") == len(iso.unit_entries())
+    assert iso.part_units("kernels") == len(iso.never_timed()) == 14
     assert every["grad-check"].limit_s == math.ceil(2 * 8.4 + 2 * 6 * 0.125 + iso.START_S + plan.CHECKS_S)
     assert "Triton compiles (measured here" in every["grad-check"].why
     named = plan.resolve(["ncu"], plan.parts())[0]  # by name, the first call of another lease: a full build
@@ -267,7 +267,8 @@ def test_the_ninja_log_of_a_stage_is_read_per_source(tmp_path, monkeypatch):
 
     if shutil.which("ninja") is None:
         pytest.skip("ninja is not installed")
-    monkeypatch.setattr(plan, "ROOT", tmp_path)
+    timing = plan.build_timing()  # .ci/build_timing.py, --time-build's job
+    monkeypatch.setattr(timing, "ROOT", tmp_path)
     (tmp_path / "a.c").write_text("int a(void) { return 1; }\n")
     (tmp_path / "b.c").write_text("int b(void) { return 2; }\n")
     build = tmp_path / "build"
@@ -275,7 +276,7 @@ def test_the_ninja_log_of_a_stage_is_read_per_source(tmp_path, monkeypatch):
     (build / "build.ninja").write_text(
         "rule compile\n  command = cc -c $in -o $out\nrule link\n  command = cc -shared $in -o $out\n"
         f"build a.o: compile {tmp_path}/a.c\nbuild b.o: compile {tmp_path}/b.c\nbuild ab.so: link a.o b.o\n")
-    seconds = plan.ninja_one_at_a_time(build)
+    seconds = timing.ninja_one_at_a_time(build)
     assert list(seconds) == ["a.c", "b.c", "link"] and (build / "ab.so").is_file()
     assert all(s["cpu_s"] >= 0 and s["wall_s"] > 0 for s in seconds.values())
 
