@@ -80,7 +80,7 @@ MARGIN_S = 12  # the run ends this long before the plan's limit for its part (GP
 PART_LIMIT_ENV = "GPU_PART_LIMIT_S"  # set by .ci/gpu.py: the seconds this part may run
 TOOLS = ("memcheck", "racecheck", "synccheck")
 # Which of bench_gpu.py's timing parts apply to a version: by its types and whether it is one of
-# chapter 4's CUDA-core versions (1 to kVersions) or a tensor-core one.
+# chapter 3's CUDA-core versions (1 to kVersions) or a tensor-core one.
 APPLIES: dict[str, Callable[[bool, bool, bool], bool]] = {
     "gemm": lambda f32, bf16, core: f32 and core,
     "goals": lambda f32, bf16, core: f32 and core,
@@ -201,7 +201,8 @@ def part_limit(run: str) -> tuple[int, str]:
 # Running the children
 # ---------------------------------------------------------------------------------------
 def _stop(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGINT, GRACE_S), (signal.SIGKILL, None)):
+    # A process stuck in the driver may not die even on SIGKILL: the wait after it is bounded too.
+    for sig, wait_s in ((signal.SIGINT, GRACE_S), (signal.SIGKILL, 4 * GRACE_S)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -216,8 +217,10 @@ def _stop(proc: subprocess.Popen) -> None:
 def run_one(unit: Unit, limit_s: float, say: Callable[[str], None], keep: int = 40) -> tuple[int | None, list[str],
                                                                                               float]:
     """Run a unit's command under limit_s, its lines to say() prefixed with its name: (its exit
-    status, None if stopped; its last `keep` lines; seconds)."""
+    status, None if stopped; its first and last `keep` lines, where a sanitizer's first report and
+    the RESULT line are; seconds)."""
     started = time.monotonic()
+    head: list[str] = []
     tail: list[str] = []
     try:
         proc = subprocess.Popen(unit.argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -227,7 +230,7 @@ def run_one(unit: Unit, limit_s: float, say: Callable[[str], None], keep: int = 
 
     def echo() -> None:
         for line in proc.stdout or ():
-            tail.append(line.rstrip("\n"))
+            (head if len(head) < keep else tail).append(line.rstrip("\n"))
             del tail[:-keep]
             say(f"[{unit.name}] {line.rstrip()}")
     reader = threading.Thread(target=echo)
@@ -238,8 +241,19 @@ def run_one(unit: Unit, limit_s: float, say: Callable[[str], None], keep: int = 
     except subprocess.TimeoutExpired:
         code = None
         _stop(proc)
-    reader.join()
-    return code, tail, time.monotonic() - started
+    reader.join(timeout=4 * GRACE_S)  # a pipe a surviving process still holds must not hold the run
+    return code, head + tail, time.monotonic() - started
+
+
+def _result(lines: list[str]) -> dict | None:
+    """The child's last RESULT {json} line (cuda/exact_check.py one), or None."""
+    for line in reversed(lines):
+        if line.startswith("RESULT {"):
+            try:
+                return json.loads(line[len("RESULT "):])
+            except ValueError:
+                return None
+    return None
 
 
 def classify(kind: str, code: int | None, tail: list[str], cut: bool) -> tuple[str, str]:
@@ -247,7 +261,7 @@ def classify(kind: str, code: int | None, tail: list[str], cut: bool) -> tuple[s
     `cut`: that limit was the run's deadline, not the unit's own)."""
     if code is None:
         return ("NOT RUN", "cut by the run's deadline") if cut else ("HANG", "still running at its limit: killed")
-    result = next((json.loads(line[len("RESULT "):]) for line in reversed(tail) if line.startswith("RESULT {")), None)
+    result = _result(tail)
     cuda_error = next((line for line in tail if "CUDA error" in line or "cudaError" in line), "")
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)

@@ -75,7 +75,7 @@ def test_the_other_endings_are_named(kind, code, tail, status):
 
 
 def test_the_committed_records_say_v1_to_v9_ran_in_float32_only():
-    """What the brief of the lease says today: only chapter 4's v1-v9 in float32 have a GPU's check."""
+    """What the brief of the lease says today: only chapter 3's v1-v9 in float32 have a GPU's check."""
     assert iso.confirmed() == {(v, "f32") for v in range(1, 10)}
 
 
@@ -126,7 +126,7 @@ def test_each_version_takes_the_timing_parts_that_apply_to_it(version, parts):
 
 def test_the_sanitizers_cover_every_never_run_version_and_candidate_first():
     """memcheck, racecheck and synccheck over every version and candidate (the tensor-core ones and
-    the candidates too, not chapter 4's alone), the never-run ones first, each in its own process."""
+    the candidates too, not chapter 3's alone), the never-run ones first, each in its own process."""
     order = iso.never_run_first()
     for tool in iso.TOOLS:
         units = iso.sanitize_units(order, tool, 90)
@@ -172,3 +172,13 @@ def test_a_child_that_cannot_start_fails_alone():
     assert (got["v21"].status, got["v21"].detail) == ("FAILED", "no-such-compute-sanitizer: cannot start (No such "
                                                                  "file or directory)")
     assert got["v22"].status == "CLEAN"
+
+
+def test_a_sanitizers_first_report_is_named_however_long_its_output():
+    """compute-sanitizer prints its first error early and much after it: the record names that one."""
+    report = ("import sys; print('========= Invalid __global__ read of size 16 bytes at dense_gemm_v33_nt_bf16'); "
+              "[print(f'=========     at {i}') for i in range(300)]; print('========= ERROR SUMMARY: 9 errors'); "
+              "sys.exit(9)")
+    got = iso.run_units("sanitize", [child(report, "v33")], jobs=1, deadline_s=60, say=lambda s: None)
+    assert (got["v33"].status, got["v33"].detail) == (
+        "ERRORS", "========= Invalid __global__ read of size 16 bytes at dense_gemm_v33_nt_bf16")
