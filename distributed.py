@@ -68,8 +68,8 @@ from parallel.dp.trainer import DataParallel
 
 
 def make_strategy(config: Config) -> training.Strategy:
-    """On each rank: tensor parallelism (chapter 7) with --tp > 1, ZeRO (chapter 6 continued)
-    with --zero on more than one rank, else plain data parallelism (chapter 6); the gradient
+    """On each rank: tensor parallelism (chapter 8) with --tp > 1, ZeRO (chapter 7 continued)
+    with --zero on more than one rank, else plain data parallelism (chapter 7); the gradient
     buckets all-reduced by ``parallel.collectives.algorithms.all_reduce``, which picks the
     algorithm by size."""
     if config.tp > 1:
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench:
         bench = importlib.import_module(BENCHMARKS[args.bench])
         job, job_args = bench.JOBS[args.bench], (config, json_path)
-        if args.bench == "step":  # chapter 6's step, its buckets reduced as training reduces them
+        if args.bench == "step":  # chapter 7's step, its buckets reduced as training reduces them
             job_args += (all_reduce,)
     else:
         job, job_args = run_and_report, (config, json_path, Path(args.plot) if args.plot else None)

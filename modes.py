@@ -104,7 +104,7 @@ def _compiler_reason(ext_name: str, cuda: bool = False) -> str | None:
 TRITON_INSTALL = 'pip install triton==3.6.0 "numpy<2.4"'
 
 
-# Triton's interpreter (chapter 3's CPU path) must be chosen before Triton is first imported: its
+# Triton's interpreter (chapter 6's CPU path) must be chosen before Triton is first imported: its
 # own language functions (tl.zeros, tl.cdiv...) are decorated then, compiled or interpreted for good.
 # torch.compile imports Triton wherever it is installed, so where no GPU could run compiled kernels
 # the choice is made here, as the one door loads, unless the user made it already.
@@ -115,7 +115,7 @@ if "triton" not in sys.modules and not os.environ.get("TRITON_INTERPRET") and no
 def _triton_reason() -> str | None:
     """None if the triton package is installed. A folder named triton/ on sys.path without an
     __init__.py would import as a namespace package (a spec with no origin): that is not Triton.
-    (So chapter 3 lives in tiles/: as triton/, from the repository root it would pass for
+    (So chapter 6 lives in tiles/: as triton/, from the repository root it would pass for
     Triton wherever Triton is missing, and torch.compile would fail on it.)"""
     spec = importlib.util.find_spec("triton")
     if spec is None or spec.origin is None:

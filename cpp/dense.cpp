@@ -244,7 +244,7 @@ at::Tensor forward(const at::Tensor& x, const at::Tensor& weight,
   // instead would make autograd track that view.)
   at::Tensor out = at::empty(dense::out_shape(x, weight), x.options());
   at::Tensor z = flat ? out : out.view({x2.size(0), weight.size(0)});
-  if (!x.is_cpu()) {  // on a GPU this stage leans on ATen; fused kernels are chapter 4's job
+  if (!x.is_cpu()) {  // on a GPU this stage leans on ATen; fused kernels are chapter 3's job
     bias ? at::addmm_out(z, *bias, x2, weight.t()) : at::mm_out(z, x2, weight.t());
     z.sigmoid_();
     return out;
@@ -426,7 +426,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
              output_mask[2] ? grad_b.data_ptr<scalar_t>() : nullptr, y.size(0), out_f);
     });
   } else {
-    // On a GPU this stage leans on ATen's kernels; the fused ones are chapter 4's job.
+    // On a GPU this stage leans on ATen's kernels; the fused ones are chapter 3's job.
     dz = at::sigmoid_backward(g, y);
     grad_b = output_mask[2] ? dz.sum(0) : dense::unused(y);
   }

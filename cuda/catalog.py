@@ -73,7 +73,7 @@ def version_ids(header: Path | None = None, dtype: str | None = None) -> list[in
 
 
 def cuda_core_versions(header: Path | None = None) -> list[int]:
-    """Chapter 4's progression, 1 to kVersions."""
+    """Chapter 3's progression, 1 to kVersions."""
     count = int(re.search(r"constexpr int kVersions = (\d+);", _text(header)).group(1))
     return list(range(1, count + 1))
 

@@ -6,7 +6,7 @@ requests with their wavefronts among the shared loads', and the excessive wavefr
 one per phase: what bank conflicts cost). cuda/emulate/counters.cpp says how, and what the model
 leaves out.
 
-What it covers: chapter 4's versions (1 to 12) in float32 and float64, v11 and v12 in bfloat16
+What it covers: chapter 3's versions (1 to 12) in float32 and float64, v11 and v12 in bfloat16
 and float16 too, the tensor-core versions v21 to v24 (bfloat16, float16) and v25, v26 (float32),
 and the backward's elementwise kernel. Not Hopper's versions (31 to 35): wgmma reads its operands
 and TMA copies its tiles where no instrumentation sees them.
@@ -25,7 +25,7 @@ rows say their shape (at() picks one). The chapters' record holds two: ncu's, 20
 timed one, 4096³ (TIMED_SHAPE).
 
 Examples:
-  python cuda/counters.py                                  # chapter 4's ncu table, 2048³, float32
+  python cuda/counters.py                                  # chapter 3's ncu table, 2048³, float32
   python cuda/counters.py --shape 4096 4096 4096           # the same kernels at the timed shape
   python cuda/counters.py --shape 256 256 256 --shape 512 512 256 --kernels 8:nt 12:nt   # two shapes
   python cuda/counters.py --shape 256 256 256 --kernels 5:nt 7:nt 10:nt
@@ -92,7 +92,7 @@ METRICS = (
 # between the addresses of one request; KNOWN_DIFFERENCES below).
 BANK_CONFLICT_COUNTERS = {kind: f"l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{kind}.sum"
                           for kind in ("ld", "st")}
-# The kernels of chapter 4's ncu table (the newest docs/results/ncu_gemm_{card}.json): every
+# The kernels of chapter 3's ncu table (the newest docs/results/ncu_gemm_{card}.json): every
 # version's forward, and v1's and v2's GEMM of the gradient of x.
 
 
@@ -102,7 +102,7 @@ def ncu_record() -> Path | None:
     return ROOT / "docs" / "results" / found[0][0] if found else None
 
 
-# The shape of chapter 4's timings (cuda/bench_gpu.py's BIG): the chapters' tables show the counts
+# The shape of chapter 3's timings (cuda/bench_gpu.py's BIG): the chapters' tables show the counts
 # there, where they sit beside the times (chapter_table, tensor_core_table).
 TIMED_SHAPE = (4096, 4096, 4096)
 
@@ -382,7 +382,7 @@ def count_planted(which: str) -> Counts:
 
 
 # ---------------------------------------------------------------------------------------------
-# The table, in the columns of chapter 4's ncu table, beside ncu's own numbers where a record holds
+# The table, in the columns of chapter 3's ncu table, beside ncu's own numbers where a record holds
 # the same kernel at the same shape.
 # ---------------------------------------------------------------------------------------------
 
@@ -557,7 +557,7 @@ def _verdict(row: dict) -> str:
 
 
 def chapter_table(record: dict, shape: tuple[int, int, int] = TIMED_SHAPE) -> str:
-    """Chapter 4's shorter table (docs/render.py's "counters" marker), at `shape`: sectors per
+    """Chapter 3's shorter table (docs/render.py's "counters" marker), at `shape`: sectors per
     load request and shared wavefronts, counted beside ncu's; the excessive wavefronts beside
     ncu's hardware bank-conflict counter, a different quantity (KNOWN_DIFFERENCES); and whether
     they agree. The tensor-core versions' rows are left to their chapter's table (tensor_core_table)."""
@@ -581,7 +581,7 @@ def _dtypes(record: dict, kernels: set[str]) -> list[str]:
 
 
 def tensor_core_rows(record: dict) -> list[dict]:
-    """The rows of the tensor-core versions (above chapter 4's progression) a record at one shape
+    """The rows of the tensor-core versions (above chapter 3's progression) a record at one shape
     (at()) holds."""
     last = max(catalog().cuda_core_versions())
     out = []
@@ -655,7 +655,7 @@ def parse_kernel(text: str, versions: list[int] | range, dtype: str = "float32")
 
 
 def default_kernels(dtype: str) -> list[tuple[int, str]]:
-    """float32 and float64: every version's forward of chapter 4's progression, v1's and v2's GEMM
+    """float32 and float64: every version's forward of chapter 3's progression, v1's and v2's GEMM
     of the gradient of x (ncu's record has them), and the backward's elementwise kernel in each of
     its versions (at M×N, the forward's output). bfloat16 and float16: the forward of each
     tensor-core version built for the type."""
@@ -692,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
                              "each (default 2048 2048 2048, ncu's record)")
     parser.add_argument("--kernels", nargs="+", metavar="V:LAYOUT",
                         help="e.g. 5:nt 7:nt 2:nn grad:3, counted in each --dtype (default: float32 and float64 "
-                             "every version's nt of chapter 4, 1:nn 2:nn, and grad:1 grad:2 grad:3; bfloat16 and "
+                             "every version's nt of chapter 3, 1:nn 2:nn, and grad:1 grad:2 grad:3; bfloat16 and "
                              "float16 the nt of each tensor-core version built for them)")
     parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["float32"], metavar="DTYPE",
                         help=f"element types, one or more of {', '.join(DTYPES)}, counted one after the other "

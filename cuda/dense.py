@@ -1,4 +1,4 @@
-"""The cuda stage (chapter 4): hand-written kernels (cuda/dense_kernels.cu) as the ops dense_cuda::forward/backward.
+"""The cuda stage (chapter 3): hand-written kernels (cuda/dense_kernels.cu) as the ops dense_cuda::forward/backward.
 
 Check it (GPU):  python grad_check.py cuda --device cuda
 """

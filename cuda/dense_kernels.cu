@@ -1,4 +1,4 @@
-// Chapter 4: the host side of the Dense layer's kernels in plain CUDA (CUDA headers only, no torch):
+// Chapter 3: the host side of the Dense layer's kernels in plain CUDA (CUDA headers only, no torch):
 // the kernels are in cuda/kernels/ (one file per GEMM version), each compiled in a unit of its own
 // (cuda/units/), and found through the registry those units fill (cuda/kernels/entries.cuh); the
 // launch sequence is cuda/kernels/launch.cuh.
@@ -6,7 +6,7 @@
 // Compile check (no GPU needed), registers and spills per kernel of one unit:
 //   nvcc -cubin -std=c++17 -O3 -arch=sm_90 -Xptxas -v cuda/units/gemm_v8.cu -o /tmp/v8.cubin
 // On the CPU (no nvcc either):  python grad_check.py cuda --emulate
-// PTX for chapter 5:  bash ptx/regen.sh
+// PTX for chapter 4:  bash ptx/regen.sh
 //
 // y = sigmoid(x Wᵀ + b) is one GEMM with a fused epilogue; the backward is one elementwise
 // kernel (dz, and the bias gradient) and two more GEMMs of the same family. The versions and

@@ -58,7 +58,7 @@ constexpr VersionInfo kVersionInfo[] = {
     {10, "f32 f64", "padded tiles: rows 16 bytes longer, so the transposing store hits 32 different banks"},
     {11, "f32 f64 bf16 f16", "warp tiling in pieces (SGEMM_CUDA's kernel 10): one template for every tile shape"},
     {12, "f32 f64 bf16 f16", "skinny batches: a 32-row tile and K split over every SM, W streamed once"},
-    // Tensor cores (cuda/tensor_cores/, the chapter "4, continued").
+    // Tensor cores (cuda/tensor_cores/, chapter 5).
     {21, "bf16 f16", "tensor cores, one warp, one instruction: mma.sync m16n8k16 on fragments loaded from global memory"},
     {22, "bf16 f16", "shared memory and ldmatrix: 64x64 tiles staged once, fragments by ldmatrix.x4 (.trans where needed)"},
     {23, "bf16 f16", "the same tiles XOR-swizzled: an ldmatrix's 8 rows in 8 different groups of banks"},
@@ -355,7 +355,7 @@ constexpr int first_usable(const Choice (&table)[N], ShapeClass shape, DType dty
 // whether the operands suit TMA. Every path calls it before sizing a workspace or launching: the
 // stages, the launchers, the exports. Version 0 takes the table's first entry for the shape's
 // class and type that is usable here; kAten where none is confirmed, unless `kernels_only` (a stage
-// that carries kernels and no ATen path, the PTX stage): then chapter 4's version for the class,
+// that carries kernels and no ATen path, the PTX stage): then chapter 3's version for the class,
 // v8 or v9, which every type builds.
 inline int resolve_version(int version, int64_t M, int64_t N, int64_t K, DType dtype, int sm_count, int arch,
                            bool tma_ok, bool kernels_only = false, ChoiceTable table = kConfirmed) {

@@ -238,7 +238,7 @@ def draw_gemm(path: Path) -> None:
 # Arithmetic intensity against speed (cuda_roofline.png)
 # ---------------------------------------------------------------------------------------
 def newest_timings(folder: Path = RESULTS) -> tuple[str, dict]:
-    """(name, record) of the newest record of kind cuda_gpu_{card}.json: what chapter 4's table shows."""
+    """(name, record) of the newest record of kind cuda_gpu_{card}.json: what chapter 3's table shows."""
     records = cli.load_file("docs/records.py", "dense_docs_records")
     found = records.of_kind(TIMINGS, folder)
     if not found:

@@ -28,7 +28,7 @@ constexpr Choice kChoices[] = {
 // (and operands whose rows TMA copies) v33, warp-specialized wgmma, where its tiles fill the GPU,
 // and v35, W as wgmma's A with K split over every SM, for a small batch; elsewhere the tensor
 // cores' v24 where its 128×128 tiles fill the GPU, and for a small batch v12, which splits K over
-// every SM where v24's few tiles would leave most SMs idle. float64: chapter 4's v8 and v9.
+// every SM where v24's few tiles would leave most SMs idle. float64: chapter 3's v8 and v9.
 constexpr Choice kPredictedChoices[] = {
     {kFillsGpu, kF32, 8},    {kFillsGpu, kF64, 8},    {kSmallBatch, kF32, 9},   {kSmallBatch, kF64, 9},
     {kFillsGpu, kBF16, 33},  {kFillsGpu, kF16, 33},

@@ -1,10 +1,10 @@
-"""Training the Dense layer on several processes: chapters 6, 6 continued and 7.
+"""Training the Dense layer on several processes: chapters 7, 7 continued and 8.
 
-    parallel/dp/            chapter 6: data parallelism (README.md, then simple.py, ring.py,
+    parallel/dp/            chapter 7: data parallelism (README.md, then simple.py, ring.py,
                             reducer.py, trainer.py, ddp.py)
-    parallel/collectives/   chapter 6, continued: other all-reduce algorithms, their cost model,
+    parallel/collectives/   chapter 7, continued: other all-reduce algorithms, their cost model,
                             ZeRO (README.md, then algorithms.py, costmodel.py, zero.py)
-    parallel/tp/            chapter 7: tensor parallelism (README.md, then layers.py, training.py)
+    parallel/tp/            chapter 8: tensor parallelism (README.md, then layers.py, training.py)
     parallel/common/        what the three share: the training loop and the Strategy it runs
                             (training.py), the point-to-point messages every collective is made
                             of (p2p.py), the process launcher, the data, checkpoints, the

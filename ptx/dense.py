@@ -1,4 +1,4 @@
-"""The PTX stage (chapter 5): chapter 4's kernels as hand-edited PTX (ptx/dense_kernels.ptx), loaded
+"""The PTX stage (chapter 4): chapter 3's kernels as hand-edited PTX (ptx/dense_kernels.ptx), loaded
 at run time by ptx/loader.cpp through the CUDA driver API, as the ops dense_ptx::forward/backward.
 
 Check it (GPU):  python grad_check.py ptx --device cuda

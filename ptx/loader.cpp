@@ -266,7 +266,7 @@ class DriverKernels final : public dense::Kernels {
 
 struct PtxStage {
   static constexpr const char* name = "ptx";
-  // The PTX carries the float32 and float64 kernels of chapter 4's v8 and v9 only.
+  // The PTX carries the float32 and float64 kernels of chapter 3's v8 and v9 only.
   static constexpr dense::DtypeSet dtypes = dense::kFloat32And64;
   static inline int version = dense_kernels::kDefaultVersion;
   static DriverKernels& driver() {

@@ -100,7 +100,7 @@ def test_kernel_n_times_version_n_alone_by_its_number(monkeypatch):
     (None, None),
 ])
 def test_the_profile_takes_every_version_and_candidate_or_what_the_exact_run_passed(passed, units):
-    """ncu's profile covers the tensor-core versions and the candidates, not only chapter 4's;
+    """ncu's profile covers the tensor-core versions and the candidates, not only chapter 3's;
     with an isolated exact run's record, only what it found SAME, in its order (never-run first)."""
     got = bench_gpu.profile_units(passed)
     if units is not None:

@@ -2,11 +2,11 @@
 computation, or the constants the code uses.
 
 - What chapter 1's Function.apply and its argument binding cost, against chapter 2's overhead record.
-- Chapter 5's answers to exercises 1 and 3: the instruction counts, computed by assembling the
+- Chapter 4's answers to exercises 1 and 3: the instruction counts, computed by assembling the
   edits the exercises describe (needs nvcc, ptxas, cuobjdump and nvdisasm; slow).
-- Chapter 6 continued's α per ring step, against the cost model's constants and the protocol
+- Chapter 7 continued's α per ring step, against the cost model's constants and the protocol
   they are NCCL's figures for.
-- Chapter 7's account of overlap on GPUs: NCCL's collectives run on the SMs.
+- Chapter 8's account of overlap on GPUs: NCCL's collectives run on the SMs.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_chapter_2_quotes_what_the_overhead_record_measured(overhead):
 
 
 # ---------------------------------------------------------------------------------------
-# Chapter 5: the answers to exercises 1 and 3, computed
+# Chapter 4: the answers to exercises 1 and 3, computed
 # ---------------------------------------------------------------------------------------
 sr = load_script("cuda/static_report.py")
 SASS_TOOLS = (sr.find_tool("nvcc") is not None and sr.find_tool("ptxas") is not None
@@ -161,7 +161,7 @@ def test_answer_3_counts_the_grad_kernel_with_scalar_stores(exercises):
 
 
 # ---------------------------------------------------------------------------------------
-# Chapter 6, continued: NCCL's α per ring step
+# Chapter 7, continued: NCCL's α per ring step
 # ---------------------------------------------------------------------------------------
 def test_chapter_6_continued_names_nccls_alpha_as_the_cost_model_uses_it():
     """The α the projection uses is the one the chapter quotes, with the protocol the cost model
@@ -171,7 +171,7 @@ def test_chapter_6_continued_names_nccls_alpha_as_the_cost_model_uses_it():
     text = _chapter("parallel/collectives/README.md")
     m = re.search(r"NCCL's per-step α of a ring with its (\w+) protocol \(([\d.]+) µs on NVLink and ([\d.]+) µs "
                   r"over the network", text)
-    assert m, "chapter 6 continued's sentence on NCCL's α is missing or reworded"
+    assert m, "chapter 7 continued's sentence on NCCL's α is missing or reworded"
     source = (ROOT / "parallel" / "collectives" / "costmodel.py").read_text()
     assert m[1] == re.search(r"\(protocol (\w+)\)", source)[1]
     assert (float(m[2]), float(m[3])) == pytest.approx((costmodel.NVLINK.alpha * 1e6,
@@ -179,7 +179,7 @@ def test_chapter_6_continued_names_nccls_alpha_as_the_cost_model_uses_it():
 
 
 # ---------------------------------------------------------------------------------------
-# Chapter 7: what overlap shares on a GPU
+# Chapter 8: what overlap shares on a GPU
 # ---------------------------------------------------------------------------------------
 def test_chapter_7_says_nccl_collectives_run_on_the_sms():
     """NCCL's collectives are CUDA kernels (one thread block per channel): overlapped with a

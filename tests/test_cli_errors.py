@@ -677,7 +677,7 @@ def test_cli_positive_rejects_nonsense():
 
 
 # ---------------------------------------------------------------------------
-# The report scripts of chapters 3-6 share the same checks: outputs before any work, one line
+# The report scripts of chapters 3 to 7 share the same checks: outputs before any work, one line
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [

@@ -1,4 +1,4 @@
-"""Chapter 6 (continued)'s figures: what they draw is the algorithms' own schedule, and the
+"""Chapter 7 (continued)'s figures: what they draw is the algorithms' own schedule, and the
 script draws them (or says what to install)."""
 
 from __future__ import annotations

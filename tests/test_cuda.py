@@ -24,8 +24,8 @@ from conftest import GPU, NO_GPU, REASONS, ROOT, run_script
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=(torch.version.cuda and REASONS["cuda"]) or NO_GPU)]
 STAGES = [pytest.param(m, marks=pytest.mark.skipif(REASONS[m] is not None, reason=f"mode {m}: {REASONS[m]}"))
           for m in ("cuda", "ptx")]
-# Every GEMM version of chapter 4, as many as cuda/dense_kernels.h declares (read here, where the
-# stage may not build); the PTX stage (chapter 5) carries only v8 and v9 (ptx/lesson_kernels.cu).
+# Every GEMM version of chapter 3, as many as cuda/dense_kernels.h declares (read here, where the
+# stage may not build); the PTX stage (chapter 4) carries only v8 and v9 (ptx/lesson_kernels.cu).
 VERSIONS = list(range(int(re.search(r"constexpr int kVersions = (\d+);",
                                     (ROOT / "cuda" / "dense_kernels.h").read_text())[1]) + 1))
 PTX_VERSIONS = (0, 8, 9)

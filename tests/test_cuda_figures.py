@@ -1,4 +1,4 @@
-"""Chapter 4's figures (cuda/figures.py): who computes what in each version's block, checked
+"""Chapter 3's figures (cuda/figures.py): who computes what in each version's block, checked
 against the kernels themselves, and the script's output."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import cli
 from conftest import ROOT, load_script, run_script
 
 figures = load_script("cuda/figures.py")
-# chapter 4's versions (the CUDA cores'): the tensor-core versions in TILES have tiles of their own
+# chapter 3's versions (the CUDA cores'): the tensor-core versions in TILES have tiles of their own
 TILES = {v: t for v, t in figures.tiles().items()
          if v in cli.load_file("cuda/catalog.py", "dense_cuda_catalog").cuda_core_versions()}
 

@@ -56,7 +56,7 @@ def test_every_chapter_and_all_markdown_keep_to_their_prose_budgets():
 
 
 # ---------------------------------------------------------------------------------------
-# Chapter 3's exercises (tiles/README.md)
+# Chapter 6's exercises (tiles/README.md)
 # ---------------------------------------------------------------------------------------
 SPILLS = """
 import json, os, subprocess, sys, tempfile
@@ -135,7 +135,7 @@ def test_the_interpreter_refuses_a_float64_dot_without_out_dtype(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# Chapter 4 (cuda/README.md): the worklog's figures against the records they come from
+# Chapter 3 (cuda/README.md): the worklog's figures against the records they come from
 # ---------------------------------------------------------------------------------------
 CUDA_CHAPTER = ROOT / "cuda" / "README.md"
 RESULTS = ROOT / "docs" / "results"
@@ -146,7 +146,7 @@ def _record(name: str) -> dict:
 
 
 def _entry(version: int) -> str:
-    """Worklog entry '#### vN · ...' of chapter 4, as written (markers and excerpts included)."""
+    """Worklog entry '#### vN · ...' of chapter 3, as written (markers and excerpts included)."""
     text = CUDA_CHAPTER.read_text()
     start = text.index(f"\n#### v{version} · ")
     return text[start:start + 1 + re.search(r"\n#{2,4} ", text[start + 1:]).start()]
@@ -412,7 +412,7 @@ def test_chapter_4_v12_against_v9_counted_at_b32(tmp_path):
     assert v12["excessive_wavefronts_mem_shared_op_st"] == v12["smsp__inst_executed_op_shared_st.sum"]
 
 
-# Chapter 4's exercises: each edit made in a copy of the repository, the command run as written there
+# Chapter 3's exercises: each edit made in a copy of the repository, the command run as written there
 
 
 def test_chapter_4_answer_3_is_what_the_slices_command_prints():

@@ -1,4 +1,4 @@
-"""Chapter 6's figures and table: the ring's steps (parallel/dp/figures.py), traced from
+"""Chapter 7's figures and table: the ring's steps (parallel/dp/figures.py), traced from
 parallel/dp/simple.py itself; the bucket-overlap figure (parallel/dp/trace.py) carrying the command
 that drew it; the step benchmark against DDP (parallel/dp/bench.py) with its paired interval."""
 

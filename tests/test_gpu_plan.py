@@ -131,7 +131,7 @@ def test_the_limits_come_from_measurements_and_say_so():
 
 
 def test_timings_run_only_after_a_check_on_the_gpu():
-    """Chapter 4's table checks its versions in the same process first (they ran on a GPU before),
+    """Chapter 3's table checks its versions in the same process first (they ran on a GPU before),
     each new version is timed after its own exact check (cuda/isolated.py reads the exact record);
     the Triton timings run only once tiles/bench_gpu.py --smoke has checked every line on the GPU."""
     every = plan.parts()

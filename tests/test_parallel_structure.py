@@ -2,8 +2,8 @@
 read with ast, without importing anything.
 
 - no cycle among the modules;
-- no chapter imports a later one (dp, chapter 6, before collectives, chapter 6 continued,
-  before tp, chapter 7), and common/ imports no chapter;
+- no chapter imports a later one (dp, chapter 7, before collectives, chapter 7 continued,
+  before tp, chapter 8), and common/ imports no chapter;
 - no module imports another folder's private names (``from x import _name``, or ``x._name``
   on an imported module): what two folders share is public and lives in common/.
 """
@@ -209,7 +209,7 @@ def test_distributed_py_reduces_the_buckets_by_the_all_reduce_that_picks_by_size
     from parallel.dp.trainer import DataParallel
 
     assert distributed.make_strategy(Config(world_size=1)).all_reduce is algorithms.all_reduce
-    assert DataParallel(Config()).all_reduce is ring_all_reduce  # chapter 6 alone: its ring
+    assert DataParallel(Config()).all_reduce is ring_all_reduce  # chapter 7 alone: its ring
 
 
 def test_chapter_6s_train_is_plain_data_parallelism_and_says_so():

@@ -1,4 +1,4 @@
-"""The static evidence of chapters 4 and 5, checked without a GPU: the occupancy calculator, the
+"""The static evidence of chapters 3 and 4, checked without a GPU: the occupancy calculator, the
 static report on today's kernels (sm_90 and sm_80, the tensor-core versions' HMMA and ldmatrix
 counts, zero spills), the SASS of the PTX edits, the sigmoid's error bound, and that the chapters
 show what the scripts wrote. What compiles (nvcc, ptxas, cuobjdump, the host compiler) is in the
@@ -704,7 +704,7 @@ def test_chapter_claims_hold_in_the_committed_static_figures():
 
 
 def test_chapter_table_keeps_chapter_4s_float32_rows():
-    """Chapter 4's table: float32 rows of the CUDA-core versions, 1 to kVersions, and nothing of
+    """Chapter 3's table: float32 rows of the CUDA-core versions, 1 to kVersions, and nothing of
     the tensor-core versions or the 16-bit types (those are tensor_core_table's)."""
     record = json.loads(COMMITTED.read_text())
     rows = [r.split("|")[1:3] for r in sr.chapter_table(record).splitlines() if re.match(r"\| \d", r)]

@@ -1,7 +1,7 @@
 """The tensor-core chapter (cuda/tensor_cores/README.md) against what backs each of its numbers.
 
 Every figure the prose states is recomputed here from its source: the records (the static report,
-the counters, the TF32 error measurement, chapter 4's timings), the kernels' headers (roof.cuh,
+the counters, the TF32 error measurement, chapter 3's timings), the kernels' headers (roof.cuh,
 the tiles and registers), cuda/gemm_choice.h and cuda/bench_gpu.py's goals. A changed record or
 kernel then fails here instead of leaving the page wrong. The exercises' answers are what their
 commands print (the slow ones on a copy of the repository, edited as the exercise says).
@@ -26,7 +26,7 @@ PAGE = ROOT / "cuda" / "tensor_cores" / "README.md"
 RESULTS = ROOT / "docs" / "results"
 MMA_4096 = 4096 ** 3 // (16 * 8 * 16)  # m16n8k16's at 4096³
 SM_MACS = 2048  # bfloat16 multiply-adds a clock an SM on Hopper's tensor cores (roof.cuh)
-ISSUE_GHZ = 1.98  # chapter 4's arithmetic: the H100's maximum SM clock
+ISSUE_GHZ = 1.98  # chapter 3's arithmetic: the H100's maximum SM clock
 TENSOR_GHZ = 1.83  # the tensor cores' clock by the datasheet (989.4 TFLOP/s), the predictions' here
 CHAPTER_4_RATIOS = (1.1, 1.4)  # v7's and v8's measured time over their issue bound (checked below)
 
@@ -62,7 +62,7 @@ def _counted(version: int) -> dict:
 
 def _issue_bound(k: dict, bits: str = "16") -> tuple[float, float]:
     """Instructions per mma in the main loop, with and without the partial tiles' path (about 4
-    instructions per scalar global load, chapter 4's rule)."""
+    instructions per scalar global load, chapter 3's rule)."""
     loop = k["inner_loop"]
     return loop["instructions"] / loop["mma"], (loop["instructions"] - 4 * loop["ldg"].get(bits, 0)) / loop["mma"]
 
@@ -123,10 +123,10 @@ def test_the_ideas_numbers():
     assert 2 * SM_MACS == 4096 and 4096 / (128 * 2) == 16 and "132 SMs × 4,096 FLOP a clock at 1.83 GHz" in roof
     assert round(132 * 4096 * 1.83e9 / 1e12, 1) == 989.4 and "989.4 TFLOP/s" in roof
     assert "4,096 bfloat16 FLOPs a clock on its tensor cores, 16 times the 256 of its 128 FFMA lanes: 989.4" in said
-    # chapter 4's float32 peak: 132 SMs × 128 lanes × 2 FLOPs at 1.98 GHz
+    # chapter 3's float32 peak: 132 SMs × 128 lanes × 2 FLOPs at 1.98 GHz
     assert round(132 * 128 * 2 * 1.98e9 / 1e12, 1) == 66.9
     assert "66.9 TFLOP/s (132 SMs × 128 lanes × 2 FLOPs × 1.98 GHz)" in fold((ROOT / "cuda" / "README.md").read_text())
-    assert "against chapter 4's 66.9 at 1.98 GHz" in said
+    assert "against chapter 3's 66.9 at 1.98 GHz" in said
     assert 64 * 256 * 16 // (16 * 8 * 16) == 128 and "up to 64×256×16, 128 times the work" in said
     assert "Predicted: 900-990 TFLOP/s" in roof and "predicted about half the wgmma roof, 450-550" in roof
     assert "900-990 TFLOP/s for `wgmma` on an H100" in said and "between a third and two thirds" in said
@@ -147,7 +147,7 @@ def test_part_1s_unit_of_account():
 
 
 def test_chapter_4s_kernels_ran_at_1_1_to_1_4_times_their_issue_bound():
-    """v7 and v8, timed on the H100: their time over chapter 4's issue bound (loop instructions,
+    """v7 and v8, timed on the H100: their time over chapter 3's issue bound (loop instructions,
     less 4 per scalar global load of the partial tiles' path, per FFMA, at 4 FFMA a clock an SM)."""
     kernels = {k["name"]: k for k in _record("cuda_static_sm90.json")["kernels"]}
     timed = {r["line"]: r["forward_us"] for r in _record("cuda_gpu_h100.json")["gemm"]["rows"]}
@@ -158,7 +158,7 @@ def test_chapter_4s_kernels_ran_at_1_1_to_1_4_times_their_issue_bound():
         bound_ms = (loop["instructions"] - 4 * loop["ldg"].get("32", 0)) / loop["fma"] * ffma_ms
         ratios.append(round(timed[f"v{v}"] / 1e3 / bound_ms, 1))
     assert tuple(ratios) == CHAPTER_4_RATIOS
-    assert "chapter 4's kernels ran at 1.1 to 1.4 times such bounds" in _entry("v23 ·")
+    assert "chapter 3's kernels ran at 1.1 to 1.4 times such bounds" in _entry("v23 ·")
 
 
 # ---------------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def test_v24_prediction():
     assert round(without) == 9 and round(8 / without, 2) == 0.89
     assert (round(8 / without / CHAPTER_4_RATIOS[1], 2), round(8 / without / CHAPTER_4_RATIOS[0], 2)) == (0.63, 0.81)
     assert ("353 instructions for 32 mma's, 9 per mma without the partial tiles' path, which full tiles skip: at "
-            "most 0.89, and 0.63-0.81 at chapter 4's 1.1 to 1.4") in said
+            "most 0.89, and 0.63-0.81 at chapter 3's 1.1 to 1.4") in said
     assert "*Predicted:* 0.6-0.8 of the roof, short of the goal of 0.85" in said
     # the header's own account of the block: 8 warps of 64×32, 3 stages, 48 KiB
     header = (ROOT / "cuda" / "tensor_cores" / "tc3_pipeline.cuh").read_text()
@@ -250,7 +250,7 @@ def test_the_tf32_figures_are_the_records():
     said = _page()
     assert not e["tf32"]["passed"] and f"plain TF32 fails by {e['tf32']['ratio']:.0f}× at K = 4096" in said
     assert f"{e['v26']['ratio']:.2f} times torch's CPU float32" in said
-    assert f"but {e['v26']['error'] / e['v8']['error']:.2f} times chapter 4's v8" in said
+    assert f"but {e['v26']['error'] / e['v8']['error']:.2f} times chapter 3's v8" in said
     assert f"its products give {e['split']['ratio']:.2f} times float32's error" in said
     assert (f"{e['v26']['ratio']:.2f}", f"{e['v26']['error'] / e['v8']['error']:.2f}",
             f"{e['split']['ratio']:.2f}") == ("2.99", "0.55", "0.17")
@@ -286,7 +286,7 @@ def _of_cublas_f32(flop_per_sm_clock: float, ratio: float = CHAPTER_4_RATIOS[1])
 
 def test_v25_and_v26_predictions():
     said = _entry("v25 and v26 ·")
-    assert round(_cublas_f32_tflops(), 1) == 48.7 and "(48.7 TFLOP/s at 4096³, chapter 4's record)" in said
+    assert round(_cublas_f32_tflops(), 1) == 48.7 and "(48.7 TFLOP/s at 4096³, chapter 3's record)" in said
     v25, v26 = _static(25, "f32"), _static(26, "f32")
     assert (v25["inner_loop"]["instructions"], v25["inner_loop"]["mma"]) == (677, 32)
     assert (v26["inner_loop"]["instructions"], v26["inner_loop"]["mma"]) == (1429, 96)
@@ -406,7 +406,7 @@ def test_the_stage_runs_what_gemm_choice_h_lists():
         assert defaults["kFillsGpu", dtype] == defaults["kSmallBatch", dtype] == ["kAten"]
     assert defaults["kFillsGpu", "kF32"] == ["8"] and defaults["kSmallBatch", "kF32"] == ["9"]
     said = _page()
-    assert "on sm_90a v33 where tiles fill the GPU, v35 for a small batch; elsewhere v24, and chapter 4's v12" in said
+    assert "on sm_90a v33 where tiles fill the GPU, v35 for a small batch; elsewhere v24, and chapter 3's v12" in said
     assert "runs ATen's GEMM and elementwise ops by default" in said and "float32 stays on v8 and v9" in said
 
 

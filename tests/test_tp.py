@@ -1,4 +1,4 @@
-"""Tensor parallelism (chapter 7): the ring all-gather and reduce-scatter, the autograd pieces,
+"""Tensor parallelism (chapter 8): the ring all-gather and reduce-scatter, the autograd pieces,
 the sharded layers against the unsharded MLP, training with --tp, checkpoints across tp sizes.
 
 Functions that run inside the ranks are top-level, so the spawned processes can import them.

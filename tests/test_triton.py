@@ -1,4 +1,4 @@
-"""Stage triton (chapter 3): the op's registration, the interpreter, determinism, its scripts, and
+"""Stage triton (chapter 6): the op's registration, the interpreter, determinism, its scripts, and
 what the compiler did for sm_90. The contract every stage meets is in test_dense.py and
 test_edge_cases.py; here is what is the triton stage's own."""
 

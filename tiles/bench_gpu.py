@@ -1,10 +1,10 @@
-"""Time the Triton stage on a GPU against cuBLAS + sigmoid and chapter 4's hand-written kernels.
+"""Time the Triton stage on a GPU against cuBLAS + sigmoid and chapter 3's hand-written kernels.
 
 One line per variant, float32 IEEE and TF32 apart (a TF32 GEMM rounds its inputs to 10-bit
 mantissas: faster, and not the same numbers):
   reference          torch.sigmoid(F.linear(x, W, b)): cuBLAS, TF32 off
   triton             the stage, IEEE float32; its forward autotuned over tiles/kernels.py's FORWARD_CONFIGS
-  cuda               chapter 4's kernels, automatic version (v8; v9 for small batches), where they build
+  cuda               chapter 3's kernels, automatic version (v8; v9 for small batches), where they build
   reference, TF32    cuBLAS with torch.backends.cuda.matmul.allow_tf32 = True
   triton, TF32       the stage under the same switch (tl.dot input_precision="tf32")
 Times: the forward alone and fwd+bwd (forward then backward, as in training), with

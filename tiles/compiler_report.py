@@ -7,7 +7,7 @@ registers and spills from Triton's own ptxas (-v), the shared memory Triton allo
 occupancy these allow (cuda/static_report.py's rules), and from the SASS the instruction mix of
 the main loop: multiply-adds (FFMA/DFMA) or tensor-core instructions (HMMA/HGMMA/DMMA), shared
 loads (LDS), global loads (LDG) and cp.async copies (LDGSTS), by width. The same columns as
-cuda/static_report.py's table, so the table puts the hand-written GEMMs of chapter 4 beside them.
+cuda/static_report.py's table, so the table puts the hand-written GEMMs of chapter 3 beside them.
 The kernels are compiled in float32 and float64, and in bfloat16 as the stage launches them on a
 GPU (INTERPRETED=False); for those a second table names what their tl.dot became: the dot's
 operand and accumulator types in the TTGIR, the tensor-core instructions in the PTX and in the
@@ -44,7 +44,7 @@ import cli  # noqa: E402
 
 ARCH = 90
 SIZE = 4096  # M = N = K: what the JIT is told about the sizes (multiples of 16) and strides
-COMPARE_WITH = "docs/results/cuda_static_sm90.json"  # chapter 4's record: its nt f32 rows join the table
+COMPARE_WITH = "docs/results/cuda_static_sm90.json"  # chapter 3's record: its nt f32 rows join the table
 HAND_WRITTEN = (3, 4, 5, 6, 7, 8)
 
 
@@ -222,7 +222,7 @@ def dot_types(ttgir: str) -> dict[str, int]:
 def accumulator_layout(ttgir: str, bm: int, bn: int) -> dict | None:
     """How the dot's BM×BN accumulator is spread over threads and warps (its TTGIR layout), and
     the footprint of one warp: the distinct rows and columns of the tile its lanes own. Per k,
-    a warp reads one operand value per row and one per column of its footprint (chapter 4's
+    a warp reads one operand value per row and one per column of its footprint (chapter 3's
     warp tiling shrinks exactly that). None for a tensor-core (#mma) layout: the MMA
     instruction fixes who holds what."""
     dot = re.search(r"\btt\.dot\b[^\n]*->\s*tensor<\d+x\d+xf\d+,\s*#(\w+)>", ttgir)
@@ -314,7 +314,7 @@ def _occ(k: dict) -> str:
 
 
 def table(record: dict) -> str:
-    """Chapter 4's hand-written forward GEMMs (nt, f32) and Triton's kernels, the same columns."""
+    """Chapter 3's hand-written forward GEMMs (nt, f32) and Triton's kernels, the same columns."""
     head = ["| kernel | dtype | tile BM×BN×BK | threads | regs | smem B | spills | blocks/SM (occupancy) "
             "| main loop FMA : LDS : LDG (+ cp.async, + LDSM, + MMA) |",
             "|---|---|---|---:|---:|---:|---:|---|---|"]
@@ -366,7 +366,7 @@ def bfloat16_dot(record: dict) -> list[str]:
 
 
 def ideas(record: dict) -> list[str]:
-    """Chapter 4's ideas, and whether the SASS of Triton's forward kernels shows each one."""
+    """Chapter 3's ideas, and whether the SASS of Triton's forward kernels shows each one."""
     fwd = next(k for k in record["kernels"] if k["kernel"] == "forward_kernel" and k["precision"] == "ieee"
                and k["dtype"] == "f32")
     tf32 = next((k for k in record["kernels"] if k["precision"] == "tf32"), None)
@@ -382,7 +382,7 @@ def ideas(record: dict) -> list[str]:
     if acc:
         (r, c), (tr, tc) = acc["warp_footprint"], acc["size_per_thread"]
         # The most compact rectangle of the same number of outputs, sides powers of two (64×32 for
-        # 2048, the warp tile of chapter 4's v7): the fewest operand values per k.
+        # 2048, the warp tile of chapter 3's v7): the fewest operand values per k.
         best = min((a + r * c // a, a) for a in (2 ** i for i in range(1, 16)) if (r * c) % a == 0)
         warp_cell = (f"{yes(r + c == best[0])} | each warp owns {r}×{c} outputs (the accumulator's layout in the "
                      f"TTGIR: {tr}×{tc} per thread and repeat), so per k a warp reads {r + c} operand values; "
@@ -390,8 +390,8 @@ def ideas(record: dict) -> list[str]:
     else:
         warp_cell = "– | no blocked accumulator layout in the TTGIR (a tensor-core layout, or none found) |"
     widths = "+".join(f"{n}×{w}" for w, n in sorted(lds.items(), key=lambda kv: int(kv[0]))) or "none"
-    rows = ["", "Chapter 4's ideas in Triton's float32 forward (IEEE), read from the table's row and its SASS:", "",
-            "| idea (chapter 4) | applied? | evidence |", "|---|---|---|",
+    rows = ["", "Chapter 3's ideas in Triton's float32 forward (IEEE), read from the table's row and its SASS:", "",
+            "| idea (chapter 3) | applied? | evidence |", "|---|---|---|",
             f"| shared-memory tiles (v3) | {yes(bool(lds) and fwd['dynamic_shared_bytes'] > 0)} | "
             f"{fwd['dynamic_shared_bytes']} B of shared memory; main loop reads it with LDS {widths} |",
             f"| register blocking (v4, v5) | {yes(outputs > 1 and (loop.get('fma_per_lds') or 0) > 1)} | "

@@ -1,4 +1,4 @@
-"""Chapter 3: the Dense layer as Triton kernels (tiles/kernels.py), as the ops dense_triton::forward/backward.
+"""Chapter 6: the Dense layer as Triton kernels (tiles/kernels.py), as the ops dense_triton::forward/backward.
 
 Where a GPU is present the kernels are compiled for it and take CUDA tensors; where none is,
 Triton's interpreter runs them on CPU tensors (NumPy underneath: right answers, no speed).

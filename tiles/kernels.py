@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 # Tile configurations, as keyword arguments of a launch. On a GPU the forward is autotuned over
-# FORWARD_CONFIGS; the first is the hand-written kernels' tile (chapter 4, v5-v8: 128×128 outputs
+# FORWARD_CONFIGS; the first is the hand-written kernels' tile (chapter 3, v5-v8: 128×128 outputs
 # per block of 256 threads), and the one tiles/compiler_report.py compiles for sm_90. The
 # backward keeps BACKWARD_CONFIG (tiles/dense.py says why), with 8 warps: with 4, ptxas spills
 # grad_x_kernel's registers for sm_90 (the chapter's exercise 2). The interpreter runs one

@@ -5,7 +5,7 @@ grad_check.draw does (x ~ N(0, 1), W and b ~ N(0, 1/K), grad_out ~ N(0, 1)), the
 against the float64 truth on the very values drawn:
 
 - the forward GEMM x·Wᵀ alone, the error that grows with K, computed by torch in float32 on this
-  CPU (whose sums run in vector lanes and blocks), by chapter 4's v8 (float32 on the CUDA cores,
+  CPU (whose sums run in vector lanes and blocks), by chapter 3's v8 (float32 on the CUDA cores,
   emulated: one serial sum per output, as a SIMT GEMM's thread keeps), by a TF32 GEMM (grad_check.tf32 operands, the
   forward of grad_check.TF32Linear), by split-TF32's three products summed exactly in float64
   (split_gemm: the split's own error, without an accumulator's), and by the tensor-core versions
@@ -69,7 +69,7 @@ import grad_check  # noqa: E402
 
 VERSIONS = (25, 26, 34)
 SPLIT_VERSIONS = (26, 34)
-# Chapter 4's v8 on the CUDA cores, GEMM only: each thread sums its outputs' K products one after
+# Chapter 3's v8 on the CUDA cores, GEMM only: each thread sums its outputs' K products one after
 # another in float32, as a SIMT GEMM's thread does, where torch on the CPU sums in vector lanes
 # and blocks (a smaller error): the baseline a GPU's float32 GEMM is closer to.
 SERIAL_VERSION = 8

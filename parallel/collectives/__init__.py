@@ -1,4 +1,4 @@
-"""Chapter 6, continued: collectives, a cost model, ZeRO (README.md). Read the code in this
+"""Chapter 7, continued: collectives, a cost model, ZeRO (README.md). Read the code in this
 order: algorithms.py (all-reduce by recursive doubling, halving-doubling, one-shot, two-shot, a
 segmented ring, and ``auto``, which picks by size), costmodel.py (the α-β-γ model that picks,
 fitted on this machine: alphabeta_gloo.json), cpp_loop.py with segmented_ring.cpp (the same

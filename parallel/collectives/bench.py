@@ -1,4 +1,4 @@
-"""Chapter 6 (continued)'s benchmarks, run on every rank by distributed.py --bench.
+"""Chapter 7 (continued)'s benchmarks, run on every rank by distributed.py --bench.
 
 allreduce: our all_reduce (auto, and each algorithm it chooses from) against dist.all_reduce on
            the same backend, 4 KiB to 64 MiB (from 1 MiB on gloo also the segmented ring with its

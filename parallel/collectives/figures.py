@@ -1,4 +1,4 @@
-"""Draw chapter 6 (continued)'s three figures: two all-reduces of four ranks, and ZeRO's step.
+"""Draw chapter 7 (continued)'s three figures: two all-reduces of four ranks, and ZeRO's step.
 
 collectives_doubling.png: recursive doubling. At step k rank r swaps its whole tensor with rank
 r XOR 2ᵏ and both add; each cell says whose contributions that part of the tensor holds.

@@ -176,7 +176,7 @@ def torch_zero(params, lr: float = 1e-3, group: dist.ProcessGroup | None = None,
 # ---------------------------------------------------------------------------
 
 class ZeRO(DataParallel):
-    """The training loop's strategy (parallel/common/training.py) with ZeroAdam: chapter 6's
+    """The training loop's strategy (parallel/common/training.py) with ZeroAdam: chapter 7's
     DataParallel, except that the optimiser reduce-scatters the gradients itself in its step,
     so there are no all-reduce buckets during backward."""
 

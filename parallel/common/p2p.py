@@ -1,4 +1,4 @@
-"""Point-to-point messages, the pieces every collective of chapters 6 and 7 is built from.
+"""Point-to-point messages, the pieces every collective of chapters 7 and 8 is built from.
 
 A collective here is a schedule of messages between ranks: ``post`` sends and receives
 tensors to and from any peers at once, ``exchange`` is one ring step (send right, receive
@@ -6,8 +6,8 @@ left), ``wait`` waits for the requests. ``peers`` gives a rank its neighbours. `
 the ranks compare their calls before any data moves, and ``stack_rows`` gathers a small row
 from every rank. ``scratch`` keeps receive buffers from call to call.
 
-The ring of chapter 6 (parallel/dp/ring.py), the other all-reduces of its second part
-(parallel/collectives/algorithms.py) and the tensor-parallel layers of chapter 7
+The ring of chapter 7 (parallel/dp/ring.py), the other all-reduces of its second part
+(parallel/collectives/algorithms.py) and the tensor-parallel layers of chapter 8
 (parallel/tp/layers.py) all send through these.
 """
 

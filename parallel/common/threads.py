@@ -5,7 +5,7 @@ By default nothing here changes any thread: the scheduling of gloo's threads is 
 operating system's business. The readers (``thread_cpu_s``, ``io_threads``, ``io_thread_nices``)
 only look, in /proc.
 
-The opt-in setting is the lock-holder-preemption experiment of chapter 6, continued
+The opt-in setting is the lock-holder-preemption experiment of chapter 7, continued
 (parallel/collectives/README.md). With more busy threads than cores, gloo's I/O thread, woken
 by a message, can preempt the rank's main thread while that thread holds the connection's lock,
 then spin on the lock until a scheduler tick lets the holder run. A lower priority for the I/O

@@ -6,8 +6,8 @@ samples) / (global batch size), and runs backward; once the gradients are summed
 that split the batch, every rank steps its optimiser with the gradient of the global-batch
 mean, exactly as one process would.
 
-What differs between plain data parallelism (chapter 6, parallel/dp/trainer.py), ZeRO
-(chapter 6 continued, parallel/collectives/zero.py) and tensor parallelism (chapter 7,
+What differs between plain data parallelism (chapter 7, parallel/dp/trainer.py), ZeRO
+(chapter 7 continued, parallel/collectives/zero.py) and tensor parallelism (chapter 8,
 parallel/tp/training.py) lives in a ``Strategy``: which model a rank builds, which optimiser,
 how the gradients are summed, what a checkpoint gathers. ``train(config, how)`` is the same
 loop for all of them; distributed.py picks the strategy its flags ask for.

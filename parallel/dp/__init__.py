@@ -1,4 +1,4 @@
-"""Chapter 6, data parallelism (README.md). Read the code in this order: simple.py (a ring
+"""Chapter 7, data parallelism (README.md). Read the code in this order: simple.py (a ring
 all-reduce and a training loop, whole on one screen), ring.py (the ring as the rest of the
 project uses it, its messages sent through ../common/p2p.py), reducer.py (gradient buckets
 reduced during backward), ../common/training.py (the training loop every chapter shares) with

@@ -1,4 +1,4 @@
-"""Chapter 6's benchmark, run on every rank by ``distributed.py --bench step``: one training step
+"""Chapter 7's benchmark, run on every rank by ``distributed.py --bench step``: one training step
 (forward, backward, gradient averaging, optimiser step) of our loop with and without overlap,
 against torch's DistributedDataParallel, on the same model, data and shard. Interleaved round
 by round, in a new order each round (benchmark.measure, order="shuffle"); a sample is the

@@ -1,4 +1,4 @@
-"""Draw chapter 6's figure of the ring all-reduce: who holds which partial sum, step by step.
+"""Draw chapter 7's figure of the ring all-reduce: who holds which partial sum, step by step.
 
 dp_ring.png: parallel/dp/simple.py's ``ring_all_reduce`` run on 4 simulated ranks (threads that
 pass messages through queues in place of torch.distributed), with one element per chunk. Rank r

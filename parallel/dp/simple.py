@@ -1,4 +1,4 @@
-"""The whole idea of chapter 6 on one screen: a ring all-reduce and a training loop that uses it.
+"""The whole idea of chapter 7 on one screen: a ring all-reduce and a training loop that uses it.
 
 The ring: n ranks, each sends to its right neighbour and receives from its left. Cut the tensor
 into n chunks. In n − 1 reduce-scatter steps every rank passes a partial sum on and adds the one

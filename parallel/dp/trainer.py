@@ -1,4 +1,4 @@
-"""Plain data parallelism (chapter 6): the strategy the training loop of
+"""Plain data parallelism (chapter 7): the strategy the training loop of
 parallel/common/training.py runs by default, and the one the later chapters extend.
 
 Every rank holds the whole model and takes its shard of each global batch. Before the first

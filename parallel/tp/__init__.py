@@ -1,4 +1,4 @@
-"""Chapter 7, tensor parallelism (README.md). Read the code in this order: layers.py (the
+"""Chapter 8, tensor parallelism (README.md). Read the code in this order: layers.py (the
 column- and row-parallel Dense layers, and their sequence-parallel, overlapped form),
 training.py (the dp × tp process groups, checkpoints of the unsharded state, and
 TensorParallel, the training loop's strategy); bench.py

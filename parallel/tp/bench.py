@@ -1,4 +1,4 @@
-"""Chapter 7's benchmark, run on every rank by ``distributed.py --bench tp``: one step of a
+"""Chapter 8's benchmark, run on every rank by ``distributed.py --bench tp``: one step of a
 sequence-parallel MLP pair (D -> H -> D), its collectives overlapped with the GEMMs or not,
 against torch's own tensor parallelism (parallelize_module) on the same weights.
 """
@@ -151,7 +151,7 @@ def tp(config: Config, json_path: str | None) -> None:
               "overlapped_over_dtensor": statistics.median(
                   o / t for o, t in zip(slowest["overlapped"], slowest["dtensor"])),
               "results": results, "timeline": timelines,
-              # the goals chapter 7 sets, judged on this run's paired medians
+              # the goals chapter 8 sets, judged on this run's paired medians
               "goals": {"comm_share_at_least_0.30": by["unoverlapped"]["comm_share"] >= 0.30,
                         "overlapped_at_most_0.85_of_unoverlapped": by["overlapped"]["ratio_to_unoverlapped"] <= 0.85,
                         "overlapped_no_slower_than_dtensor": statistics.median(

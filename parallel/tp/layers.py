@@ -1,4 +1,4 @@
-"""Tensor parallelism on our ring (chapter 7): split one layer's weights between ranks.
+"""Tensor parallelism on our ring (chapter 8): split one layer's weights between ranks.
 
     col = ColumnParallelDense(1024, 4096, mode="cpp", group=tp_group)   # W's rows (outputs) split
     row = RowParallelDense(4096, 1024, mode="cpp", group=tp_group)      # W's columns (inputs) split

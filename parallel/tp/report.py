@@ -1,4 +1,4 @@
-"""Chapter 7's measured figures: bytes sent per step (DP, TP, DP × TP), who holds which shard,
+"""Chapter 8's measured figures: bytes sent per step (DP, TP, DP × TP), who holds which shard,
 and the overlap timeline of a `distributed.py --bench tp` run.
 
 Examples:
@@ -40,7 +40,7 @@ def _one_step(tp: int) -> dict:
     """One training step on this rank; the bytes this rank's ring sends during it. The dp group
     sums the gradients with one ring all-reduce, so that both kinds of traffic go by the ring
     and its formula. (In distributed.py's training the gradient buckets go by the all-reduce
-    that picks an algorithm by message size, chapter 6 continued: over 4 ranks a small bucket
+    that picks an algorithm by message size, chapter 7 continued: over 4 ranks a small bucket
     may go by recursive doubling, which sends 2N, not 1.5N.)"""
     from parallel.common.p2p import SENT_BYTES
     from parallel.common.training import build_model

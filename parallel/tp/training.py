@@ -146,7 +146,7 @@ def make_layout(tp: int) -> Layout:
 
 class TensorParallel(DataParallel):
     """The training loop's strategy (parallel/common/training.py) over a dp × tp layout:
-    chapter 6's DataParallel, except that the ranks of a tensor-parallel group share a data
+    chapter 7's DataParallel, except that the ranks of a tensor-parallel group share a data
     shard and split the hidden layers (build_tp_model); the data-parallel ranks (dp_rank of dp)
     split the batch and sum their gradients over ``dp_group``. Checkpoints hold the unsharded
     state."""
