@@ -68,10 +68,19 @@ def source_digest(files: Iterable[Path], *settings: str) -> str:
     return digest.hexdigest()[:12]
 
 
-def load_file(path: str, name: str) -> ModuleType:
-    """The module in file `path` (relative to the repository's root), loaded once under `name`.
-    The stage folders are not packages (``py/`` cannot be one: pytest ships a module ``py``), so
-    their scripts load each other by file; `name` is the one every loader uses for that file."""
+def module_name(path: str) -> str:
+    """The one name a file is loaded under: its path without ``.py``, ``/`` as ``_``
+    (``cuda/static_report.py`` is ``cuda_static_report``; ``cuda/bench_gpu.py`` and
+    ``tiles/bench_gpu.py`` stay apart)."""
+    return path.removesuffix(".py").replace("/", "_").replace("-", "_")
+
+
+def load_file(path: str, name: str | None = None) -> ModuleType:
+    """The module in file `path` (relative to the repository's root), loaded once under
+    module_name(path) (or `name`). The stage folders are not packages (``py/`` cannot be one:
+    pytest ships a module ``py``; ``cuda`` is NVIDIA's Python package), so their scripts load each
+    other by file, through this one function."""
+    name = name or module_name(path)
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, ROOT / path)
         module = importlib.util.module_from_spec(spec)

@@ -47,6 +47,9 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
 
 import cli  # noqa: E402
 
+disasm = cli.load_file("cuda/sass.py")  # ptxas's lines and the SASS, read
+tables = cli.load_file("cuda/static_tables.py")  # the record's tables
+
 # The cuda stage's translation units (cuda/dense.py builds the same list), one per GEMM version.
 DEFAULT_SOURCES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "cuda" / "units").glob("*.cu"))
 GEMM = re.compile(r"^dense_gemm_v(\d+)_(nt|nn|tn)_(f32|f64|bf16|f16)$")
@@ -354,269 +357,6 @@ def hopper_slices(m: int, n: int, k: int, bm: int, bn: int, bk: int, sm_count: i
 
 
 # ---------------------------------------------------------------------------------------
-# Tools: nvcc and ptxas, cuobjdump (+ nvdisasm, which it calls for -sass), from the toolkit or
-# from the package index (requirements-cuda.txt), found by cli.cuda_tool.
-# ---------------------------------------------------------------------------------------
-PIP_SASS = cli.CUDA_TOOLS_PIP
-
-
-find_tool = cli.cuda_tool  # nvcc, ptxas, cuobjdump, nvdisasm: PATH, $CUDA_HOME, pip's wheels, /usr/local/cuda
-
-
-def sass_tools() -> tuple[str | None, str]:
-    """cuobjdump for -sass (it needs nvdisasm too), or None and the reason."""
-    cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
-    if cuobjdump is None or nvdisasm is None:
-        missing = [n for n, p in (("cuobjdump", cuobjdump), ("nvdisasm", nvdisasm)) if p is None]
-        return None, (f"the SASS needs {' and '.join(missing)}, not found: install the CUDA toolkit, "
-                      f"or {PIP_SASS}")
-    return cuobjdump, ""
-
-
-def tool_version(path: str) -> str:
-    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
-    m = re.search(r"release [\d.]+, V[\d.]+", out)
-    return m.group(0) if m else out.strip().splitlines()[-1] if out.strip() else "unknown"
-
-
-def run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if result.returncode != 0:
-        raise SystemExit(f"{what} failed ({' '.join(cmd)}):\n{result.stderr[-3000:]}")
-    return result
-
-
-def disassemble(cubin: Path, cuobjdump: str) -> str:
-    env = dict(os.environ)
-    nvdisasm = find_tool("nvdisasm")
-    if nvdisasm:  # cuobjdump looks for nvdisasm on PATH or in NVDISASM_PATH
-        env["NVDISASM_PATH"] = str(Path(nvdisasm).parent)
-        env["PATH"] = str(Path(nvdisasm).parent) + os.pathsep + env.get("PATH", "")
-    result = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env, timeout=900)
-    if result.returncode != 0:
-        raise SystemExit(f"cuobjdump -sass failed:\n{result.stderr[-3000:]}")
-    return result.stdout
-
-
-def function_text(sass: str, name: str) -> str | None:
-    """One function's part of cuobjdump -sass output (its header to the next function's), or None."""
-    lines, inside = [], False
-    for line in sass.splitlines():
-        if m := re.match(r"\s*Function : (\S+)", line):
-            if inside:
-                break
-            inside = m.group(1) == name
-        if inside:
-            lines.append(line)
-    return "\n".join(lines) if lines else None
-
-
-# ---------------------------------------------------------------------------------------
-# ptxas -v and PTX
-# ---------------------------------------------------------------------------------------
-def parse_ptxas(output: str) -> dict[str, dict]:
-    """ptxas -v output -> {entry: registers, barriers, shared_bytes, spill stores/loads, stack}."""
-    info: dict[str, dict] = {}
-    entry = props_for = None
-    for line in output.splitlines():
-        if m := re.search(r"Compiling entry function '(\w+)'", line):
-            entry = m.group(1)
-            info[entry] = {"registers": 0, "barriers": 0, "shared_bytes": 0, "spill_stores": 0, "spill_loads": 0,
-                           "stack_bytes": 0}
-        elif m := re.search(r"Function properties for (\w+)", line):
-            props_for = m.group(1)
-        elif props_for and "spill stores" in line:
-            if props_for in info:
-                nums = [int(x) for x in re.findall(r"(\d+) bytes", line)]
-                info[props_for].update(stack_bytes=nums[0], spill_stores=nums[1], spill_loads=nums[2])
-            props_for = None
-        elif entry and (m := re.search(r"Used (\d+) registers", line)):
-            rec = info[entry]
-            rec["registers"] = int(m.group(1))
-            if b := re.search(r"used (\d+) barriers", line):
-                rec["barriers"] = int(b.group(1))
-            if s := re.search(r"(\d+) bytes smem", line):
-                rec["shared_bytes"] = int(s.group(1))
-    return info
-
-
-def launch_bounds(ptx: str) -> dict[str, int]:
-    """Each entry's .maxntid (its __launch_bounds__), as a thread count."""
-    bounds = {}
-    for m in re.finditer(r"\.entry (\w+)\((?:.*?)\)\s*((?:\.\w+[^\n{]*\n\s*)*)\{", ptx, re.S):
-        if nt := re.search(r"\.maxntid\s+(\d+),\s*(\d+),\s*(\d+)", m.group(2)):
-            bounds[m.group(1)] = math.prod(int(x) for x in nt.groups())
-    return bounds
-
-
-# ---------------------------------------------------------------------------------------
-# SASS: functions, loops, the instruction mix
-# ---------------------------------------------------------------------------------------
-@dataclass
-class Instr:
-    addr: int
-    pred: str
-    op: str
-    args: str
-
-
-# An opcode may hold lower-case letters: wgmma's HGMMA.64x128x16.F32.BF16.
-LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][\w.]*)\s*([^;]*);")
-
-
-def parse_sass(text: str) -> dict[str, list[Instr]]:
-    """cuobjdump -sass output -> {function name: its instructions in address order}."""
-    functions: dict[str, list[Instr]] = {}
-    current: list[Instr] | None = None
-    for line in text.splitlines():
-        if m := re.match(r"\s*Function : (\S+)", line):
-            current = functions.setdefault(m.group(1), [])
-        elif current is not None and (m := LINE.search(line)):
-            current.append(Instr(int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip()))
-    return functions
-
-
-def branch_target(ins: Instr) -> int | None:
-    if not ins.op.startswith("BRA"):
-        return None
-    m = re.findall(r"0x([0-9a-f]+)", ins.args)
-    return int(m[-1], 16) if m else None
-
-
-def loops(code: list[Instr]) -> list[tuple[int, int]]:
-    """Every backward branch makes a loop: [its target, the branch]."""
-    return sorted({(t, i.addr) for i in code if (t := branch_target(i)) is not None and t <= i.addr})
-
-
-def call_targets(code: list[Instr]) -> set[int]:
-    """The addresses a kernel CALLs (subroutines ptxas placed after the kernel's own code)."""
-    return {int(re.findall(r"0x([0-9a-f]+)", i.args)[-1], 16) for i in code
-            if i.op.startswith("CALL") and re.search(r"0x[0-9a-f]+", i.args)}
-
-
-def callee_addresses(code: list[Instr], targets: set[int] | None = None) -> set[int]:
-    """The addresses of the code a kernel reaches by CALL: each callee spans its target to the
-    first RET after it."""
-    inside = set()
-    for t in sorted(call_targets(code) if targets is None else targets):
-        for i in code:
-            if i.addr >= t:
-                inside.add(i.addr)
-                if i.op.startswith("RET"):
-                    break
-    return inside
-
-
-def calls(code: list[Instr]) -> dict:
-    """How many subroutines a kernel calls, and where its MUFU.EX2 (the sigmoid's exponential)
-    is: in the kernel's own code (the sigmoid is inlined) or in a subroutine (a call per output).
-    A subroutine spans its entry to the first RET after it."""
-    targets = call_targets(code)
-    inside = callee_addresses(code, targets)
-    ex2 = [i for i in code if i.op.startswith("MUFU.EX2")]
-    return {"targets": len(targets), "mufu_ex2_inline": sum(i.addr not in inside for i in ex2),
-            "mufu_ex2_in_callees": sum(i.addr in inside for i in ex2)}
-
-
-def is_fma(op: str) -> bool:
-    """A float32/float64 multiply-add. Not HFMA2: the kernels do no half-precision maths, and
-    ptxas uses `HFMA2.MMA Rn, -RZ, RZ, 0, 0` to zero a register (it would count as an FMA)."""
-    return op.split(".")[0] in ("FFMA", "DFMA", "FFMA2")
-
-
-def width(op: str) -> str:
-    """Access width in bits from a memory opcode's modifiers (LDS.128 -> 128, LDG.E -> 32)."""
-    mods = op.split(".")[1:]
-    for w in ("128", "64", "U16", "S16", "U8", "S8"):
-        if w in mods:
-            return {"U16": "16", "S16": "16", "U8": "8", "S8": "8"}.get(w, w)
-    return "32"
-
-
-def never_runs(ins: Instr) -> bool:
-    """Predicated on !PT (never true): ptxas pads before each cp.async with `@!PT LDS RZ, [RZ]`,
-    which no thread executes; counting them would add shared loads that never happen."""
-    return ins.pred == "@!PT"
-
-
-def mix(code: list[Instr]) -> dict:
-    """Counts that tell the story of a GEMM loop: multiply-adds, and loads by kind and width,
-    of the instructions that can run. (Instructions: all but the NOPs that pad a function to
-    its alignment.)"""
-    out: dict = {"instructions": sum(1 for i in code if i.op != "NOP"), "fma": 0,
-                 "lds": {}, "ldg": {}, "ldgsts": {}, "sts": {}, "stg": {}, "bar": 0, "shfl": 0, "mufu": {}}
-    for i in code:
-        if never_runs(i):
-            continue
-        base = i.op.split(".")[0]
-        if is_fma(i.op):
-            out["fma"] += 1
-        elif base in ("LDS", "LDG", "LDGSTS", "STS", "STG"):
-            bucket = out[base.lower()]
-            bucket[width(i.op)] = bucket.get(width(i.op), 0) + 1
-        elif base == "BAR":
-            out["bar"] += 1
-        elif base == "SHFL":
-            out["shfl"] += 1
-        elif base == "MUFU":
-            out["mufu"][i.op] = out["mufu"].get(i.op, 0) + 1
-    lds = sum(out["lds"].values())
-    out["fma_per_lds"] = out["fma"] / lds if lds else None
-    return out
-
-
-def is_mma(op: str) -> bool:
-    """A tensor-core mma: mma.sync's HMMA.16816.F32.BF16 (bfloat16), HMMA.16816.F32 (float16),
-    HMMA.1688.F32.TF32 (tf32), or wgmma's HGMMA (sm_90a). Not HFMA2.MMA, which is a
-    half-precision FMA (see is_fma)."""
-    return op.split(".")[0] in ("HMMA", "HGMMA")
-
-
-# The opcodes a census names in full: the tensor cores' mma's, ldmatrix (LDSM.16.M88.4; .MT88 with
-# .trans), cp.async (LDGSTS) with its commit (LDGDEPBAR) and wait (DEPBAR); on sm_90a wgmma's
-# HGMMA with its WARPGROUP fences, and TMA's UTMALDG.
-CENSUS = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "LDGDEPBAR", "DEPBAR", "WARPGROUP", "UTMALDG")
-
-
-def census(code: list[Instr]) -> dict[str, int]:
-    """The tensor-core and cp.async instructions by full opcode, with their counts (static)."""
-    out: dict[str, int] = {}
-    for i in code:
-        if i.op.split(".")[0] in CENSUS and not never_runs(i):
-            out[i.op] = out.get(i.op, 0) + 1
-    return dict(sorted(out.items()))
-
-
-def inner_loop(code: list[Instr]) -> dict | None:
-    """The innermost loop that multiplies, and its instruction mix.
-
-    Method: each backward branch (a BRA to a lower address) closes a loop spanning its target
-    to itself. Keep the loops that contain FFMA/DFMA or HMMA; drop those that contain another
-    such loop; of the rest take the one with the most of them (v1's unrolled main loop rather
-    than its remainder). Counts are static: each instruction in the address range once, nested
-    loops (e.g. a tile-loading loop inside the k loop) included once. Besides mix(): `mma`, the
-    HMMA count, `ldsm`, the ldmatrix count, and `census`, those and cp.async's by full opcode.
-    """
-    def multiplies(op: str) -> bool:
-        return is_fma(op) or is_mma(op)
-
-    spans = []
-    for start, end in loops(code):
-        body = [i for i in code if start <= i.addr <= end]
-        if any(multiplies(i.op) for i in body):
-            spans.append((start, end, body))
-    inner = [s for s in spans if not any(o is not s and s[0] <= o[0] and o[1] <= s[1] and (o[0], o[1]) != (s[0], s[1])
-                                         for o in spans)]
-    if not inner:
-        return None
-    start, end, body = max(inner, key=lambda s: (sum(multiplies(i.op) for i in s[2]), -(s[1] - s[0])))
-    nested = sum(1 for a, b in loops(code) if start <= a and b <= end and (a, b) != (start, end))
-    return {"start": f"{start:#06x}", "end": f"{end:#06x}", "nested_loops": nested, **mix(body),
-            "mma": sum(is_mma(i.op) for i in body), "ldsm": sum(i.op.startswith("LDSM") for i in body),
-            "census": census(body)}
-
-
-# ---------------------------------------------------------------------------------------
 # The report
 # ---------------------------------------------------------------------------------------
 @dataclass
@@ -649,7 +389,7 @@ def compile_sources(sources: list[Path], arch: str, workdir: Path) -> tuple[str,
     (all PTX, all ptxas output, cubin paths), in the order of `sources`. The outputs are kept in
     build/static_report/ and used again while nothing they come from has changed (the report, its
     --sass and the tests ask for the same compile several times; it takes minutes on 2 cores)."""
-    nvcc, ptxas = find_tool("nvcc"), find_tool("ptxas")
+    nvcc, ptxas = disasm.find_tool("nvcc"), disasm.find_tool("ptxas")
     if nvcc is None or ptxas is None:
         raise SystemExit("nvcc and ptxas are needed: nothing can be compiled without them; install the CUDA toolkit, "
                          f"or {cli.CUDA_TOOLS_PIP} (no GPU needed)")
@@ -673,6 +413,13 @@ def compile_sources(sources: list[Path], arch: str, workdir: Path) -> tuple[str,
         return (out / "all.ptx").read_text(), (out / "ptxas.log").read_text(), cubins
 
 
+def run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise SystemExit(f"{what} failed ({' '.join(cmd)}):\n{result.stderr[-3000:]}")
+    return result
+
+
 def _compile(sources: list[Path], arch: str, workdir: Path, nvcc: str, ptxas: str) -> tuple[str, str, list[str]]:
     def one(n: int, src: Path) -> tuple[str, str, str]:
         ptx, cubin = workdir / f"{arch}_k{n}.ptx", workdir / f"{arch}_k{n}.cubin"
@@ -690,11 +437,11 @@ def analyse(sources: list[Path], arch: str, k: int, cuobjdump: str | None, devic
     report = Report()
     with tempfile.TemporaryDirectory() as tmp:
         ptx, log, cubins = compile_sources(sources, arch, Path(tmp))
-        functions: dict[str, list[Instr]] = {}
+        functions: dict[str, list[disasm.Instr]] = {}
         if cuobjdump:
             for cubin in cubins:
-                functions.update(parse_sass(disassemble(Path(cubin), cuobjdump)))
-    usage, bounds = parse_ptxas(log), launch_bounds(ptx)
+                functions.update(disasm.parse_sass(disasm.disassemble(Path(cubin), cuobjdump)))
+    usage, bounds = disasm.parse_ptxas(log), disasm.launch_bounds(ptx)
     if not any(GEMM.match(n) for n in usage):
         raise SystemExit(f"no dense_gemm_v*_{{nt,nn,tn}}_{{{','.join(DTYPES)}}} entry found in "
                          f"{', '.join(map(str, sources))}")
@@ -774,30 +521,13 @@ def analyse(sources: list[Path], arch: str, k: int, cuobjdump: str | None, devic
             code = functions.get(name, [])
             rec["sass_instructions"] = len(code)
             if m:
-                rec["inner_loop"] = inner_loop(code)
-                rec["calls"] = calls(code)
-                rec["census"] = census(code)  # the whole kernel's
+                rec["inner_loop"] = disasm.inner_loop(code)
+                rec["calls"] = disasm.calls(code)
+                rec["census"] = disasm.census(code)  # the whole kernel's
             else:  # the backward's kernels and the second passes: the whole kernel's mix
-                rec["mix"] = mix(code)
+                rec["mix"] = disasm.mix(code)
         (report.other_kernels if not m else report.kernels if m.re is GEMM else report.candidates).append(rec)
     return report
-
-
-# The figures every architecture gets for every entry (Report.archs), beside the first one's full records.
-COMPACT = ("registers", "spill_stores", "spill_loads", "stack_bytes", "shared_bytes", "threads", "blocks_per_sm",
-           "occupancy_limited_by")
-
-
-def compact(rec: dict) -> dict:
-    """One entry's figures on one architecture: ptxas's, the occupancy, and where there is SASS
-    the main loop's multiplies (FFMA/DFMA, HMMA), ldmatrix's and the census of the tensor-core and
-    cp.async instructions, in the loop and in the whole kernel."""
-    out = {x: rec.get(x) for x in COMPACT}
-    if loop := rec.get("inner_loop"):
-        out["loop"] = {"fma": loop["fma"], "mma": loop["mma"], "ldsm": loop["ldsm"], "census": loop["census"]}
-    if rec.get("census"):
-        out["census"] = rec["census"]
-    return out
 
 
 def build(sources: list[Path], archs: tuple[str, ...] = ARCHS, k: int = 4096, sass: bool = True,
@@ -806,10 +536,10 @@ def build(sources: list[Path], archs: tuple[str, ...] = ARCHS, k: int = 4096, sa
     architecture's full records, and every architecture's compact figures (Report.archs).
     Returns the report and a description of the tools."""
     devices = {**DEVICES, **(devices or {})}
-    cuobjdump, why_not = sass_tools() if sass else (None, "not asked for (--no-sass)")
-    tools = {"nvcc": tool_version(find_tool("nvcc") or "nvcc") if find_tool("nvcc") else None,
-             "ptxas": tool_version(find_tool("ptxas")) if find_tool("ptxas") else None,
-             "cuobjdump": tool_version(cuobjdump) if cuobjdump else None,
+    cuobjdump, why_not = disasm.sass_tools() if sass else (None, "not asked for (--no-sass)")
+    tools = {"nvcc": disasm.tool_version(disasm.find_tool("nvcc") or "nvcc") if disasm.find_tool("nvcc") else None,
+             "ptxas": disasm.tool_version(disasm.find_tool("ptxas")) if disasm.find_tool("ptxas") else None,
+             "cuobjdump": disasm.tool_version(cuobjdump) if cuobjdump else None,
              "sass": {"available": cuobjdump is not None, "reason": why_not or None}}
     report: Report | None = None
     for arch in archs:
@@ -818,7 +548,7 @@ def build(sources: list[Path], archs: tuple[str, ...] = ARCHS, k: int = 4096, sa
             report = got
         report.warnings += [w for w in got.warnings if w not in report.warnings]
         every = got.kernels + got.candidates + got.other_kernels
-        report.archs[arch] = {"device": asdict(devices[arch]), "entries": {r["name"]: compact(r) for r in every}}
+        report.archs[arch] = {"device": asdict(devices[arch]), "entries": {r["name"]: tables.compact(r) for r in every}}
     assert report is not None, "no architecture given"
     return report, tools
 
@@ -850,285 +580,17 @@ def timings(paths: list[str]) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------------------------------
-# The table (docs/render.py marker kind "static")
-# ---------------------------------------------------------------------------------------
-def _mix_cell(loop: dict | None, sep: str = " : ") -> str:
-    if not loop:
-        return "–"
-    def widths(d: dict) -> str:
-        return "+".join(f"{n}×{w}" for w, n in sorted(d.items(), key=lambda kv: int(kv[0]))) or "0"
-    cp_async = f" + cp.async {widths(loop['ldgsts'])}" if loop["ldgsts"] else ""
-    return f"{loop['fma']}{sep}{widths(loop['lds'])}{sep}{widths(loop['ldg'])}{cp_async}"
-
-
-def uses_tensor_cores(rec: dict) -> bool:
-    """A GEMM record of a tensor-core version: TILES says so, or its main loop has HMMA's."""
-    return "tensor_cores" in rec.get("napkin", {}) or bool((rec.get("inner_loop") or {}).get("mma"))
-
-
-def _dtype_order(dt: str) -> int:
-    return DTYPES.index(dt) if dt in DTYPES else len(DTYPES)
-
-
-def table(record: dict) -> str:
-    """One row per CUDA-core version and dtype; registers for the three layouts, the rest for nt
-    (forward). The tensor-core versions have a table of their own (tensor_core_table)."""
-    by = {}
-    for k in record["kernels"]:
-        if not uses_tensor_cores(k):
-            by.setdefault((k["version"], k["dtype"]), {})[k["layout"]] = k
-    times = {(t["version"], t["dtype"]): t for t in record.get("timings", [])}
-    sass = record["tools"]["sass"]["available"]
-    timed = " GFLOP/s | % of cuBLAS |" if times else ""
-    head = ["| v | dtype | tile BM×BN (TM×TN) | threads | FLOP/B | regs nt/nn/tn | smem B | spills | blocks/SM "
-            f"nt/nn/tn (bound by) | inner loop FMA:LDS:LDG |{timed}",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if times else "")]
-    rows: list = []
-    for (v, dt), lay in sorted(by.items(), key=lambda kv: (kv[0][0], _dtype_order(kv[0][1]))):
-        nt = lay.get("nt") or next(iter(lay.values()))
-        tile = nt.get("tile")
-        tile_cell = f"{tile['bm']}×{tile['bn']} ({tile['tm']}×{tile['tn']})" if tile else "?"
-        ai = f"{nt['napkin']['flop_per_byte']:.2f}" if nt.get("napkin") else "?"
-        regs = "/".join(str(lay[x]["registers"]) if x in lay else "–" for x in ("nt", "nn", "tn"))
-        spills = max(x["spill_bytes"] for x in lay.values())
-        blocks = "/".join(str(lay[x]["blocks_per_sm"]) if lay.get(x, {}).get("blocks_per_sm") is not None else "–"
-                          for x in ("nt", "nn", "tn"))
-        bound = sorted({b for x in lay.values() for b in x.get("occupancy_limited_by") or []})
-        occ = f"{blocks} ({'+'.join(bound)})" if bound else blocks
-        loop = _mix_cell(nt.get("inner_loop"), ":") if sass else "no SASS"  # compact: tables count as words
-        row = (f"| {v} | {dt} | {tile_cell} | {nt['threads']} | {ai} | {regs} | {nt['shared_bytes']} | "
-               f"{spills} | {occ} | {loop} |")
-        if times:
-            t = times.get((v, dt))
-            gf, share = (f"{t['gflops']:.0f}", f"{100 * t['share_of_cublas']:.1f}") if t else ("not measured",) * 2
-            row += f" {gf} | {share} |"
-        rows.append(row)
-    d = record["device"]
-    notes = [f"\n{record['arch']}, ptxas {record['tools']['ptxas']}, {d['name']}, K={record['k']} for FLOP/B, "
-             f"{record['date']}: `{record['command']}`"]
-    split: dict[int, set] = {}
-    for k in record["kernels"]:
-        if k.get("napkin", {}).get("slices", 1) > 1:
-            split.setdefault(k["version"], set()).add((k["dtype"], k["napkin"]["slices"]))
-            at = k["napkin"]["slices_at"]
-    if split:
-        each = "; ".join(f"v{v} " + ", ".join(f"{s} slices ({dt})" for dt, s in
-                                              sorted(split[v], key=lambda x: _dtype_order(x[0])))
-                         for v in sorted(split))
-        notes.append(f"Split-K: FLOP/B includes the partial products ({each}), the slices taken at "
-                     f"B={at['batch']}, I=O={at['in']} on {at['sm_count']} SMs.")
-    if not sass:
-        notes.append(f"SASS columns left out: {record['tools']['sass']['reason']}.")
-    if record.get("timings"):
-        src = sorted({f"{t['device']} ({t['file']})" for t in record["timings"]})
-        notes.append("Timings: forward only, from " + ", ".join(src) + ".")
-    else:
-        notes.append("GPU timings: none joined (--timings).")
-    for w in record.get("warnings", []):
-        notes.append(f"Warning: {w}")
-    return "\n".join(head + rows + notes + _other_table(record))
-
-
-def chapter_table(record: dict) -> str:
-    """The chapter's version of table(): float32 rows, without the backward's kernels (the script
-    prints all of them; a chapter's tables count against its word budget)."""
-    kept = {**record, "kernels": [k for k in record["kernels"] if k["dtype"] == "f32" and not uses_tensor_cores(k)],
-            "other_kernels": []}
-    text = table(kept)
-    return text + "\n\nfloat64 rows and the backward's kernels: `python cuda/static_report.py`."
-
-
-def candidates_table(record: dict) -> str:
-    """The autotuning candidates: one row each (float32), registers and blocks per SM per layout.
-    The script prints it after table(); a page shows it through a marker of its own."""
-    return "\n".join(_candidates_table(record)).strip()
-
-
-def _candidates_table(record: dict) -> list[str]:
-    by: dict[int, dict] = {}
-    for k in record.get("candidates", []):
-        by.setdefault(k["candidate"], {})[k["layout"]] = k
-    if not by:
-        return []
-    sass = record["tools"]["sass"]["available"]
-    rows = ["", "The autotuning candidates: v11's template at other shapes (float32; `dense_kernels::kTuneCandidates`, "
-            "tile BM×BN×BK, warp tile WM×WN in pieces of TM×TN, a lane's outputs in brackets):", "",
-            "| # | tile | warp (piece) [lane] | threads | min blocks | FLOP/B | regs nt/nn/tn | smem B | spills | "
-            "blocks/SM nt/nn/tn | inner loop FMA:LDS:LDG |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for i, lay in sorted(by.items()):
-        nt = lay.get("nt") or next(iter(lay.values()))
-        sh, tile = nt.get("shape"), nt.get("tile")
-        shape = f"{sh['bm']}×{sh['bn']}×{sh['bk']}" if sh else "?"
-        warp = f"{sh['wm']}×{sh['wn']} ({sh['tm']}×{sh['tn']}) [{tile['tm']}×{tile['tn']}]" if sh else "?"
-        ai = f"{nt['napkin']['flop_per_byte']:.2f}" if nt.get("napkin") else "?"
-        regs = "/".join(str(lay[x]["registers"]) if x in lay else "–" for x in ("nt", "nn", "tn"))
-        blocks = "/".join(str(lay[x]["blocks_per_sm"]) if lay.get(x, {}).get("blocks_per_sm") is not None else "–"
-                          for x in ("nt", "nn", "tn"))
-        rows.append(f"| {i} | {shape} | {warp} | {nt['threads']} | {sh['min_blocks'] if sh else '?'} | {ai} | "
-                    f"{regs} | {nt['shared_bytes']} | {max(x['spill_bytes'] for x in lay.values())} | {blocks} | "
-                    f"{_mix_cell(nt.get('inner_loop'), ':') if sass else 'no SASS'} |")
-    return rows
-
-
-def _arch_entries(record: dict) -> dict[str, dict]:
-    """{architecture: {entry name: compact figures}}, lowest architecture first: the record's
-    per-architecture figures, or for a record without them its own (one architecture's) records."""
-    found = {a: x["entries"] for a, x in record.get("archs", {}).items()} or \
-        {record["arch"]: {r["name"]: compact(r) for r in
-                          record["kernels"] + record.get("candidates", []) + record.get("other_kernels", [])}}
-    return dict(sorted(found.items(), key=lambda kv: int(re.sub(r"\D", "", kv[0]) or 0)))
-
-
-def _loop_cell(loop: dict | None) -> str:
-    """A main loop in a few words: multiply-adds, the tensor-core and cp.async instructions by
-    their SASS names, and plain shared and global loads as count×bits."""
-    if not loop:
-        return "–"
-    def widths(d: dict) -> str:
-        return "+".join(f"{n}×{w}" for w, n in sorted(d.items(), key=lambda kv: int(kv[0])))
-    # where the tensor cores multiply, FFMA's in the loop's range are the epilogue's or conversions
-    parts = [f"{loop['fma']} FFMA"] if loop["fma"] and not loop.get("mma") else []
-    parts += [f"{n} {op}" for op, n in loop.get("census", {}).items()
-              if op.startswith(("HMMA", "HGMMA", "LDSM", "LDGSTS", "UTMALDG"))]
-    parts += [f"{name} {widths(loop[key])}" for name, key in (("LDS", "lds"), ("LDG", "ldg")) if loop[key]]
-    return ", ".join(parts)
-
-
-def tensor_core_table(record: dict) -> str:
-    """The tensor-core versions, after the CUDA-core versions built for bfloat16 and float16 (their
-    baseline): one row per version and element type; registers and blocks per SM on each
-    architecture of the record, for the three layouts; shared memory, spills and stack frame
-    (the most of any layout and architecture); the main loop's instructions per pass (one k-step)
-    for nt on the record's first architecture, and its mma count (HMMA, HGMMA) on each; "–" where
-    a version does not run (its kernels there are a trap)."""
-    entries = _arch_entries(record)
-    archs = list(entries)
-    by: dict[tuple[int, str], dict] = {}
-    elsewhere: dict[str, set] = {}  # versions built for an architecture the record does not have
-    for k in record["kernels"]:
-        if k.get("needs") and k["needs"] not in archs:
-            elsewhere.setdefault(k["needs"], set()).add(k["version"])
-        elif uses_tensor_cores(k) or k["dtype"] in ("bf16", "f16"):
-            by.setdefault((k["version"], k["dtype"]), {})[k["layout"]] = k
-    if not by:
-        return "No tensor-core or 16-bit GEMM entries in this record."
-    sass = record["tools"]["sass"]["available"]
-    per_arch = " | ".join(f"regs nt/nn/tn {a}" for a in archs)
-    blocks_head = " | ".join(f"blocks/SM {a}" for a in archs)
-    head = [f"| v | dtype | tile BM×BN×BK (warp) | threads | FLOP/B | {per_arch} | smem B | spills, stack B | "
-            f"{blocks_head} | MMA per pass {'/'.join(archs)} | main loop per pass, nt, {record['arch']} |",
-            "|---|---|---|---:|---:|" + "---:|" * len(archs) + "---:|---:|" + "---:|" * len(archs) + "---:|---|"]
-    rows: list = []
-    for (v, dt), lay in sorted(by.items(), key=lambda kv: (kv[0][0], _dtype_order(kv[0][1]))):
-        nt = lay.get("nt") or next(iter(lay.values()))
-        names = [lay[x]["name"] if x in lay else None for x in ("nt", "nn", "tn")]
-        t = nt.get("tile")
-        if t and "bk" in t:
-            tile_cell = f"{t['bm']}×{t['bn']}×{t['bk']} ({t['wm']}×{t['wn']})"
-        elif t:
-            tile_cell = f"{t['bm']}×{t['bn']} ({t['tm']}×{t['tn']})"
-        else:
-            tile_cell = "?"
-        ai = f"{nt['napkin']['flop_per_byte']:.2f}" if nt.get("napkin") else "?"
-
-        runs = [a for a in archs if not nt.get("needs") or nt["needs"] == a]  # elsewhere a trap: no figures
-
-        def each(arch: str, key: str, names: list = names, runs: list = runs) -> str:
-            return "/".join(str(entries[arch][n][key]) if arch in runs and n in entries[arch]
-                            and entries[arch][n].get(key) is not None else "–" for n in names)
-        figures = [entries[a][n] for a in runs for n in names if n in entries[a]]
-        sizes = [str(lay[x]["shared_bytes"] + lay[x].get("dynamic_shared_bytes", 0)) if x in lay else "–"
-                 for x in ("nt", "nn", "tn")]
-        smem = sizes[0] if len(set(sizes)) == 1 else "/".join(sizes)
-        spills = max((f["spill_stores"] or 0) + (f["spill_loads"] or 0) for f in figures)
-        stack = max(f["stack_bytes"] or 0 for f in figures)
-        hmma = "/".join(str(entries[a].get(nt["name"], {}).get("loop", {}).get("mma", "–")) if a in runs else "–"
-                        for a in archs) if sass else "no SASS"
-        loop = _loop_cell(nt.get("inner_loop")) if sass else "no SASS"
-        cells = (f"{tile_cell} | {nt['threads']} | {ai} | " + " | ".join(each(a, "registers") for a in archs)
-                 + f" | {smem} | {spills}, {stack} | " + " | ".join(each(a, "blocks_per_sm") for a in archs)
-                 + f" | {hmma}")
-        if dt == "f16" and rows and rows[-1][:2] == (v, cells):  # float16 as bfloat16: one row for both
-            rows[-1] = (v, cells, "bf16, f16", rows[-1][3])
-            continue
-        rows.append((v, cells, dt, loop))
-    rows = [f"| {v} | {dt} | {cells} | {loop} |" for v, cells, dt, loop in rows]
-    devices = {a: record.get("archs", {}).get(a, {}).get("device", record["device"])["name"] for a in archs}
-    notes = ["", f"{', '.join(f'{a} ({devices[a]})' for a in archs)}, ptxas {record['tools']['ptxas']}, "
-                 f"K={record['k']} for FLOP/B, {record['date']}: `{record['command']}`",
-             "Static counts, each instruction once, in the address range a loop's backward branch closes: "
-             "a pass's global loads include the element-by-element path taken where a tile is not 16-byte "
-             "aligned, and where ptxas lays out other code inside that range (the TMA versions) it is counted "
-             "too. smem B: static and dynamic, per layout nt/nn/tn where they differ. \"bf16, f16\": the same "
-             "figures in both types (the main loop shown is bfloat16's)."]
-    for arch, versions in sorted(elsewhere.items()):
-        notes.append(f"{', '.join(f'v{v}' for v in sorted(versions))}: {arch} only, "
-                     f"`python cuda/static_report.py --arch {arch}`.")
-    if not sass:
-        notes.append(f"SASS columns left out: {record['tools']['sass']['reason']}.")
-    return "\n".join(head + rows + notes)
-
-
-ROOF_PREFIX = "dense_roof_"  # cuda/tensor_cores/roof.cuh's entries: in the record, not in the backward's table
-OTHER_ORDER = ("dense_sigmoid_grad_v1", "dense_sigmoid_grad_v1_x4", "dense_sigmoid_grad_v2", "dense_sigmoid_grad_v3",
-               "dense_bias_grad_v3", "dense_splitk_reduce")
-
-
-def _other_table(record: dict) -> list[str]:
-    """The kernels that are not GEMMs (the backward's sigmoid-grad versions, the two second
-    passes): one row per kernel, its element types side by side; memory and shuffle instructions
-    counted over the whole kernel (static counts, loops once)."""
-    by: dict[str, dict] = {}
-    for k in record.get("other_kernels", []):
-        if k["name"].startswith(ROOF_PREFIX):  # the tensor cores' roofs: micro-benchmarks, not the backward's
-            continue
-        base, _, dt = k["name"].rpartition("_")
-        by.setdefault(base, {})[dt] = k
-    if not by:
-        return []
-    sass = record["tools"]["sass"]["available"]
-    types = sorted({dt for lay in by.values() for dt in lay}, key=_dtype_order)
-
-    def pair(lay: dict, f) -> str:
-        return "/".join(f(lay[dt]) if dt in lay else "–" for dt in types)
-
-    def occ(k: dict) -> str:
-        return f"{k['blocks_per_sm']} ({100 * k['occupancy']:.0f}%)" if k.get("occupancy") is not None else "?"
-
-    def loads(k: dict) -> str:
-        mx = k.get("mix")
-        if not mx:
-            return "–"
-        cell = [f"{name} " + "+".join(f"{n}×{w}" for w, n in sorted(mx[key].items(), key=lambda kv: int(kv[0])))
-                for name, key in (("LDG", "ldg"), ("STG", "stg"), ("LDS", "lds"), ("STS", "sts")) if mx[key]]
-        return ", ".join(cell + ([f"SHFL {mx['shfl']}"] if mx["shfl"] else []))
-
-    rows = ["", f"The backward's kernels and the two second passes ({'/'.join(types)}; instructions over the whole "
-            "kernel, f32, count×bits):", "",
-            "| kernel | threads | regs | smem B | spills | blocks/SM (occupancy) | memory and shuffle instructions |",
-            "|---|---:|---:|---:|---:|---|---|"]
-    order = {n: i for i, n in enumerate(OTHER_ORDER)}
-    for base, lay in sorted(by.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])):
-        first = lay.get("f32") or next(iter(lay.values()))
-        rows.append(f"| `{base}` | {first['threads']} | {pair(lay, lambda k: str(k['registers']))} | "
-                    f"{pair(lay, lambda k: str(k['shared_bytes']))} | {max(k['spill_bytes'] for k in lay.values())} | "
-                    f"{pair(lay, occ)} | {loads(first) if sass else 'no SASS'} |")
-    return rows
-
-
 def print_sass(sources: list[Path], arch: str, names: list[str]) -> int:
     """--sass: compile the sources and print the named kernels' SASS."""
-    cuobjdump, why_not = sass_tools()
+    cuobjdump, why_not = disasm.sass_tools()
     if cuobjdump is None:
         raise cli.UserError(why_not)
     with tempfile.TemporaryDirectory() as tmp:
         _, _, cubins = compile_sources(sources, arch, Path(tmp))
-        sass = "\n".join(disassemble(Path(c), cuobjdump) for c in cubins)
-    found = parse_sass(sass)
+        sass = "\n".join(disasm.disassemble(Path(c), cuobjdump) for c in cubins)
+    found = disasm.parse_sass(sass)
     for name in names:
-        text = function_text(sass, name)
+        text = disasm.function_text(sass, name)
         if text is None:
             near = difflib.get_close_matches(name, found, n=6, cutoff=0.5) or sorted(found)[:6]
             raise cli.UserError(f"--sass {name}: no such kernel; for example {', '.join(near)}")
@@ -1175,8 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     joined = timings(args.timings)  # before the compile: a bad file fails fast
     if args.sass:
         return print_sass(sources, archs[0], args.sass)
-    if not args.no_sass and sass_tools()[0] is None:
-        print(f"note: {sass_tools()[1]}; the SASS columns are left out", file=sys.stderr)
+    if not args.no_sass and disasm.sass_tools()[0] is None:
+        print(f"note: {disasm.sass_tools()[1]}; the SASS columns are left out", file=sys.stderr)
 
     report, tools = build(sources, archs, args.k, sass=not args.no_sass, devices=devices)
     record = {"arch": archs[0], "k": args.k, "device": report.archs[archs[0]]["device"], "tools": tools,
@@ -1186,8 +648,8 @@ def main(argv: list[str] | None = None) -> int:
               "kernels": report.kernels, "candidates": report.candidates, "other_kernels": report.other_kernels,
               "timings": joined,
               "warnings": report.warnings, "archs": report.archs}
-    status = cli.publish(table(record) + "\n\n" + candidates_table(record) + "\n\n" + tensor_core_table(record),
-                         [(json_path, cli.json_writer(record, indent=1))])
+    text = "\n\n".join(t(record) for t in (tables.table, tables.candidates_table, tables.tensor_core_table))
+    status = cli.publish(text, [(json_path, cli.json_writer(record, indent=1))])
     for w in report.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return status

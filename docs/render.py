@@ -80,37 +80,21 @@ def renderers() -> dict[str, Callable[[dict], str]]:
     import grad_check
     import parallel
 
+    static, gpu = cli.load_file("cuda/static_tables.py"), cli.load_file("cuda/bench_gpu.py")
+    counters = cli.load_file("cuda/counters.py")
     return {"table": benchmark.table, "errors": grad_check.error_table, "roofline": benchmark.roofline_table,
-            "sweep": benchmark.sweep_table,
+            "sweep": benchmark.sweep_table, "sweep_summary": benchmark.sweep_summary,
             **parallel.renderers(),
-            "static": _script("cuda/static_report.py").chapter_table, "sass": _script("ptx/sass_report.py").table,
-            "cpp_overhead": _script("cpp/overhead.py").render,
-            "sweep_summary": benchmark.sweep_summary,
-            "triton_static": _script("tiles/compiler_report.py").table,
-            "gpu_gemm": _script("cuda/bench_gpu.py").gemm_table, "gpu_goals": _script("cuda/bench_gpu.py").goals_table,
-            "gpu_ptx": _script("cuda/bench_gpu.py").ptx_table, "ncu": _script("cuda/bench_gpu.py").ncu_table,
-            "gpu_small": _script("cuda/bench_gpu.py").small_table, "gpu_grad": _script("cuda/bench_gpu.py").grad_table,
-            "gpu_bf16": _script("cuda/bench_gpu.py").bf16_table,
-            "gpu_roof": _script("cuda/bench_gpu.py").roof_table, "gpu_tf32": _script("cuda/bench_gpu.py").tf32_table,
-            "gpu_goals16": _script("cuda/bench_gpu.py").goals16_table,
-            "counters": _script("cuda/counters.py").chapter_table,
-            "counters_tc": _script("cuda/counters.py").tensor_core_table,
-            "tensor_static": _script("cuda/static_report.py").tensor_core_table,
-            "tf32_error": _script("cuda/tensor_cores/tf32_error.py").table,
-            "triton_gpu": _script("tiles/bench_gpu.py").table}
-
-
-def _script(path: str):
-    """A script outside any package (cuda/, ptx/), loaded by file for its table function."""
-    import importlib.util
-
-    name = "render_" + path.removesuffix(".py").replace("/", "_")  # cuda/bench_gpu.py and tiles/bench_gpu.py
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
-    spec.loader.exec_module(module)
-    return module
+            "static": static.chapter_table, "tensor_static": static.tensor_core_table,
+            "sass": cli.load_file("ptx/sass_report.py").table,
+            "cpp_overhead": cli.load_file("cpp/overhead.py").render,
+            "triton_static": cli.load_file("tiles/compiler_report.py").table,
+            "gpu_gemm": gpu.gemm_table, "gpu_goals": gpu.goals_table, "gpu_ptx": gpu.ptx_table, "ncu": gpu.ncu_table,
+            "gpu_small": gpu.small_table, "gpu_grad": gpu.grad_table, "gpu_bf16": gpu.bf16_table,
+            "gpu_roof": gpu.roof_table, "gpu_tf32": gpu.tf32_table, "gpu_goals16": gpu.goals16_table,
+            "counters": counters.chapter_table, "counters_tc": counters.tensor_core_table,
+            "tf32_error": cli.load_file("cuda/tensor_cores/tf32_error.py").table,
+            "triton_gpu": cli.load_file("tiles/bench_gpu.py").table}
 
 
 # ---------------------------------------------------------------------------------------
@@ -242,14 +226,14 @@ def render(text: str, page: Path | None = None, root: Path = ROOT) -> str:
         if kind == "minutes":
             return head + minutes_column(old, page) + "\n" + m.group(5)
         if kind == "records":  # a folder of records, listed from their own commands
-            return head + _script("docs/records.py").table(root / path) + "\n" + m.group(5)
+            return head + cli.load_file("docs/records.py").table(root / path) + "\n" + m.group(5)
         if not kinds:
             kinds.update(renderers())  # imports torch: only for pages with a table
         if kind not in kinds:
             raise cli.UserError(f"unknown table kind {kind!r} in marker {head.strip()}")
         source, note = root / path, ""
         if CARD in source.name:  # a kind of record, one per card: the newest
-            records = _script("docs/records.py")
+            records = cli.load_file("docs/records.py")
             found = records.of_kind(source.name, source.parent)
             if not found:
                 raise cli.UserError(f"no record of kind {path} (one per card, e.g. "

@@ -20,7 +20,6 @@ docs/render.py; the record holds the command that wrote it, docs/README.md lists
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import os
 import re
 import subprocess
@@ -37,17 +36,7 @@ import cli  # noqa: E402
 EDITED = ROOT / "ptx" / "dense_kernels.ptx"
 
 
-def _static_report():
-    """cuda/static_report.py holds the tool lookup and the SASS parser; cuda/ is not a package."""
-    if "static_report" in sys.modules:
-        return sys.modules["static_report"]
-    spec = importlib.util.spec_from_file_location("static_report", ROOT / "cuda" / "static_report.py")
-    module = sys.modules["static_report"] = importlib.util.module_from_spec(spec)  # dataclasses need it there
-    spec.loader.exec_module(module)
-    return module
-
-
-sr = _static_report()
+disasm = cli.load_file("cuda/sass.py")  # the tool lookup and the SASS parser
 
 HEAD = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+|\.extern\s+)*\.(entry|func)\s+(?:\([^)]*\)\s*)?(\w+)\s*\(", re.M)
 
@@ -92,7 +81,7 @@ def tag(text: str) -> str | None:
 
 def called_code(code: list) -> list | None:
     """What a kernel reaches by CALL: each callee spans its target to the first RET after it."""
-    keep = sr.callee_addresses(code)
+    keep = disasm.callee_addresses(code)
     return [i for i in code if i.addr in keep] if keep else None
 
 
@@ -101,7 +90,7 @@ def summary(code: list) -> dict:
     for i in code:
         ops[i.op] = ops.get(i.op, 0) + 1
     calls = sum(1 for i in code if i.op.startswith("CALL"))
-    return {**sr.mix(code), "calls": calls, "opcodes": dict(sorted(ops.items()))}
+    return {**disasm.mix(code), "calls": calls, "opcodes": dict(sorted(ops.items()))}
 
 
 def compare(before: dict, after: dict) -> dict[str, list[int]]:
@@ -116,14 +105,14 @@ def assemble(ptx: Path, cubin: Path, ptxas: str, cuobjdump: str) -> tuple[dict, 
                             text=True, timeout=900)
     if result.returncode != 0:
         raise SystemExit(f"ptxas could not assemble {ptx}:\n{result.stderr[-3000:]}")
-    return sr.parse_sass(sr.disassemble(cubin, cuobjdump)), sr.parse_ptxas(result.stdout + result.stderr)
+    return disasm.parse_sass(disasm.disassemble(cubin, cuobjdump)), disasm.parse_ptxas(result.stdout + result.stderr)
 
 
 def compiler_ptx(generated: str | None) -> tuple[Path, str]:
     """The compiler's PTX: the given file, or what `bash ptx/regen.sh` writes."""
     if generated:
         return Path(generated), f"--generated {generated}"
-    if sr.find_tool("nvcc") is None:
+    if disasm.find_tool("nvcc") is None:
         raise SystemExit("nvcc is needed to regenerate the compiler's PTX (bash ptx/regen.sh); "
                          "or pass --generated PATH")
     result = subprocess.run(["bash", str(ROOT / "ptx" / "regen.sh")], capture_output=True, text=True, timeout=900)
@@ -140,8 +129,8 @@ def compiler_ptx(generated: str | None) -> tuple[Path, str]:
 
 
 def build(edited: Path, generated: str | None) -> dict:
-    ptxas = sr.find_tool("ptxas")
-    cuobjdump, why = sr.sass_tools()
+    ptxas = disasm.find_tool("ptxas")
+    cuobjdump, why = disasm.sass_tools()
     if ptxas is None or cuobjdump is None:
         raise SystemExit("this report needs ptxas and cuobjdump: " + (why or "ptxas not found"))
     compiler_path, how = compiler_ptx(generated)
@@ -171,7 +160,7 @@ def build(edited: Path, generated: str | None) -> dict:
                 continue
             # The kernel whose calls go to the fewest places (ideally the edited function only: a
             # 64-bit `%` or `/` is a call to a helper too, and would be counted with it), then the smallest.
-            probe = min(callers, key=lambda n: (len(sr.call_targets(sass_a.get(n, []))), len(sass_a.get(n, [])), n))
+            probe = min(callers, key=lambda n: (len(disasm.call_targets(sass_a.get(n, []))), len(sass_a.get(n, [])), n))
             rec["measured_in"] = probe
             part_b, part_a = called_code(sass_b[probe]), called_code(sass_a[probe])
             if part_b is None or part_a is None:
@@ -183,7 +172,7 @@ def build(edited: Path, generated: str | None) -> dict:
         rec.update(compiler=before, edited=after, changed=compare(before, after))
         edits.append(rec)
     return {"arch": "sm_90", "edited_ptx": os.path.relpath(edited, ROOT), "compiler_ptx_from": how,
-            "tools": {"ptxas": sr.tool_version(ptxas), "cuobjdump": sr.tool_version(cuobjdump)},
+            "tools": {"ptxas": disasm.tool_version(ptxas), "cuobjdump": disasm.tool_version(cuobjdump)},
             "edits": edits}
 
 
@@ -230,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.ptx).is_file():
         parser.error(f"no such PTX file: {args.ptx}")
     if args.assemble:
-        ptxas = sr.find_tool("ptxas")
+        ptxas = disasm.find_tool("ptxas")
         if ptxas is None:
             raise cli.UserError("ptxas not found (it comes with the CUDA toolkit; or set CUDA_HOME to its folder)")
         result = subprocess.run([ptxas, "-arch=sm_90", "-v", args.ptx, "-o", os.devnull], capture_output=True,
@@ -242,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.generated and not Path(args.generated).is_file():
         parser.error(f"no such PTX file: {args.generated}")
     json_path = cli.check_output(args.json, "--json")
-    if sr.sass_tools()[0] is None:
-        print(f"error: {sr.sass_tools()[1]}", file=sys.stderr)
+    if disasm.sass_tools()[0] is None:
+        print(f"error: {disasm.sass_tools()[1]}", file=sys.stderr)
         return 2
     record = build(Path(args.ptx).resolve(), args.generated)
     record["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -14,6 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
+import cli
 import modes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,20 +42,10 @@ MODE_DEVICE = [_param(m, d) for m in modes.MODES for d in DEVICES[m]]
 
 
 def load_script(path: str, name: str | None = None) -> ModuleType:
-    """A script outside any package (cuda/, ptx/, tiles/, docs/), imported by file once per run.
-
-    Cached in sys.modules under ``name`` (default: the file's stem, the name the scripts use for
-    each other, so that a test and a script share one module), where dataclasses look it up."""
-    name = name or Path(path).stem
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(sys.modules[name])
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
+    """A script outside any package (cuda/, ptx/, tiles/, docs/), loaded by file once per run
+    through cli.load_file, under the name every loader gives that file (cli.module_name), so that
+    a test and the scripts share one module; ``name`` gives a test a copy of its own."""
+    return cli.load_file(path, name)
 
 
 def assert_compiled_step_matches(layer, step, compiled, x: torch.Tensor) -> None:

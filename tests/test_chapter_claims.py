@@ -75,11 +75,11 @@ def test_chapter_2_quotes_what_the_overhead_record_measured(overhead):
 # ---------------------------------------------------------------------------------------
 # Chapter 4: the answers to exercises 1 and 3, computed
 # ---------------------------------------------------------------------------------------
-sr = load_script("cuda/static_report.py")
-SASS_TOOLS = (sr.find_tool("nvcc") is not None and sr.find_tool("ptxas") is not None
-              and sr.sass_tools()[0] is not None)
-NO_SASS = ("needs nvcc and ptxas (the CUDA toolkit), not found" if sr.find_tool("nvcc") is None
-           or sr.find_tool("ptxas") is None else sr.sass_tools()[1])
+sr, disasm = load_script("cuda/static_report.py"), load_script("cuda/sass.py")
+SASS_TOOLS = (disasm.find_tool("nvcc") is not None and disasm.find_tool("ptxas") is not None
+              and disasm.sass_tools()[0] is not None)
+NO_SASS = ("needs nvcc and ptxas (the CUDA toolkit), not found" if disasm.find_tool("nvcc") is None
+           or disasm.find_tool("ptxas") is None else disasm.sass_tools()[1])
 
 PTX = ROOT / "ptx" / "dense_kernels.ptx"
 V4_STORE = re.compile(r"^(\s*)st\.global\.v4\.f32\s+\[(%\w+)(?:\+(-?\d+))?\],\s*\{([^}]*)\};.*$", re.M)

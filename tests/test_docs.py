@@ -67,7 +67,7 @@ import importlib.util
 spec = importlib.util.spec_from_file_location("compiler_report", {root!r} + "/tiles/compiler_report.py")
 report = sys.modules["compiler_report"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
-kernels = report._load("triton_report_kernels", report.ROOT / "tiles" / "kernels.py")
+kernels = report.compiled_kernels()
 out = {{}}
 for warps in (8, 4):
     config = {{**kernels.BACKWARD_CONFIG, "num_warps": warps}}
@@ -76,7 +76,7 @@ for warps in (8, 4):
     (folder / "k.ptx").write_text(c.asm["ptx"])
     log = subprocess.run([report._ptxas(), "-v", f"--gpu-name=sm_{{report.ARCH}}a", str(folder / "k.ptx"),
                           "-o", str(folder / "k.cubin")], capture_output=True, text=True, check=True)
-    usage = report.sr.parse_ptxas(log.stdout + log.stderr)[c.metadata.name]
+    usage = report.disasm.parse_ptxas(log.stdout + log.stderr)[c.metadata.name]
     out[warps] = {{"registers": usage["registers"], "spills": usage["spill_stores"] + usage["spill_loads"]}}
 print(json.dumps(out))
 """
@@ -326,7 +326,7 @@ def test_chapter_4_says_which_entry_spills_as_the_static_record_has_it():
 
 
 def test_chapter_4_slices_of_v9_and_v12_at_b32():
-    sr = load_script("cuda/static_report.py", "static_report")
+    sr = load_script("cuda/static_report.py")
     assert sr.splitk_slices(32, 4096, 4096, 128, 128, 132) == 5 and "5 slices at B = 32 on 132 SMs" in fold(_entry(9))
     assert sr.splitk_slices(4096, 4096, 4096, 128, 128, 132) == 1
     tiles, places = (32 // 32) * (4096 // 128), 132 * 4

@@ -21,14 +21,15 @@ slow = pytest.mark.slow  # nvcc, ptxas, cuobjdump or the host compiler; or a scr
 
 
 sr = load_script("cuda/static_report.py")
+disasm, static_tables = load_script("cuda/sass.py"), load_script("cuda/static_tables.py")
 catalog = load_script("cuda/catalog.py")
 sass = load_script("ptx/sass_report.py")
 bound = load_script("ptx/sigmoid_bound.py")
 
-HAVE_NVCC = sr.find_tool("nvcc") is not None and sr.find_tool("ptxas") is not None
-HAVE_SASS = sr.sass_tools()[0] is not None
+HAVE_NVCC = disasm.find_tool("nvcc") is not None and disasm.find_tool("ptxas") is not None
+HAVE_SASS = disasm.sass_tools()[0] is not None
 NO_NVCC = "needs nvcc and ptxas (the CUDA toolkit), not found"
-NO_SASS = NO_NVCC if not HAVE_NVCC else sr.sass_tools()[1]  # e.g. "the SASS needs cuobjdump, not found: ..."
+NO_SASS = NO_NVCC if not HAVE_NVCC else disasm.sass_tools()[1]  # e.g. "the SASS needs cuobjdump, not found: ..."
 needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason=NO_NVCC)
 needs_sass = pytest.mark.skipif(not (HAVE_NVCC and HAVE_SASS), reason=NO_SASS)
 COMMITTED = ROOT / "docs" / "results" / "cuda_static_sm90.json"
@@ -119,7 +120,7 @@ def test_occupancy_agrees_with_the_toolkits_calculator(tmp_path, arch):
     """cuda_occupancy.h is NVIDIA's own host-side calculator: same inputs, same answers, for each
     architecture's device (H100/H200, A100)."""
     header = next((p for p in (Path("/usr/local/cuda/include/cuda_occupancy.h"),
-                               *(Path(sr.find_tool("nvcc") or "/nonexistent").resolve().parent.parent
+                               *(Path(disasm.find_tool("nvcc") or "/nonexistent").resolve().parent.parent
                                  .glob("include/cuda_occupancy.h"))) if p.is_file()), None)
     cxx = shutil.which("g++") or shutil.which("c++")
     if header is None or cxx is None:
@@ -320,9 +321,9 @@ SASS = """
 
 
 def test_inner_loop_is_the_innermost_backward_branch_with_fmas():
-    code = sr.parse_sass(SASS)["k"]
-    assert sr.loops(code) == [(0x10, 0x80), (0x20, 0x60), (0xA0, 0xA0)]
-    loop = sr.inner_loop(code)
+    code = disasm.parse_sass(SASS)["k"]
+    assert disasm.loops(code) == [(0x10, 0x80), (0x20, 0x60), (0xA0, 0xA0)]
+    loop = disasm.inner_loop(code)
     assert (loop["start"], loop["end"]) == ("0x0020", "0x0060")
     assert loop["fma"] == 2 and loop["lds"] == {"32": 1, "128": 1} and loop["ldg"] == {}
     assert loop["fma_per_lds"] == 1
@@ -349,18 +350,18 @@ def test_inner_loop_of_a_tensor_core_kernel_counts_its_mma_and_ldmatrix():
     """The loop with HMMA's is the main loop (no FFMA in it); its census names each instruction
     as the SASS spells it; HFMA2.MMA, ptxas's way of zeroing a register, is neither an FMA nor an
     mma, and the `@!PT LDS` ptxas pads a cp.async with never runs: no shared load."""
-    code = sr.parse_sass(TC_SASS)["tc"]
-    loop = sr.inner_loop(code)
+    code = disasm.parse_sass(TC_SASS)["tc"]
+    loop = disasm.inner_loop(code)
     assert (loop["start"], loop["end"]) == ("0x0008", "0x0080")
     assert (loop["mma"], loop["ldsm"], loop["fma"]) == (2, 2, 0)
     assert loop["census"] == {"DEPBAR.LE": 1, "HMMA.16816.F32.BF16": 2, "LDGDEPBAR": 1, "LDGSTS.E.BYPASS.128": 1,
                               "LDSM.16.M88.4": 1, "LDSM.16.MT88.4": 1}
     assert loop["ldgsts"] == {"128": 1} and not loop["lds"]
-    assert sr.census(code)["HMMA.16816.F32.BF16"] == 2 and "HFMA2.MMA" not in sr.census(code)
-    assert sr.mix(code)["fma"] == 1  # the FFMA after the loop, not the HFMA2.MMA
+    assert disasm.census(code)["HMMA.16816.F32.BF16"] == 2 and "HFMA2.MMA" not in disasm.census(code)
+    assert disasm.mix(code)["fma"] == 1  # the FFMA after the loop, not the HFMA2.MMA
     # wgmma's opcode holds its shape with lower-case x's: the whole name is the opcode
-    (ins,) = sr.parse_sass("Function : h\n /*0000*/ HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT ;")["h"]
-    assert ins.op == "HGMMA.64x128x16.F32.BF16" and sr.is_mma(ins.op) and ins.args.startswith("R24")
+    (ins,) = disasm.parse_sass("Function : h\n /*0000*/ HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT ;")["h"]
+    assert ins.op == "HGMMA.64x128x16.F32.BF16" and disasm.is_mma(ins.op) and ins.args.startswith("R24")
 
 
 PTX_A = """.func (.param .b32 r) f(.param .b32 x)
@@ -383,8 +384,8 @@ def test_edited_functions_are_found_by_their_code_not_their_comments():
 
 
 def test_missing_sass_tools_are_named_with_the_pip_packages(monkeypatch):
-    monkeypatch.setattr(sr, "find_tool", lambda name: None if name == "nvdisasm" else f"/bin/{name}")
-    tool, reason = sr.sass_tools()
+    monkeypatch.setattr(disasm, "find_tool", lambda name: None if name == "nvdisasm" else f"/bin/{name}")
+    tool, reason = disasm.sass_tools()
     assert tool is None and "nvdisasm" in reason and "requirements-cuda.txt" in reason
 
 
@@ -707,9 +708,9 @@ def test_chapter_table_keeps_chapter_4s_float32_rows():
     """Chapter 3's table: float32 rows of the CUDA-core versions, 1 to kVersions, and nothing of
     the tensor-core versions or the 16-bit types (those are tensor_core_table's)."""
     record = json.loads(COMMITTED.read_text())
-    rows = [r.split("|")[1:3] for r in sr.chapter_table(record).splitlines() if re.match(r"\| \d", r)]
+    rows = [r.split("|")[1:3] for r in static_tables.chapter_table(record).splitlines() if re.match(r"\| \d", r)]
     assert [(int(v), dt.strip()) for v, dt in rows] == [(v, "f32") for v in catalog.cuda_core_versions()]
-    full = [r.split("|")[1:3] for r in sr.table(record).splitlines() if re.match(r"\| \d", r)]
+    full = [r.split("|")[1:3] for r in static_tables.table(record).splitlines() if re.match(r"\| \d", r)]
     assert {(int(v), dt.strip()) for v, dt in full} == \
         {(v, dt) for v in catalog.cuda_core_versions() for dt in sr.DTYPES if dt in sr.TILES[v]}
 
@@ -722,7 +723,7 @@ def test_tensor_core_table_shows_both_architectures():
     record = json.loads(COMMITTED.read_text())
     archs = sorted(record["archs"], key=lambda a: int(re.sub(r"\D", "", a)))
     assert len(archs) == 2 and archs[0] == "sm_80"
-    text = sr.tensor_core_table(record)
+    text = static_tables.tensor_core_table(record)
     head, _, *rows = [r for r in text.splitlines() if r.startswith("|")]
     assert f"regs nt/nn/tn {archs[0]} | regs nt/nn/tn {archs[1]}" in head
     assert f"blocks/SM {archs[0]} | blocks/SM {archs[1]}" in head
@@ -830,7 +831,7 @@ def test_gpu_timings_join_the_table(tmp_path):
     (tmp_path / "b.json").write_text(json.dumps(bench))
     record["timings"] = sr.timings([str(tmp_path / "b.json")])
     assert record["timings"][0]["share_of_cublas"] == 0.5
-    rows = {tuple(r.split("|")[1:3]): r for r in sr.table(record).splitlines() if r.startswith("| ")}
+    rows = {tuple(r.split("|")[1:3]): r for r in static_tables.table(record).splitlines() if r.startswith("| ")}
     assert "| 22906 | 50.0 |" in rows[(" 3 ", " f32 ")]
     assert rows[(" 3 ", " f64 ")].endswith("| not measured | not measured |")
     bench["kernel"] = 0  # automatic choice: not one version's figure
@@ -889,7 +890,7 @@ def test_sass_of_the_vector_load_edit(sass_record):
 
 
 @slow
-@pytest.mark.skipif(sr.find_tool("ptxas") is None, reason="ptxas (CUDA toolkit) not found")
+@pytest.mark.skipif(disasm.find_tool("ptxas") is None, reason="ptxas (CUDA toolkit) not found")
 def test_assemble_says_whether_the_ptx_assembles(tmp_path):
     """The chapter's check of a hand edit: the edited PTX assembles; a typo gets ptxas's own error."""
     result = run_script("ptx/sass_report.py", "--assemble", timeout=600)
@@ -976,9 +977,9 @@ def test_the_roofs_stay_out_of_the_backwards_table():
     record = json.loads(COMMITTED.read_text())
     grad = next(k for k in record["other_kernels"] if k["name"] == "dense_sigmoid_grad_v1_bf16")
     record["other_kernels"] += [{**grad, "name": name} for name in ("dense_roof_mma_bf16", "dense_roof_wgmma_bf16")]
-    table = "\n".join(sr._other_table(record))
+    table = "\n".join(static_tables._other_table(record))
     assert "| `dense_sigmoid_grad_v1` |" in table and "roof" not in table
-    assert all(name.startswith(sr.ROOF_PREFIX) for name in ("dense_roof_mma_bf16", "dense_roof_wgmma_bf16"))
+    assert all(name.startswith(static_tables.ROOF_PREFIX) for name in ("dense_roof_mma_bf16", "dense_roof_wgmma_bf16"))
 
 
 def test_a_compile_is_used_again_until_a_header_or_the_toolkit_changes(tmp_path, monkeypatch):
@@ -1004,7 +1005,7 @@ def test_a_compile_is_used_again_until_a_header_or_the_toolkit_changes(tmp_path,
 
     monkeypatch.setattr(sr, "ROOT", tree)
     monkeypatch.setattr(sr, "CACHE", tree / "build" / "static_report")
-    monkeypatch.setattr(sr, "find_tool", lambda name: str(tmp_path / name))
+    monkeypatch.setattr(disasm, "find_tool", lambda name: str(tmp_path / name))
     monkeypatch.setattr(sr, "_compile", fake_compile)
     first = sr.compile_sources([unit], "sm_90", tmp_path / "unused")
     assert sr.compile_sources([unit], "sm_90", tmp_path / "unused") == first and len(calls) == 1

@@ -892,7 +892,7 @@ import importlib.util
 spec = importlib.util.spec_from_file_location("compiler_report", {root!r} + "/tiles/compiler_report.py")
 report = sys.modules["compiler_report"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
-kernels = report._load("triton_report_kernels", report.ROOT / "tiles" / "kernels.py")
+kernels = report.compiled_kernels()
 config = {{"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}}
 print(json.dumps({{flag: report.dot_types(report.compile_kernel(kernels, "forward_kernel", "bf16", "ieee",
                                                               {{**config, "INTERPRETED": flag}}).asm["ttgir"])

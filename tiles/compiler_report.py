@@ -48,17 +48,9 @@ COMPARE_WITH = "docs/results/cuda_static_sm90.json"  # chapter 3's record: its n
 HAND_WRITTEN = (3, 4, 5, 6, 7, 8)
 
 
-def _load(name: str, path: Path):
-    """A module by path under ``name`` (cuda/ and tiles/ are no packages); dataclasses need it in sys.modules."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sr = _load("static_report", ROOT / "cuda" / "static_report.py")  # SASS parsing, occupancy, the table's cells
+sr = cli.load_file("cuda/static_report.py")  # occupancy, the devices
+disasm = cli.load_file("cuda/sass.py")  # SASS parsing
+tables = cli.load_file("cuda/static_tables.py")  # the table's cells
 
 
 # ---------------------------------------------------------------------------------------
@@ -134,7 +126,7 @@ def _sass_tools() -> tuple[str | None, str | None]:
     found = []
     for name in ("cuobjdump", "nvdisasm"):
         p = bundled / name
-        found.append(str(p) if p.is_file() and os.access(p, os.X_OK) else sr.find_tool(name))
+        found.append(str(p) if p.is_file() and os.access(p, os.X_OK) else disasm.find_tool(name))
     return found[0], found[1]
 
 
@@ -164,19 +156,19 @@ def mma_name(i) -> str:
 
 
 def main_loop(code: list) -> dict | None:
-    """The innermost loop that multiplies (FFMA/DFMA or MMA), as sr.inner_loop chooses it,
+    """The innermost loop that multiplies (FFMA/DFMA or MMA), as disasm.inner_loop chooses it,
     with its tensor-core instructions counted too."""
     spans = []
-    for start, end in sr.loops(code):
+    for start, end in disasm.loops(code):
         body = [i for i in code if start <= i.addr <= end]
-        if any(sr.is_fma(i.op) or is_mma(i.op) for i in body):
+        if any(disasm.is_fma(i.op) or is_mma(i.op) for i in body):
             spans.append((start, end, body))
     inner = [s for s in spans if not any(o is not s and s[0] <= o[0] and o[1] <= s[1] and (o[0], o[1]) != (s[0], s[1])
                                          for o in spans)]
     if not inner:
         return None
-    start, end, body = max(inner, key=lambda s: sum(sr.is_fma(i.op) or is_mma(i.op) for i in s[2]))
-    return {"start": f"{start:#06x}", "end": f"{end:#06x}", **sr.mix(body), "mma": _mma_counts(body),
+    start, end, body = max(inner, key=lambda s: sum(disasm.is_fma(i.op) or is_mma(i.op) for i in s[2]))
+    return {"start": f"{start:#06x}", "end": f"{end:#06x}", **disasm.mix(body), "mma": _mma_counts(body),
             "ldsm": sum(i.op.startswith("LDSM") for i in body)}  # ldmatrix: the MMA's operands from shared
 
 
@@ -239,14 +231,21 @@ def accumulator_layout(ttgir: str, bm: int, bn: int) -> dict | None:
             "warp_footprint": [rows, cols], "values_per_k_per_warp": rows + cols}
 
 
+def compiled_kernels():
+    """tiles/kernels.py for the compiler: a module of its own, apart from the stage's, because
+    @triton.jit reads TRITON_INTERPRET when it decorates (build sets it to 0 first; the stage
+    loads the file with the interpreter on a machine without a GPU)."""
+    return cli.load_file("tiles/kernels.py", "tiles_kernels_compiled")
+
+
 def build(keep: Path | None = None) -> dict:
     os.environ["TRITON_INTERPRET"] = "0"  # @triton.jit decides when kernels.py runs: compile, do not interpret
     import triton
 
-    kernels = _load("triton_report_kernels", ROOT / "tiles" / "kernels.py")
+    kernels = compiled_kernels()
     cuobjdump, nvdisasm = _sass_tools()
     if cuobjdump is None or nvdisasm is None:
-        raise SystemExit(f"cuobjdump and nvdisasm not found (Triton's wheel ships them; or {sr.PIP_SASS})")
+        raise SystemExit(f"cuobjdump and nvdisasm not found (Triton's wheel ships them; or {disasm.PIP_SASS})")
     ptxas = _ptxas()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -264,11 +263,11 @@ def build(keep: Path | None = None) -> dict:
                                   str(work / f"{stem}.v.cubin")], capture_output=True, text=True, timeout=300)
             if log.returncode != 0:
                 raise SystemExit(f"ptxas failed on {stem}:\n{log.stderr[-2000:]}")
-            usage = sr.parse_ptxas(log.stdout + log.stderr)[c.metadata.name]
+            usage = disasm.parse_ptxas(log.stdout + log.stderr)[c.metadata.name]
             sass = disassemble(cubin, cuobjdump, nvdisasm)
             if keep:
                 (work / f"{stem}.sass").write_text(sass)
-            code = sr.parse_sass(sass)[c.metadata.name]
+            code = disasm.parse_sass(sass)[c.metadata.name]
             cfg = v["config"]
             threads = 32 * c.metadata.num_warps
             shared = c.metadata.shared  # dynamic shared memory, which ptxas -v does not see
@@ -283,12 +282,12 @@ def build(keep: Path | None = None) -> dict:
                          "occupancy": occ["occupancy"], "blocks_per_sm": occ["blocks_per_sm"],
                          "occupancy_limited_by": occ["limited_by"],
                          "sass_instructions": sum(1 for i in code if i.op != "NOP"),
-                         "kernel_mix": {**sr.mix(code), "mma": _mma_counts(code)},
+                         "kernel_mix": {**disasm.mix(code), "mma": _mma_counts(code)},
                          "main_loop": main_loop(code), "ptx": ptx_counts(c.asm["ptx"]),
                          "ptx_names": ptx_names(c.asm["ptx"]), "dots": dot_types(c.asm["ttgir"]),
                          "accumulator": accumulator_layout(c.asm["ttgir"], cfg["BLOCK_M"], cfg["BLOCK_N"])})
     return {"arch": f"sm_{ARCH}a", "size": SIZE, "triton": triton.__version__,
-            "ptxas": sr.tool_version(ptxas), "cuobjdump": sr.tool_version(cuobjdump),
+            "ptxas": disasm.tool_version(ptxas), "cuobjdump": disasm.tool_version(cuobjdump),
             "device": asdict(sr.H100), "compare_with": COMPARE_WITH, "kernels": rows}
 
 
@@ -302,7 +301,7 @@ def _mma_counts(code: list) -> dict[str, int]:
 def _loop_cell(loop: dict | None) -> str:
     if not loop:
         return "–"
-    cell = sr._mix_cell(loop)
+    cell = tables.mix_cell(loop)
     mma = loop.get("mma") or 0  # a count, or (Triton's rows) a count per instruction name
     mma = sum(mma.values()) if isinstance(mma, dict) else mma
     cell += f" + LDSM {loop['ldsm']}" if loop.get("ldsm") else ""
