@@ -19,9 +19,9 @@ from conftest import GPU, REASONS, ROOT
 
 pytestmark = pytest.mark.slow  # every chapter's commands: builds, training runs, compilers
 
-CHAPTERS = ["README.md", "py/README.md", "cpp/README.md", "tiles/README.md", "cuda/README.md",
-            "cuda/tensor_cores/README.md", "ptx/README.md", "parallel/dp/README.md", "parallel/collectives/README.md",
-            "parallel/tp/README.md", "docs/README.md"]
+CHAPTERS = ["README.md", "py/README.md", "cpp/README.md", "cuda/README.md", "ptx/README.md",
+            "cuda/tensor_cores/README.md", "tiles/README.md", "parallel/dp/README.md", "parallel/collectives/README.md",
+            "parallel/tp/README.md", "docs/README.md"]  # the reading order (tests/test_order.py)
 
 # Commands that are not run here, and why (a pattern matched against the command).
 NOT_HERE = [
