@@ -154,3 +154,30 @@ def test_the_check_can_tell():
     assert first_use("A *warp* is 32 threads; warps", TERMS["warp"][0]) == (1, True)
     assert first_use("**Warps.** 32 threads", TERMS["warp"][0]) == (1, True)
     assert first_use("no such thing", TERMS["warp"][0]) is None
+
+
+def _number(page: str) -> str:
+    return CHAPTER_NUMBERS[ORDER.index(page)]
+
+
+def test_you_need_names_only_earlier_chapters():
+    """A page's "You need" line asks only for chapters before it in ORDER."""
+    rank: dict[str, int] = {}
+    for i, n in enumerate(CHAPTER_NUMBERS):
+        rank.setdefault(n.split(",")[0], i)  # "chapter 7" is its first part
+    for page in ORDER[:-1]:
+        text = (ROOT / page).read_text(encoding="utf-8")
+        need = text[text.index("**You need**"):].split("\n\n")[0]
+        for n in re.findall(r"\b[Cc]hapters? (\d)", need):
+            assert rank[n] < ORDER.index(page), (page, f"needs chapter {n}")
+
+
+def test_chapter_links_point_at_that_chapter():
+    """Every Markdown link whose text is "chapter N" opens chapter N's page."""
+    for md in sorted(ROOT.glob("**/*.md")):
+        if ".venv" in md.parts or "node_modules" in md.parts:
+            continue
+        text = md.read_text(encoding="utf-8")
+        for n, target in re.findall(r"\[[Cc]hapter (\d)\]\(([^)#]+)", text):
+            page = (md.parent / target).resolve().relative_to(ROOT).as_posix()
+            assert page in ORDER and _number(page) == n, (md.relative_to(ROOT).as_posix(), n, target)
