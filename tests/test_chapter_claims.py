@@ -163,7 +163,7 @@ def test_answer_3_counts_the_grad_kernel_with_scalar_stores(exercises):
 # ---------------------------------------------------------------------------------------
 # Chapter 7, continued: NCCL's α per ring step
 # ---------------------------------------------------------------------------------------
-def test_chapter_6_continued_names_nccls_alpha_as_the_cost_model_uses_it():
+def test_chapter_7_continued_names_nccls_alpha_as_the_cost_model_uses_it():
     """The α the projection uses is the one the chapter quotes, with the protocol the cost model
     says it is NCCL's figure for."""
     from parallel.collectives import costmodel
@@ -181,7 +181,7 @@ def test_chapter_6_continued_names_nccls_alpha_as_the_cost_model_uses_it():
 # ---------------------------------------------------------------------------------------
 # Chapter 8: what overlap shares on a GPU
 # ---------------------------------------------------------------------------------------
-def test_chapter_7_says_nccl_collectives_run_on_the_sms():
+def test_chapter_8_says_nccl_collectives_run_on_the_sms():
     """NCCL's collectives are CUDA kernels (one thread block per channel): overlapped with a
     GEMM, they share its SMs. The chapter must not say the SMs are left to the GEMM."""
     text = _chapter("parallel/tp/README.md")

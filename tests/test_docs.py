@@ -173,7 +173,7 @@ def _nt(v: int) -> str:
     return f"dense_gemm_v{v}_nt_f32"
 
 
-def test_chapter_4_gives_every_version_an_entry_with_code_prediction_and_its_time_or_the_record_it_waits_for():
+def test_chapter_3_gives_every_version_an_entry_with_code_prediction_and_its_time_or_the_record_it_waits_for():
     versions = cli.load_file("cuda/catalog.py", "dense_cuda_catalog").cuda_core_versions()
     timed = _timed()
     for v in versions:
@@ -194,7 +194,7 @@ def test_chapter_4_gives_every_version_an_entry_with_code_prediction_and_its_tim
     assert "not yet timed (the `grad` part's record, `cuda_kernels_{card}.json`)" in backward
 
 
-def test_chapter_4_gains_and_stalls_are_the_records_ratios():
+def test_chapter_3_gains_and_stalls_are_the_records_ratios():
     t = {v: _timed()[f"v{v}"]["forward_us"] for v in range(1, 10)}
     assert round(100 * (t[3] / t[4] - 1)) == 11 and "only 11% faster than v3" in fold(_entry(4))
     assert 1.9 < t[5] / t[6] < 2.0 and "twice v5" in fold(_entry(6))
@@ -209,7 +209,7 @@ def test_chapter_4_gains_and_stalls_are_the_records_ratios():
     assert f"{small['cuda_us']:.0f} µs, the reference {small['reference_us']:.0f}" in fold(_entry(9))
 
 
-def test_chapter_4_explains_the_jumps_with_ncus_and_the_compilers_figures():
+def test_chapter_3_explains_the_jumps_with_ncus_and_the_compilers_figures():
     ncu, static = _ncu(), _static()
 
     def pct(v: int, metric: str) -> str:
@@ -241,7 +241,7 @@ def test_chapter_4_explains_the_jumps_with_ncus_and_the_compilers_figures():
     assert f"{t_nn[2]:,.0f} µs against v1's {t_nn[1]:,.0f}" in v2
 
 
-def test_chapter_4_counted_figures_are_the_records_counts_at_4096():
+def test_chapter_3_counted_figures_are_the_records_counts_at_4096():
     c = _counted(4096)
     ld_req, ld_sec = "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"
     wf_ld, wf_st = ("l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
@@ -290,7 +290,7 @@ def test_chapter_4_counted_figures_are_the_records_counts_at_4096():
         assert k[ld_sec] / k[ld_req] == 4 and k[x_ld] == k[x_st] == 0
 
 
-def test_chapter_4_prediction_arithmetic():
+def test_chapter_3_prediction_arithmetic():
     """The worklog's arithmetic: an SM issues 4 warp FFMAs and serves one shared wavefront a clock
     (132 SMs at 1.98 GHz); the issue bound counts the loop's instructions per FFMA less about 4 per
     32-bit global load of the tail path full tiles never take; the predictions scale the larger
@@ -317,7 +317,7 @@ def test_chapter_4_prediction_arithmetic():
     assert round(3 * 4096 * 4096 * 4 / 3.35e12 * 1e6) == 60 and "60 µs at 4096×4096" in said
 
 
-def test_chapter_4_says_which_entry_spills_as_the_static_record_has_it():
+def test_chapter_3_says_which_entry_spills_as_the_static_record_has_it():
     archs = _record("cuda_static_sm90.json")["archs"]
     spills = {(arch, name): (e["spill_stores"], e["spill_loads"]) for arch, figures in archs.items()
               for name, e in figures["entries"].items() if e["spill_stores"] or e["spill_loads"]}
@@ -325,7 +325,7 @@ def test_chapter_4_says_which_entry_spills_as_the_static_record_has_it():
     assert "none spills but v4's `nt` float32 kernel on sm_80 (8 bytes)" in fold(CUDA_CHAPTER.read_text())
 
 
-def test_chapter_4_slices_of_v9_and_v12_at_b32():
+def test_chapter_3_slices_of_v9_and_v12_at_b32():
     sr = load_script("cuda/static_report.py")
     assert sr.splitk_slices(32, 4096, 4096, 128, 128, 132) == 5 and "5 slices at B = 32 on 132 SMs" in fold(_entry(9))
     assert sr.splitk_slices(4096, 4096, 4096, 128, 128, 132) == 1
@@ -340,7 +340,7 @@ def test_chapter_4_slices_of_v9_and_v12_at_b32():
     assert _static()[_nt(12)]["napkin"]["slices"] == slices and _static()[_nt(12)]["blocks_per_sm"] == 4
 
 
-def test_chapter_4_bandwidth_claims_are_the_figures_numbers():
+def test_chapter_3_bandwidth_claims_are_the_figures_numbers():
     figures = load_script("cuda/figures.py", "figures")
     r = figures.roofline(_record("cuda_gpu_h100.json"), _record(figures.STATIC))
     p = {q["version"]: q for q in r["points"]}
@@ -356,7 +356,7 @@ def test_chapter_4_bandwidth_claims_are_the_figures_numbers():
     assert 3 * 2048 * 2048 * 4 / 2 ** 20 == 48 and _record("ncu_gemm_h200.json")["device"] == "NVIDIA H200"
 
 
-def test_chapter_4_bank_conflict_paragraph_is_the_records_counts_at_2048():
+def test_chapter_3_bank_conflict_paragraph_is_the_records_counts_at_2048():
     c, ncu = _counted(2048), _ncu()
     said = fold(CUDA_CHAPTER.read_text())
     x_ld, x_st = "excessive_wavefronts_mem_shared_op_ld", "excessive_wavefronts_mem_shared_op_st"
@@ -389,7 +389,7 @@ needs_counters = pytest.mark.skipif(load_script("cuda/counters.py", "counters").
 
 @needs_counters
 @pytest.mark.slow
-def test_chapter_4_ldgsts_of_v8s_backward_products_at_4096(tmp_path):
+def test_chapter_3_ldgsts_of_v8s_backward_products_at_4096(tmp_path):
     c = _counters_record(tmp_path, "--shape", "4096", "4096", "4096", "--kernels", "8:nn", "8:tn")
     req = "l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum"
     sec = "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum"
@@ -402,7 +402,7 @@ def test_chapter_4_ldgsts_of_v8s_backward_products_at_4096(tmp_path):
 
 @needs_counters
 @pytest.mark.slow
-def test_chapter_4_v12_against_v9_counted_at_b32(tmp_path):
+def test_chapter_3_v12_against_v9_counted_at_b32(tmp_path):
     c = _counters_record(tmp_path, "--shape", "32", "4096", "4096", "--kernels", "9:nt", "12:nt", "--sm-count", "132")
     v9, v12 = c[_nt(9)], c[_nt(12)]
     ld_req = "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"
@@ -415,7 +415,7 @@ def test_chapter_4_v12_against_v9_counted_at_b32(tmp_path):
 # Chapter 3's exercises: each edit made in a copy of the repository, the command run as written there
 
 
-def test_chapter_4_answer_3_is_what_the_slices_command_prints():
+def test_chapter_3_answer_3_is_what_the_slices_command_prints():
     question = exercise(CUDA_CHAPTER, 3, "question")
     command = re.search(r"`(python cuda/emulated.py --slices [\d ]+)`", question).group(1)
     result = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, capture_output=True, text=True,
@@ -427,7 +427,7 @@ def test_chapter_4_answer_3_is_what_the_slices_command_prints():
 
 
 @pytest.mark.slow
-def test_chapter_4_answer_2_is_what_the_emulation_prints(tmp_path):
+def test_chapter_3_answer_2_is_what_the_emulation_prints(tmp_path):
     question = exercise(CUDA_CHAPTER, 2, "question")
     line = re.search(r"add `([^`]+)` after", question).group(1)
     copy = repository_copy(tmp_path)
@@ -446,7 +446,7 @@ def test_chapter_4_answer_2_is_what_the_emulation_prints(tmp_path):
 
 @needs_counters
 @pytest.mark.slow
-def test_chapter_4_answer_4_is_what_the_counters_count_without_the_padding(tmp_path):
+def test_chapter_3_answer_4_is_what_the_counters_count_without_the_padding(tmp_path):
     question = exercise(CUDA_CHAPTER, 4, "question")
     command = re.search(r"`(python cuda/counters.py [^`]+)`", question).group(1).split()[1:]
     copy = repository_copy(tmp_path)

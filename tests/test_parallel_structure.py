@@ -212,7 +212,7 @@ def test_distributed_py_reduces_the_buckets_by_the_all_reduce_that_picks_by_size
     assert DataParallel(Config()).all_reduce is ring_all_reduce  # chapter 7 alone: its ring
 
 
-def test_chapter_6s_train_is_plain_data_parallelism_and_says_so():
+def test_chapter_7s_train_is_plain_data_parallelism_and_says_so():
     from parallel.common.training import Config
     from parallel.dp.trainer import train
 

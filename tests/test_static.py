@@ -704,7 +704,7 @@ def test_chapter_claims_hold_in_the_committed_static_figures():
     assert set(others["dense_sigmoid_grad_v1_x4_f32"]["ldg"]) == {"32"}
 
 
-def test_chapter_table_keeps_chapter_4s_float32_rows():
+def test_chapter_table_keeps_chapter_3s_float32_rows():
     """Chapter 3's table: float32 rows of the CUDA-core versions, 1 to kVersions, and nothing of
     the tensor-core versions or the 16-bit types (those are tensor_core_table's)."""
     record = json.loads(COMMITTED.read_text())

@@ -146,7 +146,7 @@ def test_part_1s_unit_of_account():
     assert f"the forward at 4096³, {MMA_4096:,} mma's" in said
 
 
-def test_chapter_4s_kernels_ran_at_1_1_to_1_4_times_their_issue_bound():
+def test_chapter_3s_kernels_ran_at_1_1_to_1_4_times_their_issue_bound():
     """v7 and v8, timed on the H100: their time over chapter 3's issue bound (loop instructions,
     less 4 per scalar global load of the partial tiles' path, per FFMA, at 4 FFMA a clock an SM)."""
     kernels = {k["name"]: k for k in _record("cuda_static_sm90.json")["kernels"]}
