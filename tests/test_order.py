@@ -6,7 +6,9 @@ what it is. TERMS says which page defines each term. The checks:
 
 (a) on the defining page, the term's first use is its emphasised definition;
 (b) no page earlier in the order uses the term at all;
-(c) README.md's chapter table lists the pages in ORDER.
+(c) README.md's chapter table lists the pages in ORDER, and each page's heading has its number;
+(d) a page's "You need" line names only earlier chapters, and a "[chapter N](page)" link opens
+    chapter N's page.
 
 What is read is a page's prose. Left out: fenced code blocks and the regions docs/render.py writes
 between `<!-- name: ... -->` and `<!-- end ... -->` (code excerpts and tables of measured records,
@@ -92,7 +94,9 @@ TERMS: dict[str, tuple[str, str]] = {
 _RENDERED = re.compile(r"^<!-- (?!end\b)[\w-]+:.*?^<!-- end\b[^\n]*$", re.M | re.S)
 _HEADING = re.compile(r"^#+ .*$", re.M)
 _FENCED = re.compile(r"^```.*?^```[^\n]*$", re.M | re.S)
-_EMPHASIS = re.compile(r"\*\*(?=\S)(.+?)\*\*|(?<![*\w])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![*\w])", re.S)
+# Emphasis in Markdown ends within its paragraph: a span never crosses a blank line.
+_EMPHASIS = re.compile(r"\*\*(?=\S)((?:(?!\n\n).)+?)\*\*"
+                       r"|(?<![*\w])\*(?=[^\s*])((?:(?!\n\n).)+?)(?<=[^\s*])\*(?![*\w])", re.S)
 
 
 def prose(page: str) -> tuple[str, str]:
@@ -153,6 +157,7 @@ def test_the_check_can_tell():
     assert first_use("2 * warps * 3", TERMS["warp"][0]) == (1, False)
     assert first_use("A *warp* is 32 threads; warps", TERMS["warp"][0]) == (1, True)
     assert first_use("**Warps.** 32 threads", TERMS["warp"][0]) == (1, True)
+    assert first_use("*a\n\nwarp b*", TERMS["warp"][0]) == (3, False)  # no emphasis across paragraphs
     assert first_use("no such thing", TERMS["warp"][0]) is None
 
 
