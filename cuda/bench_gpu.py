@@ -1266,7 +1266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ncu-device", help="with --from-ncu away from the GPU: the GPU's name, for the record")
     parser.add_argument("--rounds", type=cli.positive(int), default=15, help="rounds per timing (default 15)")
     parser.add_argument("--kernel", type=int, metavar="N", help="the timing parts time version N alone, by its "
-                        "number (goals and goals16: N instead of version 0)")
+                        "number (goals and goals16: N instead of version 0); 0: no version (roof: the roofs alone)")
     parser.add_argument("--passed", metavar="PATH", help="profile, --ncu: only what an isolated exact run's record "
                         "(python cuda/isolated.py exact) found SAME, never-run versions first")
     parser.add_argument("--odd-only", action="store_true",
@@ -1286,7 +1286,7 @@ def main(argv: list[str] | None = None) -> int:
             raise cli.UserError(f"mode {mode!r} is not available here: {reason}")
     global KERNEL
     KERNEL = args.kernel
-    if KERNEL is not None and KERNEL not in catalog.version_ids():
+    if KERNEL is not None and KERNEL not in [0, *catalog.version_ids()]:  # 0: no version line, the roofs alone
         parser.error(f"--kernel {KERNEL}: no such version in {catalog.HEADER.name} (versions "
                      f"{', '.join(map(str, catalog.version_ids()))})")
     passed = cli.read_record(args.passed, "--passed", keys=("units", "order")) if args.passed else None

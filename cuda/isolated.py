@@ -19,7 +19,8 @@ per version, how it ended:
 Runs:
   exact     cuda/exact_check.py one --version V for every version and candidate (0 included),
             versions never run on a GPU first (the committed GPU records say which ran: --results)
-  kernels   cuda/bench_gpu.py PARTS --kernel V for each version never timed on a GPU (in float32 or
+  kernels   the tensor cores' roofs alone first (bench_gpu.py roof --kernel 0), then
+            cuda/bench_gpu.py PARTS --kernel V for each version never timed on a GPU (in float32 or
             bfloat16, the types the parts take) whose exact
             check passed (--exact: that run's record), by its number, never through version 0;
             each version takes the parts that apply to it (its types, tensor cores or not)
@@ -180,8 +181,8 @@ def part_units(run: str) -> int:
     order = never_run_first()
     if run == "exact":
         return len(order)
-    if run == "kernels":
-        return len(never_timed())
+    if run == "kernels":  # and the roofs' own process, first
+        return len(never_timed()) + 1
     return len([name for name, never in order if never and name != "v0"])
 
 
@@ -339,10 +340,24 @@ def timed_versions(exact_record: dict, new: list[int]) -> tuple[list[int], dict[
     return chosen, skipped
 
 
-def kernel_units(versions: list[int], requested: list[str], rounds: int, folder: Path, limit_s: float) -> list[Unit]:
+ROOFS = "roofs"  # the unit that runs the tensor cores' roof loops alone (they never ran on a GPU either)
+
+
+def roofs_unit(rounds: int, folder: Path, limit_s: float) -> Unit:
+    """The roofs (cuda/tensor_cores/roof.cuh's mma.sync and wgmma loops) and cuBLAS in a process of
+    their own, before any version's (bench_gpu.py roof --kernel 0: no version line): a fault of a
+    roof is the roof's, not blamed on each tensor-core version that would time beside it."""
+    return Unit(ROOFS, [sys.executable, "cuda/bench_gpu.py", "roof", "--kernel", "0", "--rounds", str(rounds),
+                        "--json", str(folder / f"{ROOFS}.json")], limit_s)
+
+
+def kernel_units(versions: list[int], requested: list[str], rounds: int, folder: Path, limit_s: float,
+                 roofs_ran: bool = True) -> list[Unit]:
+    """Each version's process, its parts those that apply (parts_for); without the roof part
+    where the roofs did not pass alone (roofs_ran=False)."""
     units = []
     for v in versions:
-        parts = parts_for(v, requested)
+        parts = [p for p in parts_for(v, requested) if roofs_ran or p != "roof"]
         if parts:
             units.append(Unit(f"v{v}", [sys.executable, "cuda/bench_gpu.py", *parts, "--kernel", str(v), "--rounds",
                                         str(rounds), "--json", str(folder / f"v{v}.json")], limit_s))
@@ -403,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {**_header(), "run": args.run, "deadline_s": seconds, "limit_s": limit, "jobs": jobs,
               "never_run": [name for name, never in order if never], "order": [], "units": {}}
     folder = Path(tempfile.mkdtemp(prefix="isolated-"))
+    first: list[Unit] = []  # kernels: the roofs alone, before the versions that time beside them
     if args.run == "exact":
         units = exact_units(order, limit, args.expected)
     elif args.run == "sanitize":
@@ -413,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
         record["units"].update({name: {"status": "NOT RUN", "detail": why} for name, why in skipped.items()})
         record["parts"] = args.parts
         units = kernel_units(versions, args.parts, args.rounds, folder, limit)
-    record["order"] = [u.name for u in units]
+        if any("roof" in u.argv for u in units):
+            first = [roofs_unit(args.rounds, folder, limit)]
+    record["order"] = [u.name for u in first + units]
 
     def save(name: str, outcome: Outcome) -> None:
         record["units"][name] = outcome.as_dict()
@@ -426,7 +444,11 @@ def main(argv: list[str] | None = None) -> int:
             tmp.replace(json_path)
     print(f"{args.run}: {len(units)} processes, {jobs} at a time, each under {limit:.0f} s, within {seconds:.0f} s "
           f"(first those with a type no GPU has run: {', '.join(record['never_run']) or 'none'})", flush=True)
-    outcomes = run_units(args.run, units, jobs, seconds, on_done=save)
+    started = time.monotonic()
+    if first and run_units(args.run, first, 1, seconds, on_done=save)[ROOFS].status != "PASSED":
+        units = kernel_units(versions, args.parts, args.rounds, folder, limit, roofs_ran=False)
+        record["order"] = [ROOFS, *(u.name for u in units)]
+    outcomes = run_units(args.run, units, jobs, seconds - (time.monotonic() - started), on_done=save)
     for name, outcome in outcomes.items():
         save(name, outcome)
     width = max((len(n) for n in record["units"]), default=4)

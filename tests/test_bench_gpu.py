@@ -89,6 +89,8 @@ def test_kernel_n_times_version_n_alone_by_its_number(monkeypatch):
     monkeypatch.setattr(bench_gpu, "KERNEL", 33)
     assert bench_gpu._only([0, *bench_gpu._versions("bf16")]) == [33]
     assert bench_gpu._only(bench_gpu._chapter_versions()) == []
+    monkeypatch.setattr(bench_gpu, "KERNEL", 0)  # no version: the roof part times the roofs alone
+    assert bench_gpu._only(bench_gpu.roof_versions("bf16")) == [] and bench_gpu.roof_versions("bf16")
     monkeypatch.setattr(bench_gpu, "KERNEL", None)
     assert bench_gpu._only([0, 3, 33]) == [0, 3, 33]
 

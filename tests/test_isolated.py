@@ -182,3 +182,31 @@ def test_a_sanitizers_first_report_is_named_however_long_its_output():
     got = iso.run_units("sanitize", [child(report, "v33")], jobs=1, deadline_s=60, say=lambda s: None)
     assert (got["v33"].status, got["v33"].detail) == (
         "ERRORS", "========= Invalid __global__ read of size 16 bytes at dense_gemm_v33_nt_bf16")
+
+
+@pytest.mark.parametrize("roofs, status, roof_part", [(CRASH, "FAULT", False), ("print('PASS  roof')", "PASSED", True)])
+def test_the_roofs_run_alone_first_and_a_faulting_roof_is_not_blamed_on_the_versions(tmp_path, monkeypatch, roofs,
+                                                                                      status, roof_part):
+    """The roof loops never ran on a GPU either: their own process comes first; where it fails, the
+    tensor-core versions are still timed, without the roof part (not each recorded as a fault)."""
+    monkeypatch.setattr(iso, "_header", lambda: {"device": "test"})
+    monkeypatch.setattr(iso, "roofs_unit", lambda rounds, folder, limit: child(roofs, iso.ROOFS))
+    asked = []
+
+    def units(versions, requested, rounds, folder, limit, roofs_ran=True):
+        asked.append(roofs_ran)
+        return [iso.Unit("v33", [sys.executable, "-c", "import sys; print(sys.argv[1:])",
+                                 *[p for p in iso.parts_for(33, requested) if roofs_ran or p != "roof"]], limit)]
+    monkeypatch.setattr(iso, "kernel_units", units)
+    exact = tmp_path / "exact.json"
+    exact.write_text(json.dumps({"units": {"v33": {"status": "SAME"}}}))
+    path = tmp_path / "kernels.json"
+    assert iso.main(["kernels", "--exact", str(exact), "--json", str(path)]) == (1 if status == "FAULT" else 0)
+    record = json.loads(path.read_text())
+    assert record["order"] == [iso.ROOFS, "v33"] and record["units"][iso.ROOFS]["status"] == status
+    assert record["units"]["v33"]["status"] == "PASSED" and asked == ([True, False] if status == "FAULT" else [True])
+
+
+def test_the_roofs_process_times_the_roofs_alone():
+    unit = iso.roofs_unit(10, ROOT, 45)
+    assert unit.argv[1:5] == ["cuda/bench_gpu.py", "roof", "--kernel", "0"] and unit.name == iso.ROOFS
