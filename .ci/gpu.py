@@ -13,7 +13,7 @@ call of at most 9 minutes that holds, in order of value:
            on every never-run version and candidate, and Nsight Compute's counters
   second   (3 min, only if the first ends early; it can start cold: it builds) grad_check.py on
            odd shapes, NCCL's refusal of two ranks; as a tail, grad_check in bfloat16, the GPU
-           tests, chapter 4's table retaken, the PTX edits
+           tests, chapter 3's table retaken, the PTX edits
 
 A tail part is cut by the deadline, not by its own limit: what it did not reach is NOT RUN, which
 does not fail the call. The other parts' limits add up to less than the deadline by more than the
@@ -345,7 +345,7 @@ def parts() -> dict[str, Part]:
              needs=("build",), tail=True),
         Part("gemm", 60, (py, "cuda/bench_gpu.py", "check", "gemm", "goals", "--rounds", "15",
                           "--json", f"{RESULTS}/cuda_gpu_{TAG}.json"),
-             "chapter 4's versions checked against float64, then timed at 4096³; the goals",
+             "chapter 3's versions checked against float64, then timed at 4096³; the goals",
              records=(f"{RESULTS}/cuda_gpu_{TAG}.json",), needs=("build",), tail=True),
         Part("ptx-regen", 10, ("bash", "ptx/regen.sh"), "the compiler's own PTX, the baseline of the PTX edits",
              produces=(generated,), tail=True),
