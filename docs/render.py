@@ -8,7 +8,8 @@ A chapter marks where a table goes:
 
 Kinds: table (benchmark.py), roofline (benchmark.py --roofline), sweep (benchmark.py --sweep),
 run (distributed.py), allreduce, burst and step (distributed.py --bench), gpu_gemm, gpu_goals,
-gpu_small, gpu_grad, gpu_bf16, gpu_ptx and ncu (cuda/bench_gpu.py), triton_gpu (tiles/bench_gpu.py).
+gpu_small, gpu_grad, gpu_bf16, gpu_ptx and ncu (cuda/bench_gpu.py's records, rendered by
+cuda/gpu_tables.py), triton_gpu (tiles/bench_gpu.py).
 Each record names the command that wrote it. A GPU record's name carries its card
 (cuda_gpu_h100.json); a marker that
 writes "{card}" in its place shows the newest record of that kind, whichever card took it, and
@@ -80,7 +81,7 @@ def renderers() -> dict[str, Callable[[dict], str]]:
     import grad_check
     import parallel
 
-    static, gpu = cli.load_file("cuda/static_tables.py"), cli.load_file("cuda/bench_gpu.py")
+    static, gpu = cli.load_file("cuda/static_tables.py"), cli.load_file("cuda/gpu_tables.py")
     counters = cli.load_file("cuda/counters.py")
     return {"table": benchmark.table, "errors": grad_check.error_table, "roofline": benchmark.roofline_table,
             "sweep": benchmark.sweep_table, "sweep_summary": benchmark.sweep_summary,

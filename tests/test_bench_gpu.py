@@ -1,5 +1,5 @@
-"""cuda/bench_gpu.py away from a GPU: the parts that need none (reading Nsight Compute's CSV, the
-tables, the refusals, the versions it times)."""
+"""cuda/bench_gpu.py and the modules of its parts (cuda/gpu_*.py) away from a GPU: what needs
+none (reading Nsight Compute's CSV, the tables, the refusals, the versions it times)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import cli
 from conftest import ROOT, load_script, run_script
 
 bench_gpu = load_script("cuda/bench_gpu.py", "bench_gpu_cuda")  # tiles/ has a bench_gpu.py too
+timing, hand = load_script("cuda/gpu_timing.py"), load_script("cuda/gpu_hand_kernels.py")
+tc, profiling, tables = (load_script(f"cuda/gpu_{m}.py") for m in ("tensor_cores", "profile", "tables"))
 
 HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
          '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
@@ -22,7 +24,7 @@ HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","
 def ncu_csv(tmp_path, kernels=("dense_gemm_v1_nt_f32", "dense_gemm_v2_nn_f32")):
     rows = ["==PROF== Connected to process 1", HEADER]
     for i, name in enumerate(kernels):
-        for metric, value in zip(bench_gpu.NCU_METRICS, ("1,000", "50", "160", "10", "0", "2", "1.5", "60", "8", "32")):
+        for metric, value in zip(profiling.NCU_METRICS, ("1,000", "50", "160", "10", "0", "2", "1.5", "60", "8", "32")):
             rows.append(f'"{i}","1","python3","h","{name}","1","7","(256, 1, 1)","(16, 16, 1)","0","9.0",'
                         f'"Command line profiler metrics","{metric}","","{value}"')
     path = tmp_path / "ncu.csv"
@@ -31,10 +33,10 @@ def ncu_csv(tmp_path, kernels=("dense_gemm_v1_nt_f32", "dense_gemm_v2_nn_f32")):
 
 
 def test_ncu_csv_becomes_a_record_and_a_table(tmp_path):
-    record = {**bench_gpu.from_ncu(ncu_csv(tmp_path), "NVIDIA H200"), "shape": [2, 2, 2], "command": "c"}
+    record = {**profiling.from_ncu(ncu_csv(tmp_path), "NVIDIA H200"), "shape": [2, 2, 2], "command": "c"}
     assert [k["kernel"] for k in record["kernels"]] == ["dense_gemm_v1_nt_f32", "dense_gemm_v2_nn_f32"]
     assert record["kernels"][0]["metrics"]["gpu__time_duration.sum"] == 1000.0  # "1,000" read as a number
-    table = bench_gpu.ncu_table(record)
+    table = tables.ncu_table(record)
     # 160 sectors over 10 requests; 8 FFMA over B·I·O = 8; 1000 ns = 1 µs.
     assert "| dense_gemm_v1_nt_f32 | 1 | 32 | 50% | 16.0 | 0, 2 | 1.5% | 60% | 1.00 |" in table
 
@@ -42,7 +44,7 @@ def test_ncu_csv_becomes_a_record_and_a_table(tmp_path):
 def test_a_csv_without_kernels_is_a_clear_error(tmp_path):
     (tmp_path / "empty.csv").write_text("==PROF== nothing profiled\n")
     with pytest.raises(cli.UserError, match="no kernel rows"):
-        bench_gpu.from_ncu(tmp_path / "empty.csv", "NVIDIA H200")
+        profiling.from_ncu(tmp_path / "empty.csv", "NVIDIA H200")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals of a machine without a GPU")
@@ -72,27 +74,27 @@ def test_the_versions_compared_and_timed_follow_the_header(tmp_path, monkeypatch
     header does not list is not."""
     listed = re.findall(r"\{\s*(\d+)\s*,\s*\"([^\"]*)\"", (ROOT / "cuda" / "dense_kernels.h").read_text()
                         .split("kVersionInfo[] = {", 1)[1].split("};", 1)[0])
-    assert bench_gpu._versions("f32") == [int(v) for v, types in listed if v != "0" and "f32" in types.split()]
-    assert bench_gpu._versions("bf16") == [int(v) for v, types in listed if v != "0" and "bf16" in types.split()]
-    assert 99 not in bench_gpu._versions("f32")
+    assert timing.versions("f32") == [int(v) for v, types in listed if v != "0" and "f32" in types.split()]
+    assert timing.versions("bf16") == [int(v) for v, types in listed if v != "0" and "bf16" in types.split()]
+    assert 99 not in timing.versions("f32")
     header = _header_with(tmp_path, '{99, "f32 bf16", "a version from the future"},')
-    monkeypatch.setattr(bench_gpu.catalog, "HEADER", header)
-    assert bench_gpu._versions("f32")[-1] == 99 and bench_gpu._versions("bf16")[-1] == 99
-    entries = bench_gpu.exact_check.exact_entries()
+    monkeypatch.setattr(timing.catalog, "HEADER", header)
+    assert timing.versions("f32")[-1] == 99 and timing.versions("bf16")[-1] == 99
+    entries = timing.exact_check.exact_entries()
     assert ("v99", 99, "f32") in entries and ("v99", 99, "bf16") in entries and ("v99", 99, "f64") not in entries
-    assert {t for label, _, t in entries if label == "v0"} == set(bench_gpu.catalog.DTYPES)
+    assert {t for label, _, t in entries if label == "v0"} == set(timing.catalog.DTYPES)
 
 
 def test_kernel_n_times_version_n_alone_by_its_number(monkeypatch):
     """--kernel N: each timing part's list of versions is N's alone (none where N is not among
     them), and the goals are N's, never version 0's choice."""
-    monkeypatch.setattr(bench_gpu, "KERNEL", 33)
-    assert bench_gpu._only([0, *bench_gpu._versions("bf16")]) == [33]
-    assert bench_gpu._only(bench_gpu._chapter_versions()) == []
-    monkeypatch.setattr(bench_gpu, "KERNEL", 0)  # no version: the roof part times the roofs alone
-    assert bench_gpu._only(bench_gpu.roof_versions("bf16")) == [] and bench_gpu.roof_versions("bf16")
-    monkeypatch.setattr(bench_gpu, "KERNEL", None)
-    assert bench_gpu._only([0, 3, 33]) == [0, 3, 33]
+    monkeypatch.setattr(timing, "KERNEL", 33)
+    assert timing.only([0, *timing.versions("bf16")]) == [33]
+    assert timing.only(timing.chapter_versions()) == []
+    monkeypatch.setattr(timing, "KERNEL", 0)  # no version: the roof part times the roofs alone
+    assert timing.only(tc.roof_versions("bf16")) == [] and tc.roof_versions("bf16")
+    monkeypatch.setattr(timing, "KERNEL", None)
+    assert timing.only([0, 3, 33]) == [0, 3, 33]
 
 
 @pytest.mark.parametrize("passed, units", [
@@ -104,12 +106,12 @@ def test_kernel_n_times_version_n_alone_by_its_number(monkeypatch):
 def test_the_profile_takes_every_version_and_candidate_or_what_the_exact_run_passed(passed, units):
     """ncu's profile covers the tensor-core versions and the candidates, not only chapter 3's;
     with an isolated exact run's record, only what it found SAME, in its order (never-run first)."""
-    got = bench_gpu.profile_units(passed)
+    got = profiling.profile_units(passed)
     if units is not None:
         assert got == units
     else:
-        assert sorted(got) == sorted([*(f"v{v}" for v in bench_gpu.catalog.version_ids()),
-                                      *(f"candidate {c.index}" for c in bench_gpu.catalog.candidates())])
+        assert sorted(got) == sorted([*(f"v{v}" for v in timing.catalog.version_ids()),
+                                      *(f"candidate {c.index}" for c in timing.catalog.candidates())])
         assert {"v12", "v21", "v34", "v35", "candidate 0"} <= set(got)
         assert got.index("v35") < got.index("candidate 0") < got.index("v1")  # never-run ones first
 
@@ -120,7 +122,7 @@ def test_a_line_whose_call_fails_is_recorded_and_left_out_of_the_timing(capsys):
     def broken():
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
 
-    ok, failed = bench_gpu.runnable({"v1": lambda: 1, "v2": broken, "v3": lambda: 3})
+    ok, failed = timing.runnable({"v1": lambda: 1, "v2": broken, "v3": lambda: 3})
     assert list(ok) == ["v1", "v3"] and failed == {"v2": "CUDA error: an illegal memory access was encountered"}
     assert "FAIL  v2: CUDA error" in capsys.readouterr().out
 
@@ -140,8 +142,8 @@ def test_the_record_is_written_after_each_measurement_so_a_stopped_run_keeps_it(
         save()
         raise KeyboardInterrupt  # as the plan's limit stops a part
 
-    monkeypatch.setattr(bench_gpu, "gemm", gemm)
-    monkeypatch.setattr(bench_gpu, "goals", goals)
+    monkeypatch.setattr(hand, "gemm", gemm)
+    monkeypatch.setattr(hand, "goals", goals)
     path = tmp_path / "r.json"
     with pytest.raises(KeyboardInterrupt):
         bench_gpu.main(["gemm", "goals", "--json", str(path)])
@@ -152,7 +154,7 @@ def test_the_record_is_written_after_each_measurement_so_a_stopped_run_keeps_it(
 
 def test_the_sigmoid_grad_versions_come_from_the_header():
     text = (ROOT / "cuda" / "dense_kernels.h").read_text()
-    assert bench_gpu.catalog_grad_versions() == int(re.search(r"kGradVersions = (\d+)", text).group(1))
+    assert timing.catalog_grad_versions() == int(re.search(r"kGradVersions = (\d+)", text).group(1))
 
 
 @pytest.mark.parametrize("kernel, profiled", [("dense_gemm_v1_nt_f32", True), ("dense_gemm_v12_nn_f32", True),
@@ -163,7 +165,7 @@ def test_the_sigmoid_grad_versions_come_from_the_header():
                                               ("dense_bias_grad_v3_f32", True), ("dense_sigmoid_grad_v1_x4_f32", False),
                                               ("dense_splitk_reduce_f32", False)])
 def test_ncu_profiles_every_versions_forward_and_grad_x_gemm_and_the_backward_kernels(kernel, profiled):
-    pattern = bench_gpu.NCU_KERNELS.removeprefix("regex:")
+    pattern = profiling.NCU_KERNELS.removeprefix("regex:")
     assert bool(re.fullmatch(pattern, kernel)) == profiled
 
 
@@ -174,12 +176,12 @@ def test_ncu_reads_the_counters_the_emulator_is_set_beside():
                    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
                    "l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum",
                    "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum"):
-        assert metric in bench_gpu.NCU_METRICS, metric
+        assert metric in profiling.NCU_METRICS, metric
 
 
 def test_an_elementwise_kernel_has_no_ffma_ratio_in_the_ncu_table(tmp_path):
     csv = ncu_csv(tmp_path, kernels=("dense_gemm_v1_nt_f32", "dense_sigmoid_grad_v2_f32"))
-    table = bench_gpu.ncu_table({**bench_gpu.from_ncu(csv, "NVIDIA H200"), "shape": [2, 2, 2], "command": "c"})
+    table = tables.ncu_table({**profiling.from_ncu(csv, "NVIDIA H200"), "shape": [2, 2, 2], "command": "c"})
     assert "| dense_gemm_v1_nt_f32 |" in table and table.splitlines()[3].endswith("| 1.5% | 60% | – |")
 
 

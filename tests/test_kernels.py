@@ -210,7 +210,7 @@ def test_kernel_files_start_with_the_command_that_builds_or_checks_them():
 
 def test_bench_candidates_table_shows_each_candidates_shape_and_who_was_not_timed():
     """cuda/bench_gpu.py candidates: its table on a made-up record (the part itself needs a GPU)."""
-    bench, _sr = load_script("cuda/bench_gpu.py"), load_script("cuda/static_report.py")
+    bench, _sr = load_script("cuda/gpu_tables.py"), load_script("cuda/static_report.py")
     ratio = {"speed": 1.25, "ci": [1.2, 1.3]}
     row = {"forward_us": 100.0, "spread_us": 2.0, "gflops": 1.0, "of_reference": ratio, "of_version_0": ratio}
     record = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-26", "command": "python cuda/bench_gpu.py candidates",

@@ -17,6 +17,8 @@ import torch
 from conftest import ROOT, load_script
 
 bench_gpu = load_script("cuda/bench_gpu.py", "bench_gpu_cuda")  # tiles/ has a bench_gpu.py too
+timing, tc = load_script("cuda/gpu_timing.py"), load_script("cuda/gpu_tensor_cores.py")
+tables = load_script("cuda/gpu_tables.py")
 emulated = load_script("cuda/emulated.py", "dense_cuda_emulated")
 ROOF = ROOT / "cuda" / "tensor_cores" / "roof.cuh"
 UNIT = ROOT / "cuda" / "units" / "tc_roof.cu"
@@ -61,8 +63,8 @@ def test_the_roofs_count_what_their_instructions_multiply():
     """FLOPs of one block's iteration from the instructions' shapes, written out here: 8 warps of
     8 chains of mma.sync m16n8k16; 2 warpgroups of 4 wgmma m64n256k16 (k = 64)."""
     lib = _typed(emulated.library())
-    assert info(lib, bench_gpu.ROOFS["mma.sync"]) == (256, 8 * 8 * 2 * 16 * 8 * 16)
-    assert info(lib, bench_gpu.ROOFS["wgmma"]) == (256, 2 * 4 * 2 * 64 * 256 * 16)
+    assert info(lib, tc.ROOFS["mma.sync"]) == (256, 8 * 8 * 2 * 16 * 8 * 16)
+    assert info(lib, tc.ROOFS["wgmma"]) == (256, 2 * 4 * 2 * 64 * 256 * 16)
     assert lib.emu_roof_info(2, (ctypes.c_int64 * 2)()) == 1
 
 
@@ -72,10 +74,10 @@ def test_the_roofs_count_what_their_instructions_multiply():
 def test_a_roof_gives_its_known_exact_sum_in_the_emulation(lib, name, blocks, iterations):
     """Every operand 1.0: each thread's accumulators add up to half its FLOPs, checked by the
     function the GPU run checks with."""
-    kind = bench_gpu.ROOFS[name]
+    kind = tc.ROOFS[name]
     threads, flops = info(lib, kind)
     out = run_roof(lib, kind, blocks, iterations)
-    assert bench_gpu.check_roof(out, flops, threads, iterations) is None
+    assert tc.check_roof(out, flops, threads, iterations) is None
     # the same number written out by hand: a thread's 32 (mma.sync) or 128 (wgmma) accumulators,
     # each 16 (one m16n8k16) or 64 (four k16 steps) a iteration
     assert out.unique().tolist() == [iterations * (32 * 16 if name == "mma.sync" else 128 * 64)]
@@ -85,14 +87,14 @@ def test_a_roof_gives_its_known_exact_sum_in_the_emulation(lib, name, blocks, it
 @pytest.mark.parametrize("name", ["mma.sync", "wgmma"])
 def test_a_roof_that_skips_work_is_caught(lib, name):
     """A loop that ran one iteration fewer, or a thread that never wrote, fails the check."""
-    kind = bench_gpu.ROOFS[name]
+    kind = tc.ROOFS[name]
     threads, flops = info(lib, kind)
     short = run_roof(lib, kind, 2, 3)
-    said = bench_gpu.check_roof(short, flops, threads, 4)
+    said = tc.check_roof(short, flops, threads, 4)
     assert said.startswith("thread 0 wrote ") and f"({2 * threads} of {2 * threads} threads wrong)" in said
     out = run_roof(lib, kind, 2, 4)
     out[threads + 5] = float("nan")
-    assert bench_gpu.check_roof(out, flops, threads, 4).startswith(f"thread {threads + 5} wrote nan")
+    assert tc.check_roof(out, flops, threads, 4).startswith(f"thread {threads + 5} wrote nan")
 
 
 @needs_emulation
@@ -116,30 +118,30 @@ def test_the_roofs_run_on_os_threads_too():
     """The OS-thread build (the one ThreadSanitizer needs) gives the same sums."""
     lib = _typed(emulated.load(("-DCUDA_EMU_THREADS",)))
     for name in ("mma.sync", "wgmma"):
-        kind = bench_gpu.ROOFS[name]
+        kind = tc.ROOFS[name]
         threads, flops = info(lib, kind)
-        assert bench_gpu.check_roof(run_roof(lib, kind, 2, 2), flops, threads, 2) is None, name
+        assert tc.check_roof(run_roof(lib, kind, 2, 2), flops, threads, 2) is None, name
 
 
 def test_the_iterations_are_the_first_power_of_two_long_enough():
     def seconds(n: int) -> float:
         return 5e-6 + n * 1e-6  # a launch's cost, then 1 µs an iteration
 
-    assert bench_gpu.roof_iterations(seconds, target_s=2e-3) == 2048
-    assert bench_gpu.roof_iterations(seconds, target_s=1.0, cap=1 << 12) == 1 << 12
-    assert bench_gpu.roof_iterations(seconds, target_s=0.0) == 64
+    assert tc.roof_iterations(seconds, target_s=2e-3) == 2048
+    assert tc.roof_iterations(seconds, target_s=1.0, cap=1 << 12) == 1 << 12
+    assert tc.roof_iterations(seconds, target_s=0.0) == 64
     # every sum the check compares stays exact in float32 at the cap
-    assert bench_gpu.ROOF_MAX_ITERATIONS <= 1 << 20
+    assert tc.ROOF_MAX_ITERATIONS <= 1 << 20
 
 
 def test_each_tensor_core_version_is_judged_against_its_own_instruction():
     """The versions come from the header and TILES: part 1's mma.sync, part 2's wgmma."""
-    assert bench_gpu.roof_versions("bf16") == [21, 22, 23, 24, 31, 32, 33, 35]
-    assert {v: bench_gpu.roof_instruction(v) for v in (21, 24, 25, 26, 31, 33, 34, 35)} == {
+    assert tc.roof_versions("bf16") == [21, 22, 23, 24, 31, 32, 33, 35]
+    assert {v: tc.roof_instruction(v) for v in (21, 24, 25, 26, 31, 33, 34, 35)} == {
         21: "mma.sync", 24: "mma.sync", 25: "mma.sync", 26: "mma.sync",
         31: "wgmma", 33: "wgmma", 34: "wgmma", 35: "wgmma"}
-    assert bench_gpu.roof_instruction(12) is None and bench_gpu.roof_versions("f32") == [25, 26, 34]
-    assert set(bench_gpu.ROOF_GOALS) <= {f"v{v}" for v in bench_gpu.roof_versions("bf16")}
+    assert tc.roof_instruction(12) is None and tc.roof_versions("f32") == [25, 26, 34]
+    assert set(tc.ROOF_GOALS) <= {f"v{v}" for v in tc.roof_versions("bf16")}
 
 
 # ---------------------------------------------------------------------------------------
@@ -174,14 +176,14 @@ def test_the_tf32_errors_are_measured_against_float64_and_cublas_float32s():
     """On the CPU the "cuBLAS" lines are torch's CPU GEMM; the versions are the emulated kernels.
     Plain TF32 (10 bits of mantissa) is hundreds of times float32's error; split-TF32 within the
     goal's 2x, in the emulation (the GPU's tensor cores sum differently: the lease measures them)."""
-    errors = bench_gpu.tf32_errors([25, 26, 34], bench_gpu.exact_check.emulation_gemm(emulated.SM_COUNT),
+    errors = tc.tf32_errors([25, 26, 34], timing.exact_check.emulation_gemm(emulated.SM_COUNT),
                                    device="cpu", sizes=(64, 256))
     for n in ("64", "256"):
         lines = errors[n]["lines"]
         assert lines["cuBLAS float32"]["of_cublas_f32"] == 1.0 and 0 < lines["cuBLAS float32"]["max_abs"] < 1e-5
         assert lines["v25"]["of_cublas_f32"] > 100 and 1e-4 < lines["v25"]["rel"] < 1e-3
         assert lines["v26"]["of_cublas_f32"] <= 2 and lines["v34"]["of_cublas_f32"] <= 2
-    goals = {g["goal"]: g for g in bench_gpu.tf32_goals({"errors": errors, "timing": {"rows": []}})}
+    goals = {g["goal"]: g for g in tc.tf32_goals({"errors": errors, "timing": {"rows": []}})}
     assert goals["v26 largest error / cuBLAS float32's (every size)"]["verdict"] == "met"
     assert goals["v34 forward / reference (float32, 4096³)"]["verdict"] == "not measured"
 
@@ -190,9 +192,9 @@ def test_a_launch_that_fails_is_an_error_line_not_a_crash():
     def gemm(version, layout, a, b, m, n, k):
         raise ValueError("GEMM version 34 takes its operands through TMA")
 
-    errors = bench_gpu.tf32_errors([34], gemm, device="cpu", sizes=(8,))
+    errors = tc.tf32_errors([34], gemm, device="cpu", sizes=(8,))
     assert errors["8"]["lines"]["v34"] == {"error": "GEMM version 34 takes its operands through TMA"}
-    goals = bench_gpu.tf32_goals({"errors": errors, "timing": {"rows": []}})
+    goals = tc.tf32_goals({"errors": errors, "timing": {"rows": []}})
     assert [g["verdict"] for g in goals if g["goal"].startswith("v34 largest")] == ["not measured"]
 
 
@@ -200,15 +202,15 @@ def test_a_launch_that_fails_is_an_error_line_not_a_crash():
 # The shares and the tables, on made-up records
 # ---------------------------------------------------------------------------------------
 def test_a_share_of_a_roof_is_the_ratio_of_flop_rates_round_by_round():
-    stats = {"roof: wgmma": bench_gpu.benchmark.Stats([100.0] * 8), "v33": bench_gpu.benchmark.Stats([400.0] * 8)}
-    share = bench_gpu._share(stats, "v33", 2_000, "roof: wgmma", 1_000)  # twice the work in four times the time
+    stats = {"roof: wgmma": timing.benchmark.Stats([100.0] * 8), "v33": timing.benchmark.Stats([400.0] * 8)}
+    share = tc.share_of_roof(stats, "v33", 2_000, "roof: wgmma", 1_000)  # twice the work in four times the time
     assert share["roof"] == "wgmma" and share["share"] == pytest.approx(0.5) and share["ci"] == [0.5, 0.5]
 
 
 @pytest.mark.parametrize("ci, verdict", [([0.86, 0.9], "met"), ([0.7, 0.84], "missed"), ([0.8, 0.9], "not settled"),
                                          (None, "not settled")])
 def test_a_goal_is_met_only_when_its_whole_interval_is(ci, verdict):
-    assert bench_gpu._verdict(ci, 0.85) == verdict
+    assert timing.verdict(ci, 0.85) == verdict
 
 
 def _ratio(speed: float) -> dict:
@@ -234,7 +236,7 @@ def test_the_roof_table_shows_each_line_against_its_own_roof():
                  {"line": "v24", "instruction": "mma.sync", **row,
                   "of_roof": {"roof": "mma.sync", "share": 0.9, "ci": [0.88, 0.92]}, "of_cublas": _ratio(0.6)}],
         "goals": {"v24": {"roof": "mma.sync", "goal": 0.85, "share": 0.9, "ci": [0.88, 0.92], "verdict": "met"}}}}
-    text = bench_gpu.table(record)
+    text = tables.table(record)
     assert "| v24 | mma.sync | 200 (4) | 600 (590–610) | 0.900 (0.880–0.920) | 0.600 (0.500–0.700) |" in text
     assert "| roof: mma.sync | mma.sync | 200 (4) | 600 (590–610) | 1.000 (1.000–1.000) | – |" in text
     assert "| cuBLAS bf16 x·Wᵀ | wgmma | 200 (4) | 600 (590–610) | – | 1.000 (0.900–1.100) |" in text
@@ -255,8 +257,8 @@ def test_the_tf32_table_shows_speed_errors_and_goals():
     part = {"rounds": 10, "errors": errors,
             "timing": {"shape": [4096] * 3, "rounds": 10, "failed": {"v25": "cudaError 98"},
                        "rows": [{"line": "v26", **row}]}}
-    part["goals"] = bench_gpu.tf32_goals({**part, "timing": {"rows": [{"line": "v34", **row}]}})
-    text = bench_gpu.table({**HEADER, "tf32": part})
+    part["goals"] = tc.tf32_goals({**part, "timing": {"rows": [{"line": "v34", **row}]}})
+    text = tables.table({**HEADER, "tf32": part})
     assert "| v26 | 3000 (10) | 45000 | 90.0% (80.0–100.0%) | 160.0% |" in text
     assert "Not timed: v25 (cudaError 98)." in text
     assert "| 4096 | v26 | 3.00e-05 | 4.00e-07 | 1.50 |" in text
@@ -276,13 +278,13 @@ def test_the_goals16_table_states_the_distance_to_the_w_read_bound():
                        "copy": {"bytes": 2 * 2**30, "us": 700.0, "bytes_per_s": 3.0e12},
                        "datasheet_bytes_per_s": 3.35e12, "bound_us": 11.36, "datasheet_bound_us": 10.17,
                        "cuda_us": 30.0}}
-    text = bench_gpu.table({**HEADER, "goals16": part})
+    text = tables.table({**HEADER, "goals16": part})
     assert "| forward, B=32 | 32, 4096, 4096 | 30 | 60 | 2.000 (1.900–2.100) | ≥ 1.0 | met |" in text
     assert "W is 32 MiB in bfloat16" in text and "(3.00 TB/s, bytes read plus written, of 2 GiB) takes 11.4 µs" in text
     assert "at the datasheet's 3.35 TB/s 10.2 µs; the forward takes 30.0 µs, 2.64 times the measured bound." in text
     failed = {**part, "goals": {}, "checked": {"32×4096×4096": {"error": "cudaError 700", "ok": False}}}
     assert "Not timed: version 0 failed the bfloat16 check against float64 (32×4096×4096: cudaError 700)" in \
-        bench_gpu.table({**HEADER, "goals16": failed})
+        tables.table({**HEADER, "goals16": failed})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusals of a machine without a GPU")
@@ -340,31 +342,33 @@ def on_the_cpu(lib, monkeypatch):
 
     def dense(mode):
         return lambda x, w, b: emulated.dense(stage.version)(x, w, b)
-    monkeypatch.setattr(bench_gpu, "modes", SimpleNamespace(stage=lambda mode: stage, dense=dense))
-    monkeypatch.setattr(bench_gpu, "DEVICE", "cpu")
-    monkeypatch.setattr(bench_gpu, "_library", lambda: _emulated_library(lib))
-    monkeypatch.setattr(bench_gpu, "_sm_count", lambda: 2)
-    monkeypatch.setattr(bench_gpu, "_gpu_gemm", lambda: bench_gpu.exact_check.emulation_gemm(emulated.SM_COUNT))
-    monkeypatch.setattr(bench_gpu, "BIG", (16, 24, 40))  # multiples of 8: the TMA versions take it
-    monkeypatch.setattr(bench_gpu, "SMALL_BATCH", (32, 24, 40))  # the goal is named by its batch
-    monkeypatch.setattr(bench_gpu, "CHECK_SHAPES", ((5, 3, 7), (9, 17, 13)))
-    monkeypatch.setattr(bench_gpu, "ALIGNED_CHECK", (16, 24, 16))
-    monkeypatch.setattr(bench_gpu, "TF32_SIZES", (16, 32))
-    monkeypatch.setattr(bench_gpu, "COPY_BYTES", 1 << 16)
-    monkeypatch.setattr(bench_gpu, "ROOF_MAX_ITERATIONS", 2)
+    fake_modes = SimpleNamespace(stage=lambda mode: stage, dense=dense)
+    for module in (timing, tc, load_script("cuda/gpu_hand_kernels.py")):  # each part's module reads `modes`
+        monkeypatch.setattr(module, "modes", fake_modes)
+    monkeypatch.setattr(timing, "DEVICE", "cpu")
+    monkeypatch.setattr(timing, "library", lambda: _emulated_library(lib))
+    monkeypatch.setattr(timing, "sm_count", lambda: 2)
+    monkeypatch.setattr(timing, "gpu_gemm", lambda: timing.exact_check.emulation_gemm(emulated.SM_COUNT))
+    monkeypatch.setattr(timing, "BIG", (16, 24, 40))  # multiples of 8: the TMA versions take it
+    monkeypatch.setattr(timing, "SMALL_BATCH", (32, 24, 40))  # the goal is named by its batch
+    monkeypatch.setattr(timing, "CHECK_SHAPES", ((5, 3, 7), (9, 17, 13)))
+    monkeypatch.setattr(timing, "ALIGNED_CHECK", (16, 24, 16))
+    monkeypatch.setattr(tc, "TF32_SIZES", (16, 32))
+    monkeypatch.setattr(tc, "COPY_BYTES", 1 << 16)
+    monkeypatch.setattr(tc, "ROOF_MAX_ITERATIONS", 2)
     return stage
 
 
 @needs_emulation
 def test_the_roof_parts_logic_with_the_emulation_standing_in_for_the_gpu(on_the_cpu):
     saved = []
-    part = bench_gpu.roof(2, save=lambda: saved.append(1))
+    part = tc.roof(2, save=lambda: saved.append(1))
     assert part["failed"] == {} and saved
     assert {name: (r["blocks"], r["iterations"], r["checked"]) for name, r in part["roofs"].items()} == {
         "mma.sync": (2, 2, True), "wgmma": (2, 2, True)}
     rows = {r["line"]: r for r in part["rows"]}
     assert set(rows) == {"roof: mma.sync", "roof: wgmma", "cuBLAS bf16 x·Wᵀ",
-                         *(f"v{v}" for v in bench_gpu.roof_versions("bf16"))}
+                         *(f"v{v}" for v in tc.roof_versions("bf16"))}
     assert rows["v24"]["of_roof"]["roof"] == "mma.sync" and rows["v33"]["of_roof"]["roof"] == "wgmma"
     assert rows["roof: wgmma"]["of_roof"]["share"] == pytest.approx(1.0)
     # the FLOPs behind each rate: a GEMM's 2·B·I·O, a roof's blocks × iterations × a block's iteration
@@ -372,32 +376,32 @@ def test_the_roof_parts_logic_with_the_emulation_standing_in_for_the_gpu(on_the_
     assert part["roofs"]["wgmma"]["flops"] == 2 * 2 * (2 * 4 * 2 * 64 * 256 * 16)
     assert part["goals"]["v24"]["verdict"] in ("met", "missed", "not settled")
     assert on_the_cpu.version == 0  # the automatic choice again, for whatever runs next
-    text = bench_gpu.table({**HEADER, "roof": part})
+    text = tables.table({**HEADER, "roof": part})
     assert "| v24 | mma.sync |" in text and "Goal: v24 ≥ 0.85 of the mma.sync roof:" in text
     assert "bfloat16, forward only, B=16 I=24 O=40, 2 rounds;" in text
 
 
 @needs_emulation
 def test_the_tf32_parts_logic_with_the_emulation_standing_in_for_the_gpu(on_the_cpu):
-    part = bench_gpu.tf32(2)
+    part = tc.tf32(2)
     assert set(part["errors"]) == {"16", "32"} and part["timing"]["failed"] == {}
     assert {r["line"] for r in part["timing"]["rows"]} == {"cuBLAS x·Wᵀ", "reference", "v25", "v26", "v34"}
     verdicts = {g["goal"]: g["verdict"] for g in part["goals"]}
     assert verdicts["v26 largest error / cuBLAS float32's (every size)"] == "met"
-    text = bench_gpu.table({**HEADER, "tf32": part})
+    text = tables.table({**HEADER, "tf32": part})
     assert "| 32 | v25 |" in text and "| v34 forward / reference (float32, 4096³) |" in text
 
 
 @needs_emulation
 def test_the_goals16_parts_logic_with_the_emulation_standing_in_for_the_gpu(on_the_cpu):
-    part = bench_gpu.goals16(2)
+    part = tc.goals16(2)
     assert all(c["ok"] for c in part["checked"].values()) and part["dtype"] == "bfloat16"
     assert set(part["goals"]) == {"forward", "fwd+bwd", "forward, B=32"}
     w = part["w_read"]
     assert w["w_bytes"] == 40 * 24 * 2 and w["other_bytes"] == (32 * 24 + 32 * 40 + 40) * 2  # x, y, b
     assert w["copy"]["bytes"] == 2 << 16 and w["datasheet_bytes_per_s"] is None
     assert w["bound_us"] == pytest.approx((w["w_bytes"] + w["other_bytes"]) / w["copy"]["bytes_per_s"] * 1e6)
-    text = bench_gpu.table({**HEADER, "goals16": part})
+    text = tables.table({**HEADER, "goals16": part})
     assert "| forward, B=32 | 32, 24, 40 |" in text and "(no datasheet bandwidth known for this card)" in text
     assert "At B = 32, I = 24, O = 40:" in text
 
@@ -410,12 +414,12 @@ def test_the_roof_part_keeps_a_roof_with_one_wrong_sum_out_of_the_timing(on_the_
 
     def launch(kind, blocks, iterations, out, stream):
         rc = served.dense_roof_launch(kind, blocks, iterations, out, stream)
-        if kind == bench_gpu.ROOFS["wgmma"]:
+        if kind == tc.ROOFS["wgmma"]:
             ctypes.c_float.from_address(out + 4 * 5).value += 1.0  # thread 5's sum one off
         return rc
-    monkeypatch.setattr(bench_gpu, "_library", lambda: type(served)(dense_roof_launch=launch,
+    monkeypatch.setattr(timing, "library", lambda: type(served)(dense_roof_launch=launch,
                                                                     dense_roof_info=served.dense_roof_info))
-    part = bench_gpu.roof(2)
+    part = tc.roof(2)
     assert part["failed"]["roof: wgmma"].startswith("wrong result: thread 5 wrote")
     assert part["roofs"]["wgmma"]["checked"] is False and part["roofs"]["mma.sync"]["checked"] is True
     assert {r["line"] for r in part["rows"]} >= {"roof: mma.sync"} and "roof: wgmma" not in {r["line"] for r in
@@ -426,13 +430,13 @@ def test_the_roof_part_keeps_a_roof_with_one_wrong_sum_out_of_the_timing(on_the_
 def test_the_tf32_part_keeps_a_version_with_a_wrong_product_out_of_the_timing(on_the_cpu, monkeypatch):
     """v34's product planted wrong (every element doubled): its error fails the sanity check and it
     is not timed; v25 and v26 still are."""
-    emu = bench_gpu.exact_check.emulation_gemm(emulated.SM_COUNT)
+    emu = timing.exact_check.emulation_gemm(emulated.SM_COUNT)
 
     def gemm(version, layout, a, b, m, n, k):
         c = emu(version, layout, a, b, m, n, k)
         return 2 * c if version == 34 else c
-    monkeypatch.setattr(bench_gpu, "_gpu_gemm", lambda: gemm)
-    part = bench_gpu.tf32(2)
+    monkeypatch.setattr(timing, "gpu_gemm", lambda: gemm)
+    part = tc.tf32(2)
     assert part["timing"]["failed"] == {"v34": "failed the float64 check"}
     assert {r["line"] for r in part["timing"]["rows"]} == {"cuBLAS x·Wᵀ", "reference", "v25", "v26"}
 
@@ -440,11 +444,11 @@ def test_the_tf32_part_keeps_a_version_with_a_wrong_product_out_of_the_timing(on
 @needs_emulation
 def test_the_goals16_part_does_not_time_a_version_0_that_writes_nan(on_the_cpu, monkeypatch):
     """The op planted to return NaN: the float64 check fails, nothing is timed, the table says why."""
-    monkeypatch.setattr(bench_gpu.modes, "dense", lambda mode: lambda x, w, b: torch.full(
+    monkeypatch.setattr(tc.modes, "dense", lambda mode: lambda x, w, b: torch.full(
         (x.shape[0], w.shape[0]), float("nan"), dtype=x.dtype))
-    part = bench_gpu.goals16(2)
+    part = tc.goals16(2)
     assert part["goals"] == {} and not any(c["ok"] for c in part["checked"].values())
-    assert "Not timed: version 0 failed the bfloat16 check against float64" in bench_gpu.table({**HEADER,
+    assert "Not timed: version 0 failed the bfloat16 check against float64" in tables.table({**HEADER,
                                                                                                "goals16": part})
 
 
@@ -453,14 +457,14 @@ def test_kernel_n_times_version_n_alone_by_its_number_never_version_0(on_the_cpu
     """--kernel N (a version never run on a GPU, in a process of its own): the B = 32 table times
     cuBLAS, the reference and v25 alone; the bfloat16 goals are v24's, checked and timed with v24
     selected."""
-    monkeypatch.setattr(bench_gpu, "KERNEL", 25)
-    part = bench_gpu.small(2)
+    monkeypatch.setattr(timing, "KERNEL", 25)
+    part = load_script("cuda/gpu_hand_kernels.py").small(2)
     assert {r["line"] for r in part["rows"]} == {"cuBLAS x·Wᵀ", "reference", "v25"}
-    monkeypatch.setattr(bench_gpu, "KERNEL", 24)
+    monkeypatch.setattr(timing, "KERNEL", 24)
     selected = []
     stage = on_the_cpu
-    monkeypatch.setattr(bench_gpu.modes, "dense", lambda mode: lambda x, w, b: (
+    monkeypatch.setattr(tc.modes, "dense", lambda mode: lambda x, w, b: (
         selected.append(stage.version), emulated.dense(stage.version)(x, w, b))[1])
-    goals = bench_gpu.goals16(2)
+    goals = tc.goals16(2)
     assert goals["version"] == "v24" and set(goals["goals"]) == {"forward", "fwd+bwd", "forward, B=32"}
     assert selected and set(selected) == {24}

@@ -411,7 +411,7 @@ def test_the_stage_runs_what_gemm_choice_h_lists():
 
 
 def test_the_lease_table_states_bench_gpus_goals_and_parts():
-    bench = load_script("cuda/bench_gpu.py", "dense_cuda_bench_gpu")
+    bench = load_script("cuda/gpu_tensor_cores.py")
     assert bench.ROOF_GOALS == {"v24": ("mma.sync", 0.85)} and bench.TF32_SPEED_GOALS == {"v34": 1.5}
     assert bench.GOALS16 == {"forward": 1.0, "fwd+bwd": 0.90, "forward, B=32": 1.0}
     assert set(bench.TF32_ERROR_GOALS.values()) == {2.0}
