@@ -1,5 +1,11 @@
-"""Draw the CUDA chapter's three figures: how a block walks a GEMM, who computes what, and each
-version's arithmetic intensity against its measured speed.
+"""Draw the CUDA chapter's figures: the thread hierarchy of a launch, how a block walks a GEMM,
+who computes what, and each version's arithmetic intensity against its measured speed.
+
+cuda_hierarchy.png: v1's launch for a small GEMM (HIERARCHY_SHAPE), as the host side makes it
+(cuda/kernels/launch.cuh: gemm_geometry, then kernel<<<grid, block>>>): the grid of blocks over C,
+one block's threads grouped into warps, and the blocks spread over SMs. `launch` gives the grid
+and block from the tile of cuda/static_report.py's TILES by gemm_geometry's rule;
+tests/test_figures_hierarchy.py checks them against gemm_geometry in cuda/dense_kernels.h.
 
 cuda_gemm.png: C = A·B cut into blocks. One block owns a BM×BN tile of C; it walks K in
 steps of BK, staging a BM×BK tile of A and a BK×BN tile of B in shared memory at each step.
@@ -23,7 +29,7 @@ numbers drawn, for the chapter and its tests.
 Needs matplotlib (an optional extra: pip install matplotlib).
 
 Examples:
-  python cuda/figures.py --out /tmp            # writes the three figures into /tmp
+  python cuda/figures.py --out /tmp            # writes the four figures into /tmp
 (The committed figures: python cuda/figures.py --out docs/figures)
 """
 
@@ -41,7 +47,7 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
 
 import cli  # noqa: E402
 
-NAMES = ("cuda_gemm.png", "cuda_tiles.png", "cuda_roofline.png")
+NAMES = ("cuda_hierarchy.png", "cuda_gemm.png", "cuda_tiles.png", "cuda_roofline.png")
 RESULTS = ROOT / "docs" / "results"
 TIMINGS = "cuda_gpu_{card}.json"  # a kind of record: the newest, whichever card took it (docs/records.py)
 STATIC = "cuda_static_sm90.json"
@@ -185,6 +191,92 @@ def draw_tiles(path: Path) -> None:
                  fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------
+# The thread hierarchy (cuda_hierarchy.png)
+# ---------------------------------------------------------------------------------------
+HIERARCHY_SHAPE = (64, 32, 16)  # M, N, K: small enough to draw every block and thread
+SM_COUNT = 132  # an H100 SXM's (and an H200's) SMs
+SM_WARPS = 64  # resident warps an SM can hold (sm_90)
+
+
+def launch(version: int, m: int, n: int, k: int) -> dict:
+    """The float32 launch of `version` (1 to 3) for C (m×n) = A (m×k) · B: gemm_geometry's grid
+    and block (dense_kernels.h), from TILES. v1's x (the warp's fast index) runs along m."""
+    if version not in (1, 2, 3):
+        raise ValueError(f"v{version}: launch() draws the one-output-per-thread versions 1 to 3")
+    bm, bn, tm, tn, _ = tiles()[version]["f32"]
+    threads = bm * bn // (tm * tn)
+    along_m = -(-m // bm), -(-n // bn)
+    grid = along_m if version == 1 else along_m[::-1]
+    return {"grid": (*grid, 1), "block": (32, threads // 32, 1), "tile": (bm, bn), "threads": threads,
+            "warps": threads // 32, "blocks_per_sm": SM_WARPS // (threads // 32), "shape": (m, n, k)}
+
+
+def draw_hierarchy(path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    m, n, k = HIERARCHY_SHAPE
+    g = launch(1, m, n, k)
+    gx, gy, _ = g["grid"]
+    bx, by, _ = g["block"]
+    bm, bn = g["tile"]
+    colours = ["#a6cee3", "#fdbf6f", "#b2df8a", "#fb9a99", "#cab2d6", "#ffff99", "#8dd3c7", "#fccde5"]
+    fig, (ax_c, ax_b, ax_s) = plt.subplots(1, 3, figsize=(11, 5.4), gridspec_kw={"width_ratios": [1, 1.1, 1.3]})
+    # C (m down, n across): one rectangle per block, labelled blockIdx (x along m, y along n for v1)
+    for i in range(gx):
+        for j in range(gy):
+            ax_c.add_patch(plt.Rectangle((j * bn, i * bm), bn, bm, fill=True, ec="black", lw=1,
+                                         fc="#1f78b4" if (i, j) == (0, 1) else "#deebf7"))
+            ax_c.text(j * bn + bn / 2, i * bm + bm / 2, f"({i},{j})", ha="center", va="center", fontsize=7.5,
+                      color="white" if (i, j) == (0, 1) else "black")
+    ax_c.set_xlim(-1, n + 1)
+    ax_c.set_ylim(m + 1, -1)
+    ax_c.set_aspect("equal")
+    ax_c.set_xticks([0, n])
+    ax_c.set_yticks([0, bm, m])
+    ax_c.set_title(f"C ({m}×{n}): grid {gx}×{gy} blocks,\neach a {bm}×{bn} tile; blockIdx (x, y)", fontsize=9)
+    # one block: threadIdx.x along m (down), threadIdx.y along n (across); a warp is one y
+    for y in range(by):
+        ax_b.add_patch(plt.Rectangle((y, 0), 1, bx, fc=colours[y % len(colours)], ec="black", lw=0.6))
+        ax_b.text(y + 0.5, bx + 1.5, f"w{y}", ha="center", fontsize=7.5)
+    for x in range(0, bx + 1, 8):
+        ax_b.axhline(x, xmin=0.05, xmax=0.95, color="white", lw=0.3)
+    ax_b.set_xlim(-0.5, by + 0.5)
+    ax_b.set_ylim(bx + 3, -1)
+    ax_b.set_xticks([0, by])
+    ax_b.set_yticks([0, bx])
+    ax_b.set_xlabel("threadIdx.y (n)", fontsize=8)
+    ax_b.set_ylabel("threadIdx.x (m): a warp's 32 lanes", fontsize=8)
+    ax_b.set_title(f"block (0,1): {bx}×{by} = {g['threads']} threads,\n{g['warps']} warps (w0-w{g['warps'] - 1}) "
+                   "of 32 lanes", fontsize=9)
+    # SMs: each block runs whole on one SM; which one is the hardware's choice
+    ax_s.axis("off")
+    shown = 6
+    blocks = gx * gy
+    for s in range(shown):
+        y0 = s * 1.15
+        ax_s.add_patch(plt.Rectangle((0, y0), 9, 1, fill=False, lw=1))
+        ax_s.text(-0.3, y0 + 0.5, f"SM {s}", ha="right", va="center", fontsize=8)
+        if s < blocks:
+            i, j = divmod(s, gy)
+            ax_s.add_patch(plt.Rectangle((0.2, y0 + 0.15), 2.2, 0.7, fc="#deebf7", ec="black", lw=0.6))
+            ax_s.text(1.3, y0 + 0.5, f"({i},{j})", ha="center", va="center", fontsize=7.5)
+    ax_s.text(4.5, shown * 1.15 + 0.1, f"⋮  (SM {shown} to SM {SM_COUNT - 1})", ha="center", fontsize=8)
+    ax_s.text(0, shown * 1.15 + 1.0,
+              f"{blocks} blocks for {SM_COUNT} SMs: each block runs whole\n"
+              f"on one SM, which one the hardware picks (drawn:\none each). An SM holds up to "
+              f"{SM_WARPS} warps: {g['blocks_per_sm']} blocks of v1\nif registers and shared memory allow.",
+              fontsize=8, va="top")
+    ax_s.set_xlim(-2.5, 10)
+    ax_s.set_ylim(shown * 1.15 + 3.4, -0.4)
+    ax_s.set_title("blocks on SMs", fontsize=9)
+    fig.suptitle(f"v1 at M={m} N={n} K={k}, float32. Host (launch.cuh): geo = gemm_geometry(1, 4, M, N, K, sms); "
+                 f"v1<<<dim3({gx},{gy},1), dim3({bx},{by},1)>>>", fontsize=9.5)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
@@ -352,9 +444,10 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.UserError(f"--out {args.out}: not a folder (create it first)")
     paths = [cli.check_plot(str(out / name), "--out") for name in NAMES]
     timings, numbers = roofline_of()  # before drawing anything: a missing record is one line
-    draw_gemm(paths[0])
-    draw_tiles(paths[1])
-    draw_roofline(paths[2], timings, numbers)
+    draw_hierarchy(paths[0])
+    draw_gemm(paths[1])
+    draw_tiles(paths[2])
+    draw_roofline(paths[3], timings, numbers)
     for p in paths:
         print(f"wrote {p}")
     return 0
