@@ -26,16 +26,13 @@ __device__ __forceinline__ int tc2_offset(int r, int c) {
 }
 // endregion
 
-// Stage the BX × 64 tile of P at (x0, k0) into S, as rows of 64 elements (128 bytes): one row per x
-// if contig_k (P is X×K), else one per k (P is K×X), in blocks of 64 x, 8 KiB apart; zeros outside.
-// BX·8 chunks of 16 bytes, spread over the 128 threads. (v22, v23: BX = 64; v31 stages its 128 rows
-// of B this way too.)
-template <typename T, bool Swizzle, int BX = kTc2Tile>
+// Stage the 64×64 tile of P at (x0, k0) into S: rows along k if contig_k (P is X×K), else along x
+// (P is K×X); zeros outside. 512 chunks of 16 bytes, 4 for each of the 128 threads.
+template <typename T, bool Swizzle>
 __device__ __forceinline__ void tc2_stage(unsigned char* S, const T* P, bool contig_k, int64_t x0, int64_t k0,
                                           int64_t X, int64_t K, bool vec) {
-  for (int u = threadIdx.x; u < BX * 8; u += 128) {
-    // chunk u: row r of the tile, first column c of the chunk (along x, for rows along k: up to BX)
-    const int r = contig_k ? u / 8 : u / (BX / 8), c = contig_k ? (u % 8) * 8 : (u % (BX / 8)) * 8;
+  for (int u = threadIdx.x; u < kTc2Tile * 8; u += 128) {
+    const int r = u / 8, c = (u % 8) * 8;  // row of the tile, first column of the chunk
     const int64_t gr = (contig_k ? x0 : k0) + r, gc = (contig_k ? k0 : x0) + c;
     const int64_t rows = contig_k ? X : K, cols = contig_k ? K : X;
     const T* src = P + gr * cols + gc;
@@ -48,8 +45,7 @@ __device__ __forceinline__ void tc2_stage(unsigned char* S, const T* P, bool con
       for (int j = 0; j < 8; ++j) v[j] = gr < rows && gc + j < cols ? src[j] : zero<T>();
       memcpy(&chunk, v, 16);
     }
-    const int block = BX > kTc2Tile && !contig_k ? c / kTc2Tile : 0;  // rows along k: 64 columns of x a block
-    *reinterpret_cast<uint4*>(S + block * (kTc2Tile * 128) + tc2_offset<Swizzle>(r, c - block * kTc2Tile)) = chunk;
+    *reinterpret_cast<uint4*>(S + tc2_offset<Swizzle>(r, c)) = chunk;
   }
 }
 

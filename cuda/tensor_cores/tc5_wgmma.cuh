@@ -13,11 +13,36 @@
 #pragma once
 
 #include "../kernels/hopper_instructions.cuh"
-#include "tc2_ldmatrix.cuh"  // tc2_stage: v23's swizzle is the 128B swizzle
+#include "tc2_ldmatrix.cuh"  // tc2_offset: v23's swizzle is the 128B swizzle
 
 namespace {
 
 constexpr int kTc5BM = 64, kTc5BN = 128, kTc5BK = 64;
+
+// Stage the BX × 64 tile of P at (x0, k0) as 64-element rows, 128B-swizzled: rows along x
+// (contig_k: one 128-byte row per x) or along k (one row per k, in blocks of 64 x, 8 KiB apart).
+template <typename T, int BX>
+__device__ __forceinline__ void tc5_stage(unsigned char* S, const T* P, bool contig_k, int64_t x0, int64_t k0,
+                                          int64_t X, int64_t K, bool vec) {
+  for (int u = threadIdx.x; u < BX * kTc5BK / 8; u += 128) {
+    // chunk u: row r of 64 elements and its first column c
+    const int r = contig_k ? u / 8 : u / (BX / 8) % kTc5BK, c = contig_k ? (u % 8) * 8 : (u % (BX / 8)) * 8;
+    const int64_t gr = contig_k ? x0 + r : k0 + r, gc = contig_k ? k0 + c : x0 + c;
+    const int64_t rows = contig_k ? X : K, cols = contig_k ? K : X;
+    const T* src = P + gr * cols + gc;
+    uint4 chunk;
+    if (vec && gr < rows && gc + 8 <= cols) {
+      chunk = *reinterpret_cast<const uint4*>(src);
+    } else {
+      T v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = gr < rows && gc + j < cols ? src[j] : zero<T>();
+      memcpy(&chunk, v, 16);
+    }
+    const int block = contig_k ? 0 : c / 64;  // x-rows: one block; k-rows: a block per 64 columns of x
+    *reinterpret_cast<uint4*>(S + block * (kTc5BK * 128) + tc2_offset<true>(r, c % 64)) = chunk;
+  }
+}
 
 // D's fragment (PTX ISA, "Register Fragments" of wgmma m64nNk16, matrix D): register i of thread
 // `thread` of the warpgroup (0 to 127) holds row 16·warp + g (+8 for i % 4 ≥ 2) and column
@@ -48,8 +73,8 @@ __device__ void gemm_v31(const T* A, const T* B, T* C, const T* bias, int64_t M,
   float acc[kTc5BN / 2] = {};
   // region v31
   for (int64_t k0 = 0; k0 < K; k0 += kTc5BK) {
-    tc2_stage<T, true, kTc5BM>(As, A, !TA, m0, k0, M, K, a_vec);
-    tc2_stage<T, true, kTc5BN>(Bs, B, TB, n0, k0, N, K, b_vec);
+    tc5_stage<T, kTc5BM>(As, A, !TA, m0, k0, M, K, a_vec);
+    tc5_stage<T, kTc5BN>(Bs, B, TB, n0, k0, N, K, b_vec);
     fence_proxy_async();  // the stores above, visible to the tensor cores' reads
     __syncthreads();
     wgmma_fence();
