@@ -453,3 +453,34 @@ EMU_API int emu_tc_accumulation_run(int kind, int vectors, const uint32_t* a, co
 }
 
 }  // extern "C"
+
+// The optional event trace of the Hopper instructions (trace.h): emu_trace(1) clears it and turns
+// it on, emu_trace(0) turns it off; emu_trace_count() events were recorded, and emu_trace_read
+// copies up to n of them into out[8·n] (seq, step, block x, block y, thread, kind, barrier's shared
+// offset, value), returning how many it copied.
+extern "C" {
+EMU_API void emu_trace(int on) {
+  std::lock_guard<std::mutex> lock(emu::hopper().mutex);
+  emu::TraceState& t = emu::trace_state();
+  if (on) {
+    t.events.clear();
+    t.step = 0;
+  }
+  t.on.store(on != 0);
+}
+EMU_API int64_t emu_trace_count() {
+  std::lock_guard<std::mutex> lock(emu::hopper().mutex);
+  return int64_t(emu::trace_state().events.size());
+}
+EMU_API int64_t emu_trace_read(int64_t* out, int64_t n) {
+  std::lock_guard<std::mutex> lock(emu::hopper().mutex);
+  const std::vector<emu::TraceEvent>& events = emu::trace_state().events;
+  const int64_t count = std::min<int64_t>(n, int64_t(events.size()));
+  for (int64_t i = 0; i < count; ++i) {
+    const emu::TraceEvent& e = events[size_t(i)];
+    const int64_t row[8] = {e.seq, e.step, e.block_x, e.block_y, e.thread, e.kind, int64_t(e.bar), e.value};
+    std::memcpy(out + 8 * i, row, sizeof(row));
+  }
+  return count;
+}
+}  // extern "C"

@@ -48,6 +48,8 @@
 #include <cstdarg>
 #include <map>
 
+#include "trace.h"  // the optional event trace (off by default)
+
 namespace emu {
 
 inline void protocol_error_report(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -267,6 +269,7 @@ inline void maybe_complete(const void* bar, MBarrier& b) {
     b.tx = 0;
   }
   if (b.pending == 0 && b.tx == 0) {
+    if (tracing()) trace_event(-1, kTracePhase, window_offset(bar), b.phase);
     ++b.phase;
     b.pending = b.count;
     b.released_fences = b.arrived_fences;
@@ -285,6 +288,7 @@ inline void deliver(HopperState& s, const void* bar) {
     const TmaCopy c = s.tma[i];
     s.tma.erase(s.tma.begin() + long(i));
     land(c);
+    if (tracing()) trace_event(-1, kTraceLanded, window_offset(bar), c.bytes);
     proxy_async_wrote(s.proxy, c.dst, c.bytes);  // the async proxy's own writes
     MBarrier& b = s.bars[bar];
     b.tx -= c.bytes;
@@ -318,6 +322,7 @@ inline void mbarrier_init(void* bar, unsigned count) {
   b.tx = 0;
   b.init_by = int(thread_index());
   b.fenced_at = kUnfenced;
+  if (tracing()) trace_event(int(thread_index()), kTraceInit, window_offset(bar), count);
 }
 
 // fence.mbarrier_init (and fence.proxy.async, which orders them too): the thread's mbarrier.init's
@@ -355,6 +360,7 @@ inline void mbarrier_arrive(void* bar, uint32_t expect_bytes = 0) {
   HopperState& s = hopper_here();
   std::lock_guard<std::mutex> lock(s.mutex);
   MBarrier& b = initialised(s, bar, "mbarrier.arrive");
+  if (tracing()) trace_event(int(thread_index()), kTraceArrive, window_offset(bar), expect_bytes);
   b.tx += expect_bytes;
   b.arrived_fences = std::max(b.arrived_fences, s.proxy.last_fence[thread_index()]);
   if (b.pending == 0) {
@@ -397,6 +403,7 @@ __attribute__((noinline)) inline void tma_load_2d(void* dst, const void* map, in
   std::memset(dst, 0xff, bytes);  // in flight: NaN in every float type until the bytes land
   proxy_async_wrote(s.proxy, static_cast<unsigned char*>(dst), bytes);
   s.tma.push_back({static_cast<unsigned char*>(dst), m, c0, c1, bar, bytes});
+  if (tracing()) trace_event(int(t), kTraceTmaIssue, window_offset(bar), bytes);
   // A consumer may already wait on this barrier, having found nothing to land: wake it to land this.
   wake_waiters(b);
 }
@@ -406,9 +413,11 @@ __attribute__((noinline)) inline void tma_load_2d(void* dst, const void* map, in
 inline bool mbarrier_try_wait_parity(void* bar, unsigned parity) {
   HopperState& s = hopper_here();
   std::unique_lock<std::mutex> lock(s.mutex);
+  if (tracing()) trace_event(int(thread_index()), kTraceWaitBegin, window_offset(bar), parity & 1u);
   for (bool again = false;; again = true) {
     MBarrier& b = initialised(s, bar, "mbarrier.try_wait.parity");
     if ((b.phase & 1u) != (parity & 1u) || (deliver(s, bar), (b.phase & 1u) != (parity & 1u))) {
+      if (tracing()) trace_event(int(thread_index()), kTraceWaitEnd, window_offset(bar), parity & 1u);
       uint32_t& waited = s.proxy.waited[thread_index()];  // the fences the phase's arrivals made
       waited = std::max(waited, b.released_fences);
       return true;
@@ -525,6 +534,10 @@ __attribute__((noinline)) inline void wgmma_issue(float* d, int n, uint64_t desc
   std::memcpy(&poison, &kPoisonBits, 4);
   for (int i = 0; i < n / 2; ++i) d[i] = poison;
   me.ops.push_back(op);
+  if (tracing()) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    trace_event(int(t), kTraceWgmmaIssue, 0, n);
+  }
   // from here until the wait that completes it, arithmetic on the poison traps
   fp_trap_install();
   s.armed[t] = 1;
@@ -625,6 +638,10 @@ inline void wgmma_wait(int pending) {
   for (size_t& end : me.group_ends) end -= done;
   s.armed[thread_index()] = !me.ops.empty();
   fp_trap_arm(!me.ops.empty());
+  if (tracing()) {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    trace_event(int(thread_index()), kTraceWgmmaWait, 0, int64_t(groups));
+  }
 }
 
 // setmaxnreg.{inc,dec}.sync.aligned.u32: a multiple of 8 from 24 to 256, the same in the whole
@@ -723,6 +740,7 @@ inline void hopper_enter(Block&, unsigned i) {
 }
 inline void hopper_left(Block&, unsigned i) {
   HopperState& s = hopper();
+  if (tracing()) ++trace_state().step;  // (fibers: the scheduler's thread, between fibers)
   fp_trap_arm(false);
   const bool quiet = fiber_quiet;  // (set by fiber i just before it switched; the next fiber sets its own)
   fiber_quiet = false;
