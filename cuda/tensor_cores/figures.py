@@ -16,6 +16,9 @@ of each row lands (emu_swizzle).
 tc_descriptor.png: the 64-bit matrix descriptor: each field's bits, found by decoding every
 single-bit descriptor (emu_descriptor_decode), and an example descriptor (v31's B operand at its
 second k-step) decoded.
+tc_pipeline.png: v33's TMA ring (tma_pipeline.cuh) as a timeline of its producer, the copy engine
+and its two consumers, from an emulated run with the emulator's event trace on
+(cuda/tensor_cores/trace.py, which also writes the events as a Chrome trace-event file).
 tc_split_tf32.png: the forward GEMM's error against K for float32, TF32 and split-TF32, from the
 record of cuda/tensor_cores/tf32_error.py (--record).
 
@@ -41,7 +44,7 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
 import cli  # noqa: E402
 
 NAMES = ("tc_mma_fragments.png", "tc_ldmatrix.png", "tc_wgmma_d.png", "tc_swizzle128.png", "tc_descriptor.png",
-         "tc_split_tf32.png")
+         "tc_pipeline.png", "tc_split_tf32.png")
 RECORD = ROOT / "docs" / "results" / "tf32_error_cpu.json"
 # Okabe and Ito's eight colours, told apart with every common colour-vision deficiency.
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999")
@@ -248,14 +251,14 @@ def axes_labels(ax, x0: float, y0: float, rows: int, cols: int, row_name: str, c
 
 
 def finish(fig, ax, path: Path, width: float, height: float) -> None:
-    import benchmark
+    import records
 
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
     ax.set_aspect("equal")
     ax.axis("off")
     fig.tight_layout()
-    benchmark.save_figure(fig, path, dpi=DPI)
+    records.save_figure(fig, path, dpi=DPI)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -413,7 +416,7 @@ def draw_descriptor(path: Path, desc: dict) -> None:
 def draw_split_tf32(path: Path, errors: dict, rec: dict) -> None:
     import matplotlib.pyplot as plt
 
-    import benchmark
+    import records
 
     styles = {  # (label, colour, marker, line): v34 hollow over v26's (the same bits)
         "float32": ("float32, torch on the CPU (the reference)", "#000000", "o", "-"),
@@ -443,8 +446,18 @@ def draw_split_tf32(path: Path, errors: dict, rec: dict) -> None:
     ax.grid(True, which="major", lw=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     fig.tight_layout()
-    benchmark.save_figure(fig, path, dpi=DPI)
+    records.save_figure(fig, path, dpi=DPI)
     plt.close(fig)
+
+
+def draw_pipeline(path: Path, lib: ctypes.CDLL) -> None:
+    """v33's ring at trace.py's shape (one block, six k-steps: the ring of four wraps), emulated."""
+    trace = cli.load_file("cuda/tensor_cores/trace.py", "dense_tc_trace")
+    events = trace.run(33, trace.SHAPE, trace.library(lib))
+    wrong = trace.check_protocol(events)
+    if wrong:
+        raise RuntimeError(f"v33's emulated ring broke the mbarrier protocol: {wrong[0]}")
+    trace.draw(path, events, 33)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -474,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         "tc_wgmma_d.png": lambda p: draw_wgmma_d(p, wgmma_d(WGMMA_N, lib)),
         "tc_swizzle128.png": lambda p: draw_swizzle(p, swizzle128(lib)),
         "tc_descriptor.png": lambda p: draw_descriptor(p, descriptor(EXAMPLE_DESCRIPTOR, lib)),
+        "tc_pipeline.png": lambda p: draw_pipeline(p, lib),
         "tc_split_tf32.png": lambda p: draw_split_tf32(p, split_tf32(rec), rec),
     }
     for name in names:
