@@ -211,7 +211,9 @@ def draw(path: Path, events: list[dict], version: int = 33) -> None:
     ax.set_title(f"v{version}'s TMA ring, emulated (one block): bars are waits (thick: on full, thin: on empty), "
                  "marks the other events", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    import record_info  # (the repository's record_info.py: the command that drew it goes into the PNG)
+
+    record_info.save_figure(fig, path, dpi=80)
     plt.close(fig)
 
 
