@@ -94,8 +94,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.gradcheck import GradcheckError
 
-import benchmark
 import modes
+import record_info
 from benchmark import check_stages, refusal
 
 # float32 results differ from the reference only by rounding in the reductions. A check
@@ -334,7 +334,7 @@ def judge(actual: Tensor, linear: Tensor, exact: Tensor, dtype: torch.dtype, bou
 def draw(batch: int, in_f: int, out_f: int, bias: bool, dtype: torch.dtype, seed: int = 0,
          device: str = "cpu") -> tuple[list[Tensor | None], Tensor]:
     """([x, weight, bias], grad_out) in ``dtype``: drawn in float64 at a working layer's scale
-    (x ~ N(0, 1), weight and bias ~ N(0, 1/I), as benchmark._inputs), then rounded once."""
+    (x ~ N(0, 1), weight and bias ~ N(0, 1/I), as benchmark.inputs), then rounded once."""
     gen = torch.Generator().manual_seed(seed)
     scale = in_f ** -0.5
     x = torch.randn(batch, in_f, generator=gen, dtype=torch.float64)
@@ -732,7 +732,7 @@ def error_record(batch: int, in_f: int, out_f: int, device: str = "cpu", seed: i
     """The record --error-table writes (docs/render.py shows it with error_table)."""
     variants, missing = table_variants(device)
     results, scales = measure_errors(variants, batch, in_f, out_f, device, seed, progress=progress)
-    header = {k: v for k, v in benchmark.record_header(device, torch.float32).items()
+    header = {k: v for k, v in record_info.record_header(device, torch.float32).items()
               if k not in ("dtype", "malloc", "threads", "affinity")}  # rounding, not timing: those do not matter
     return {
         "benchmark": "errors", **header,
@@ -788,7 +788,7 @@ def error_table(record: dict) -> str:
              f"{record['rule']['floor_unit_roundoffs']:g}u of the largest size (`grad_check.magnitudes`)."]
     notes += [f"Not measured: {m} ({why})." for m, why in record.get("not_measured", {}).items()]
     notes += [f"{f}." for f in failures]
-    footer = benchmark.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}", f"seed {record['seed']}")
+    footer = record_info.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}", f"seed {record['seed']}")
     return "\n".join(rows) + "\n\n" + " ".join(notes) + "\n\n" + footer
 
 

@@ -69,8 +69,8 @@ def time_build(arch: str) -> dict:
     os.environ.update({"TORCH_CUDA_ARCH_LIST": arch, "DENSE_FORCE_JIT": "1"})
     import torch
 
-    import benchmark
     import modes
+    import record_info
 
     if torch.version.cuda is None:
         raise cli.UserError(f"--time-build needs a CUDA build of torch (this one is {torch.__version__}) and nvcc")
@@ -101,8 +101,8 @@ def time_build(arch: str) -> dict:
     stages["emulation"] = {"seconds": {"cuda/emulate/emulate.cpp": _timed(command, ROOT)}}
     nvcc = subprocess.run([str(modes.cuda_build().home / "bin" / "nvcc"), "--version"], capture_output=True,
                           text=True).stdout
-    return {"device": benchmark.describe_device("cpu"), **benchmark.describe_machine(), "torch": torch.__version__,
+    return {"device": record_info.describe_device("cpu"), **record_info.describe_machine(), "torch": torch.__version__,
             "nvcc": (re.findall(r"release [\d.]+, V[\d.]+", nvcc) or ["?"])[0], "arch": arch,
             "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
             "cuda_stage_sources": [s.as_posix() for s in modes.cuda_stage_sources()],
-            "stages": stages, **benchmark.provenance()}
+            "stages": stages, **record_info.provenance()}

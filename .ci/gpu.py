@@ -601,7 +601,7 @@ def describe_environment() -> int:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    import benchmark
+    import record_info
 
     for tool in ("nvcc", "ncu", "compute-sanitizer"):
         try:
@@ -616,7 +616,7 @@ def describe_environment() -> int:
     if not torch.cuda.is_available():
         print("torch.cuda.is_available() is False", file=sys.stderr)
         return 1
-    print(json.dumps(benchmark.describe_gpu(), indent=1))
+    print(json.dumps(record_info.describe_gpu(), indent=1))
     return 0
 
 

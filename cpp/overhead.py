@@ -2,7 +2,7 @@
 
 At B=1, I=O=64 the arithmetic takes a few microseconds and everything else is overhead:
 Python checks, the autograd machinery, the dispatcher. Each row times one layer of that stack
-alone (benchmark.measure, the repository's one timing harness, all rows interleaved), so the
+alone (timing.measure, the repository's one timing harness, all rows interleaved), so the
 differences between rows say what each layer costs.
 
 For the py stage it times `Function.apply` itself beside the C++ apply underneath it, and the
@@ -34,9 +34,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-import benchmark  # noqa: E402
 import cli  # noqa: E402
 import modes  # noqa: E402
+import record_info  # noqa: E402
+import timing  # noqa: E402
 
 APPLY = "py: Function.apply"
 UNDER = "py: the C++ apply under it"
@@ -159,10 +160,10 @@ def rows(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[str
 
 def measure(batch: int, in_f: int, out_f: int, dtype: torch.dtype, modes_: list[str], rounds: int) -> dict:
     table = rows(batch, in_f, out_f, dtype, modes_)
-    stats = benchmark.measure({k: v[0] for k, v in table.items()}, rounds=rounds)
+    stats = timing.measure({k: v[0] for k, v in table.items()}, rounds=rounds)
     ref = stats["reference: forward + backward"].median
     return {
-        **benchmark.record_header("cpu", dtype),
+        **record_info.record_header("cpu", dtype),
         "benchmark": "cpp_overhead",
         "shape": {"batch": batch, "in": in_f, "out": out_f},
         "rounds": rounds,
@@ -188,7 +189,7 @@ def render(record: dict) -> str:
                    f"(the inspect binding alone: {by_name[BINDING]:.1f} µs); the reference's whole forward: "
                    f"{by_name['reference: forward']:.1f} µs (medians).")
     s = record["shape"]
-    out.append("\n" + benchmark.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}",
+    out.append("\n" + record_info.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}",
                                        f"{record['rounds']} rounds"))
     return "\n".join(out)
 
@@ -200,14 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--out-features", type=int, default=64)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--rounds", type=int, default=20, help="interleaved samples per row")
-    parser.add_argument("--malloc", choices=benchmark.MALLOC_CHOICES, default="retain",
+    parser.add_argument("--malloc", choices=timing.MALLOC_CHOICES, default="retain",
                         help="as benchmark.py's --malloc (default retain: freed memory stays in the process)")
     parser.add_argument("--json", metavar="PATH", help="also write the record as JSON to PATH")
     args = parser.parse_args(argv)
     if min(args.batch, args.in_features, args.out_features, args.rounds) < 1:
         parser.error("sizes and --rounds must be at least 1")
     json_path = cli.check_output(args.json, "--json")  # before minutes of work, not after
-    benchmark.set_malloc(args.malloc)
+    timing.set_malloc(args.malloc)
     reasons = modes.available()
     selected = [m for m in ("py", "cpp") if reasons[m] is None]
     for m in ("py", "cpp"):

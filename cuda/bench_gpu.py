@@ -47,7 +47,7 @@ measurement, so that a run stopped half-way keeps what it measured):
 The versions, their element types and the candidates come from cuda/dense_kernels.h (read by
 cuda/catalog.py): one added there is checked, compared and timed here with no list to edit. A
 version or candidate whose launch fails is recorded as failed and the others still run.
-Times come from benchmark.measure (CUDA events, L2 flushed before each call, variants
+Times come from timing.measure (CUDA events, L2 flushed before each call, variants
 interleaved round by round); a ratio is the median of per-round ratios with its 95% interval.
 This file is the command line: it runs the parts named, in order, and writes the record. The
 parts are cuda/gpu_hand_kernels.py's (chapter 3's kernels, the PTX stage, the candidates),
@@ -80,10 +80,10 @@ import cli  # noqa: E402  (first: a Ctrl-C during the imports below is one line 
 # isort: split
 import torch  # noqa: E402
 
-import benchmark  # noqa: E402
 import modes  # noqa: E402
+import record_info  # noqa: E402
 
-timing = cli.load_file("cuda/gpu_timing.py")  # the plumbing every part times with
+gpu = cli.load_file("cuda/gpu_timing.py")  # the plumbing every part times with
 hand = cli.load_file("cuda/gpu_hand_kernels.py")  # chapter 3's parts
 tc = cli.load_file("cuda/gpu_tensor_cores.py")  # the tensor cores' chapter's parts
 profiling = cli.load_file("cuda/gpu_profile.py")  # the profile part and Nsight Compute
@@ -93,7 +93,7 @@ PARTS = ("check", "exact", "gemm", "goals", "small", "grad", "bf16", "roof", "tf
          "candidates")
 
 
-def _writer(json_path: Path | None, record: dict) -> timing.Save:
+def _writer(json_path: Path | None, record: dict) -> gpu.Save:
     """save(): the record as it stands, written whole (a temporary file, then renamed), so that a
     run stopped at any point leaves the last complete record."""
     def save() -> None:
@@ -131,13 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         reason = modes.available()[mode]
         if reason is not None:
             raise cli.UserError(f"mode {mode!r} is not available here: {reason}")
-    timing.KERNEL = args.kernel
-    known = [0, *timing.catalog.version_ids()]  # 0: no version line, the roofs alone
-    if timing.KERNEL is not None and timing.KERNEL not in known:
-        parser.error(f"--kernel {timing.KERNEL}: no such version in {timing.catalog.HEADER.name} (versions "
-                     f"{', '.join(map(str, timing.catalog.version_ids()))})")
+    gpu.KERNEL = args.kernel
+    known = [0, *gpu.catalog.version_ids()]  # 0: no version line, the roofs alone
+    if gpu.KERNEL is not None and gpu.KERNEL not in known:
+        parser.error(f"--kernel {gpu.KERNEL}: no such version in {gpu.catalog.HEADER.name} (versions "
+                     f"{', '.join(map(str, gpu.catalog.version_ids()))})")
     passed = cli.read_record(args.passed, "--passed", keys=("units", "order")) if args.passed else None
-    record = benchmark.record_header("cuda", torch.float32)
+    record = record_info.record_header("cuda", torch.float32)
     save = _writer(json_path, record)
     run = {"check": lambda out: hand.check(args.odd_only, out=out, save=save),
            "exact": lambda out: hand.exact(out=out, save=save),

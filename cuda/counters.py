@@ -774,14 +774,14 @@ def main(argv: list[str] | None = None) -> int:
                 counted = count_gemm(v, layout, m, n, k, dtype, args.sm_count, sample=not args.full)
             rows_counted += [((m, n, k), dtype, c) for c in counted]
         seconds.append(time.perf_counter() - start)
-    import benchmark  # the record's date and command, written once
+    import record_info
 
     version = subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     record = {
         "source": "python cuda/counters.py (the CPU emulation, instrumented)",
         "compiler": version,
         "torch": __import__("torch").__version__,
-        **benchmark.provenance(),
+        **record_info.provenance(),
         "shapes": [{"shape": list(shape), "seconds": round(s, 1)} for shape, s in zip(shapes, seconds)],
         "dtypes": dtypes,
         "sm_count": args.sm_count,

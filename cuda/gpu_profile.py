@@ -13,8 +13,9 @@ import torch
 import benchmark
 import cli
 import modes
+import record_info
 
-timing = cli.load_file("cuda/gpu_timing.py")
+gpu = cli.load_file("cuda/gpu_timing.py")
 tables = cli.load_file("cuda/gpu_tables.py")
 
 PROFILE_SHAPE = (2048, 2048, 2048)
@@ -32,15 +33,15 @@ def profile_units(passed: dict | None = None) -> list[str]:
 
 def profile(passed: dict | None = None) -> dict:
     cuda, dense = modes.stage("cuda"), modes.dense("cuda")
-    (x, w, b), g = benchmark._inputs(*PROFILE_SHAPE, "cuda", torch.float32, 0)
+    (x, w, b), g = benchmark.inputs(*PROFILE_SHAPE, "cuda", torch.float32, 0)
     half = [t.bfloat16() for t in (x, w, b)]  # the tensor cores' versions that take no float32
     units = profile_units(passed)
     for unit in units:  # each forward once, in its type (float32 where built for it, else bfloat16)
         if unit.startswith("candidate"):
-            timing.tune_forward(timing.library(), int(unit.split()[1]), [x, w, b])()
+            gpu.tune_forward(gpu.library(), int(unit.split()[1]), [x, w, b])()
         else:
             v = int(unit[1:])
-            timing.version_call(v, dense, [x, w, b] if v in timing.versions("f32") else half)()
+            gpu.version_call(v, dense, [x, w, b] if v in gpu.versions("f32") else half)()
     # v1 and v2 once more with the backward: its grad_x GEMM reads W in the "nn" layout, where
     # v2's neighbouring columns are neighbouring addresses (in the forward's "nt" they are not).
     for v in (1, 2):
@@ -48,17 +49,17 @@ def profile(passed: dict | None = None) -> dict:
         torch.autograd.grad(dense(x, w, b), (x,), g)
     cuda.select_kernel(0)
     # Each sigmoid-grad kernel once, with the bias gradient, on the forward's output: B × O.
-    launch, sms = timing.grad_launcher(timing.library()), torch.cuda.get_device_properties(0).multi_processor_count
+    launch, sms = gpu.grad_launcher(gpu.library()), torch.cuda.get_device_properties(0).multi_processor_count
     rows, cols = PROFILE_SHAPE[0], PROFILE_SHAPE[2]
     y = torch.rand(rows, cols, device="cuda")
     dz, db, work = torch.empty_like(y), torch.empty(cols, device="cuda"), torch.empty(sms * cols, device="cuda")
-    for v in range(1, timing.catalog_grad_versions() + 1):
-        rc = launch(v, timing.DTYPE_CODES["f32"], False, g.data_ptr(), y.data_ptr(), dz.data_ptr(), db.data_ptr(),
+    for v in range(1, gpu.catalog_grad_versions() + 1):
+        rc = launch(v, gpu.DTYPE_CODES["f32"], False, g.data_ptr(), y.data_ptr(), dz.data_ptr(), db.data_ptr(),
                     rows, cols, sms, work.data_ptr(), torch.cuda.current_stream().cuda_stream)
         if rc != 0:
             raise RuntimeError(f"sigmoid-grad v{v}: the launch failed with cudaError {rc}")
     torch.cuda.synchronize()
-    return {"shape": list(PROFILE_SHAPE), "units": units, "grad_versions": timing.catalog_grad_versions()}
+    return {"shape": list(PROFILE_SHAPE), "units": units, "grad_versions": gpu.catalog_grad_versions()}
 
 
 NCU_METRICS = {  # what each column of the profile table is, from ncu's metric names
@@ -134,7 +135,7 @@ def ncu_record(args, json_path: Path | None) -> int:
         if not csv_path.is_file():
             raise cli.UserError(f"--from-ncu {csv_path}: no such file")
     record = {**from_ncu(csv_path, device), "shape": [2048, 2048, 2048], "kernels_profiled": NCU_KERNELS,
-              **benchmark.provenance()}
+              **record_info.provenance()}
     if torch.cuda.is_available():
-        record["gpu"] = benchmark.describe_gpu()
+        record["gpu"] = record_info.describe_gpu()
     return cli.publish(tables.ncu_table(record), [(json_path, cli.json_writer(record))])

@@ -5,7 +5,7 @@ the record it wrote."""
 
 from __future__ import annotations
 
-import benchmark
+import record_info
 
 
 def candidates_table(record: dict) -> str:
@@ -37,7 +37,7 @@ def _pct(ci: list[float] | None) -> str:
 
 
 def _footer(record: dict) -> str:
-    return "\n" + benchmark.footer(record, "TF32 off", card=True, sep="; ")
+    return "\n" + record_info.footer(record, "TF32 off", card=True, sep="; ")
 
 
 def gemm_table(record: dict) -> str:
@@ -220,7 +220,7 @@ def ncu_table(record: dict) -> str:
                     f"{m['l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum']:.2g} | "
                     f"{m['dram__throughput.avg.pct_of_peak_sustained_elapsed']:.1f}% | "
                     f"{m['sm__throughput.avg.pct_of_peak_sustained_elapsed']:.0f}% | {ffma} |")
-    return "\n".join(rows) + "\n\nNsight Compute on " + benchmark.footer(
+    return "\n".join(rows) + "\n\nNsight Compute on " + record_info.footer(
         record, f"one call of each at B=I=O={b} (`python cuda/bench_gpu.py profile`)", sep="; ")
 
 

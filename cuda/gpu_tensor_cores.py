@@ -14,8 +14,10 @@ import torch
 import benchmark
 import cli
 import modes
+import record_info
+import timing
 
-timing = cli.load_file("cuda/gpu_timing.py")
+gpu = cli.load_file("cuda/gpu_timing.py")
 hand = cli.load_file("cuda/gpu_hand_kernels.py")  # goals16 is chapter 3's goals part in bfloat16
 
 GOALS16 = {"forward": 1.0, "fwd+bwd": 0.90, "forward, B=32": 1.0}  # the Hopper versions' (bfloat16)
@@ -47,7 +49,7 @@ def roof_instruction(version: int) -> str | None:
 def roof_versions(dtype: str = "bf16") -> list[int]:
     """The versions built for `dtype` that run on the tensor cores (v21-v24 and v31-v35 in bfloat16,
     v25, v26 and v34 in float32), as cuda/dense_kernels.h and TILES list them."""
-    return [v for v in timing.versions(dtype) if roof_instruction(v)]
+    return [v for v in gpu.versions(dtype) if roof_instruction(v)]
 
 
 def roof_expected(flops: int, threads: int, iterations: int) -> float:
@@ -107,22 +109,22 @@ def _roof_lines(lib, sms: int, out: dict) -> dict[str, tuple[Callable[[], object
             continue
         threads, flops, per_sm = (int(g) for g in got)
         blocks = sms * max(per_sm, 1)
-        buf = torch.full((blocks * threads,), float("nan"), device=timing.DEVICE)
+        buf = torch.full((blocks * threads,), float("nan"), device=gpu.DEVICE)
 
         def run(n: int, kind: int = kind, blocks: int = blocks, buf: torch.Tensor = buf, name: str = name) -> None:
-            rc = launch(kind, blocks, n, buf.data_ptr(), timing.stream())
+            rc = launch(kind, blocks, n, buf.data_ptr(), gpu.stream())
             if rc != 0:
                 raise RuntimeError(f"the {name} roof's launch failed with cudaError {rc}")
         try:
             run(1)  # the first launch loads the module: not a cost of the loop
-            timing.synchronize()
-            n = roof_iterations(lambda n, run=run: timing.seconds(lambda: run(n)))
+            gpu.synchronize()
+            n = roof_iterations(lambda n, run=run: gpu.seconds(lambda: run(n)))
             buf.fill_(float("nan"))
             run(n)
-            timing.synchronize()
+            gpu.synchronize()
             wrong = check_roof(buf.cpu(), flops, threads, n)
         except RuntimeError as e:
-            out["failed"][line] = timing.first_line(e)
+            out["failed"][line] = gpu.first_line(e)
             print(f"FAIL  {line}: {out['failed'][line]} (not timed)", flush=True)
             continue
         out["roofs"][name] = {"instruction": ROOF_INSTRUCTIONS[name], "blocks": blocks, "threads": threads,
@@ -148,39 +150,39 @@ def _tflops(flops: int, stats) -> dict:
 def share_of_roof(stats: dict, line: str, flops: int, roof_line: str, roof_flops: int) -> dict:
     """`line`'s FLOP rate as a share of the roof line's, round by round (paired): (its FLOPs / its
     time) / (the roof's FLOPs / the roof's time)."""
-    paired = benchmark.paired_ratio(stats[roof_line].samples, stats[line].samples)
+    paired = timing.paired_ratio(stats[roof_line].samples, stats[line].samples)
     scale = flops / roof_flops
     return {"roof": roof_line.removeprefix("roof: "), "share": paired["ratio"] * scale,
             "ci": [c * scale for c in paired["ci"]] if paired["ci"] else None}
 
 
-def roof(rounds: int, out: dict | None = None, save: timing.Save = timing.nothing, seed: int = 70) -> dict:
+def roof(rounds: int, out: dict | None = None, save: gpu.Save = gpu.nothing, seed: int = 70) -> dict:
     """The roofs, cuBLAS's bfloat16 x·Wᵀ and each tensor-core version's bfloat16 forward at 4096³,
     timed side by side (see the module's doc)."""
     out = {} if out is None else out
-    out.update({"rounds": rounds, "shape": list(timing.BIG), "dtype": "bfloat16", "roofs": {}, "failed": {}})
-    lines = _roof_lines(timing.library(), timing.sm_count(), out)
-    versions = timing.only(roof_versions("bf16"))
-    out["checked"] = timing.check_bf16(versions, seed)
-    out["tolerance"] = timing.BF16_TOLERANCE
+    out.update({"rounds": rounds, "shape": list(gpu.BIG), "dtype": "bfloat16", "roofs": {}, "failed": {}})
+    lines = _roof_lines(gpu.library(), gpu.sm_count(), out)
+    versions = gpu.only(roof_versions("bf16"))
+    out["checked"] = gpu.check_bf16(versions, seed)
+    out["tolerance"] = gpu.BF16_TOLERANCE
     save()
-    flops = 2 * timing.BIG[0] * timing.BIG[1] * timing.BIG[2]
-    (x, w, b), _ = benchmark._inputs(*timing.BIG, timing.DEVICE, torch.bfloat16, 0)
+    flops = 2 * gpu.BIG[0] * gpu.BIG[1] * gpu.BIG[2]
+    (x, w, b), _ = benchmark.inputs(*gpu.BIG, gpu.DEVICE, torch.bfloat16, 0)
     dense = modes.dense("cuda")
     fns = {line: call for line, (call, _) in lines.items()}
-    fns["cuBLAS bf16 x·Wᵀ"] = timing.forward_call(lambda x, w, b: torch.mm(x, w.t()), [x, w, b])
+    fns["cuBLAS bf16 x·Wᵀ"] = gpu.forward_call(lambda x, w, b: torch.mm(x, w.t()), [x, w, b])
     for v in versions:
         if out["checked"][f"v{v}"]["ok"]:
-            fns[f"v{v}"] = timing.version_call(v, dense, [x, w, b])
+            fns[f"v{v}"] = gpu.version_call(v, dense, [x, w, b])
         else:
             out["failed"][f"v{v}"] = "failed the float64 check"
-    fns, failed = timing.runnable(fns)
+    fns, failed = gpu.runnable(fns)
     out["failed"].update(failed)
     modes.stage("cuda").select_kernel(0)
-    stats = benchmark.measure(fns, device=timing.DEVICE, rounds=rounds)
+    stats = timing.measure(fns, device=gpu.DEVICE, rounds=rounds)
     modes.stage("cuda").select_kernel(0)
-    if timing.DEVICE == "cuda":
-        out["gpu_after"] = benchmark.describe_gpu().get("nvidia_smi")  # the clocks just after the roofs ran
+    if gpu.DEVICE == "cuda":
+        out["gpu_after"] = record_info.describe_gpu().get("nvidia_smi")  # the clocks just after the roofs ran
     work = {line: lines[line][1] if line in lines else flops for line in stats}
     instruction = {f"roof: {r}": r for r in ROOFS} | {f"v{v}": roof_instruction(v) for v in versions}
     instruction["cuBLAS bf16 x·Wᵀ"] = "wgmma"  # (on Hopper; its share of that roof says how close a library gets)
@@ -192,47 +194,47 @@ def roof(rounds: int, out: dict | None = None, save: timing.Save = timing.nothin
         if roof_line in stats:
             row["of_roof"] = share_of_roof(stats, line, work[line], roof_line, work[roof_line])
         if not line.startswith("roof") and "cuBLAS bf16 x·Wᵀ" in stats:
-            row["of_cublas"] = timing.speed_ratio(stats, line, "cuBLAS bf16 x·Wᵀ")
+            row["of_cublas"] = gpu.speed_ratio(stats, line, "cuBLAS bf16 x·Wᵀ")
         out["rows"].append(row)
     out["goals"] = {}
     for line, (roof_name, goal) in ROOF_GOALS.items():
         row = next((r for r in out["rows"] if r["line"] == line and "of_roof" in r), None)
         out["goals"][line] = {"roof": roof_name, "goal": goal,
                               **({"share": row["of_roof"]["share"], "ci": row["of_roof"]["ci"],
-                                  "verdict": timing.verdict(row["of_roof"]["ci"], goal)} if row else
+                                  "verdict": gpu.verdict(row["of_roof"]["ci"], goal)} if row else
                                  {"verdict": "not measured"})}
     save()
     return out
 
 
-def tf32(rounds: int, out: dict | None = None, save: timing.Save = timing.nothing, seed: int = 80) -> dict:
+def tf32(rounds: int, out: dict | None = None, save: gpu.Save = gpu.nothing, seed: int = 80) -> dict:
     """The tensor cores' float32 versions: error against float64 beside cuBLAS's, then speed."""
     out = {} if out is None else out
-    versions = timing.only(roof_versions("f32"))
+    versions = gpu.only(roof_versions("f32"))
     out.update({"rounds": rounds, "sizes": list(TF32_SIZES), "versions": versions, "tolerance": TF32_TOLERANCE,
                 "errors": {}})
-    out["errors"] = tf32_errors(versions, timing.gpu_gemm(), seed, save=save, out=out["errors"])
+    out["errors"] = tf32_errors(versions, gpu.gpu_gemm(), seed, save=save, out=out["errors"])
     passed = [v for v in versions
               if all(e["lines"].get(f"v{v}", {}).get("rel", float("inf")) < TF32_TOLERANCE
                      for e in out["errors"].values())]
     out["timing"] = {}
-    timing.table_at(timing.BIG, rounds, torch.float32, passed, out["timing"], save)
+    gpu.table_at(gpu.BIG, rounds, torch.float32, passed, out["timing"], save)
     out["timing"]["failed"].update({f"v{v}": "failed the float64 check" for v in versions if v not in passed})
     out["goals"] = tf32_goals(out)
     save()
     return out
 
 
-def tf32_errors(versions: list[int], gemm: Callable, seed: int = 80, save: timing.Save = timing.nothing,
+def tf32_errors(versions: list[int], gemm: Callable, seed: int = 80, save: gpu.Save = gpu.nothing,
                 out: dict | None = None, device: str | None = None, sizes: tuple[int, ...] | None = None) -> dict:
     """x·Wᵀ (no epilogue) at each of `sizes` against float64: cuBLAS float32 (TF32 off), cuBLAS
     TF32 (torch.backends.cuda.matmul.allow_tf32) and each version through gemm(version, "nt", x, w,
     m, n, k) -> C; per line the largest error, ‖error‖ / ‖truth‖ and the largest error as a
     multiple of cuBLAS float32's (the project's rule: a result is judged against the reference's
-    own error on the same inputs). `device` and `sizes`: timing.DEVICE and TF32_SIZES by default; on
+    own error on the same inputs). `device` and `sizes`: gpu.DEVICE and TF32_SIZES by default; on
     "cpu" (the tests) the library lines are torch's CPU GEMM, where allow_tf32 changes nothing."""
     out = {} if out is None else out
-    device = device or timing.DEVICE
+    device = device or gpu.DEVICE
     for n in sizes or TF32_SIZES:
         gen = torch.Generator().manual_seed(seed + n)
         x = torch.randn(n, n, generator=gen)
@@ -250,7 +252,7 @@ def tf32_errors(versions: list[int], gemm: Callable, seed: int = 80, save: timin
             try:
                 got[f"v{v}"] = gemm(v, "nt", x, w, n, n, n).to(truth.device)
             except (RuntimeError, ValueError) as e:
-                got[f"v{v}"] = timing.first_line(e)
+                got[f"v{v}"] = gpu.first_line(e)
         lines = {}
         for name, c in got.items():
             if isinstance(c, str):
@@ -258,7 +260,7 @@ def tf32_errors(versions: list[int], gemm: Callable, seed: int = 80, save: timin
                 continue
             diff = (c.double() - truth).abs()
             lines[name] = {"max_abs": float(diff.max()) if torch.isfinite(c).all() else float("inf"),
-                           "rel": timing.rel_error(c, truth)}
+                           "rel": gpu.rel_error(c, truth)}
         base = lines["cuBLAS float32"]["max_abs"]
         for entry in lines.values():
             if "max_abs" in entry:
@@ -279,7 +281,7 @@ def tf32_goals(part: dict) -> list[dict]:
         r = rows.get(line)
         goals.append({"goal": f"{line} forward / reference (float32, 4096³)", "target": f"≥ {goal}",
                       **({"value": r["of_reference"]["speed"], "ci": r["of_reference"]["ci"],
-                          "verdict": timing.verdict(r["of_reference"]["ci"], goal)}
+                          "verdict": gpu.verdict(r["of_reference"]["ci"], goal)}
                          if r else {"verdict": "not measured"})})
     for line, goal in TF32_ERROR_GOALS.items():
         ratios = [e["lines"].get(line, {}).get("of_cublas_f32") for e in part.get("errors", {}).values()]
@@ -292,43 +294,43 @@ def tf32_goals(part: dict) -> list[dict]:
 
 def copy_bandwidth(rounds: int, nbytes: int | None = None) -> dict:
     """Bytes read plus written per second by a device-to-device copy of `nbytes` (COPY_BYTES by
-    default), timed as the kernels are (benchmark.measure)."""
+    default), timed as the kernels are (timing.measure)."""
     nbytes = nbytes or COPY_BYTES
-    src = torch.empty(nbytes, dtype=torch.uint8, device=timing.DEVICE)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=gpu.DEVICE)
     dst = torch.empty_like(src)
-    stats = benchmark.measure({"copy": lambda: dst.copy_(src)}, device=timing.DEVICE, rounds=rounds)["copy"]
+    stats = timing.measure({"copy": lambda: dst.copy_(src)}, device=gpu.DEVICE, rounds=rounds)["copy"]
     return {"bytes": 2 * nbytes, "us": stats.median, "bytes_per_s": 2 * nbytes / stats.median * 1e6}
 
 
-def goals16(rounds: int, out: dict | None = None, save: timing.Save = timing.nothing, seed: int = 90) -> dict:
+def goals16(rounds: int, out: dict | None = None, save: gpu.Save = gpu.nothing, seed: int = 90) -> dict:
     """The bfloat16 goals (GOALS16), version 0 checked against float64 at both shapes first; at
     B = 32 the time to read W once beside it, at a copy's measured bandwidth and the datasheet's."""
     out = {} if out is None else out
     cuda, dense = modes.stage("cuda"), modes.dense("cuda")
-    cuda.select_kernel(timing.KERNEL or 0)
+    cuda.select_kernel(gpu.KERNEL or 0)
     out["checked"] = {}
-    for shape in (timing.BIG, timing.SMALL_BATCH):
-        (x, w, b), _ = benchmark._inputs(*shape, timing.DEVICE, torch.bfloat16, seed)
+    for shape in (gpu.BIG, gpu.SMALL_BATCH):
+        (x, w, b), _ = benchmark.inputs(*shape, gpu.DEVICE, torch.bfloat16, seed)
         try:
             with torch.no_grad():
-                error = timing.rel_error(dense(x, w, b), benchmark.reference(*(t.detach().double() for t in (x, w, b))))
-            out["checked"]["×".join(map(str, shape))] = {"rel_error": error, "ok": error < timing.BF16_TOLERANCE}
+                error = gpu.rel_error(dense(x, w, b), benchmark.reference(*(t.detach().double() for t in (x, w, b))))
+            out["checked"]["×".join(map(str, shape))] = {"rel_error": error, "ok": error < gpu.BF16_TOLERANCE}
         except RuntimeError as e:
-            out["checked"]["×".join(map(str, shape))] = {"error": timing.first_line(e), "ok": False}
-    out["tolerance"] = timing.BF16_TOLERANCE
+            out["checked"]["×".join(map(str, shape))] = {"error": gpu.first_line(e), "ok": False}
+    out["tolerance"] = gpu.BF16_TOLERANCE
     if not all(c["ok"] for c in out["checked"].values()):
-        print(f"FAIL  bfloat16 version {timing.KERNEL or 0} against float64: {out['checked']} (not timed)", flush=True)
-        out.update({"rounds": rounds, "version": f"v{timing.KERNEL}" if timing.KERNEL else "automatic", "goals": {}})
+        print(f"FAIL  bfloat16 version {gpu.KERNEL or 0} against float64: {out['checked']} (not timed)", flush=True)
+        out.update({"rounds": rounds, "version": f"v{gpu.KERNEL}" if gpu.KERNEL else "automatic", "goals": {}})
         save()
         return out
     hand.goals(rounds, out, save, dtype=torch.bfloat16, targets=GOALS16)
-    b, i, o = timing.SMALL_BATCH
+    b, i, o = gpu.SMALL_BATCH
     size = 2  # bytes of a bfloat16
     w_bytes, other = o * i * size, (b * i + b * o + o) * size  # W; x, y and the bias
     copy = copy_bandwidth(rounds)
-    sheet = _datasheet_bandwidth(torch.cuda.get_device_name() if timing.DEVICE == "cuda" else "")
+    sheet = _datasheet_bandwidth(torch.cuda.get_device_name() if gpu.DEVICE == "cuda" else "")
     small = out["goals"].get("forward, B=32")
-    out["w_read"] = {"shape": list(timing.SMALL_BATCH), "w_bytes": w_bytes, "other_bytes": other, "copy": copy,
+    out["w_read"] = {"shape": list(gpu.SMALL_BATCH), "w_bytes": w_bytes, "other_bytes": other, "copy": copy,
                      "datasheet_bytes_per_s": sheet,
                      "bound_us": (w_bytes + other) / copy["bytes_per_s"] * 1e6,
                      "datasheet_bound_us": (w_bytes + other) / sheet * 1e6 if sheet else None,

@@ -18,6 +18,7 @@ import torch
 import benchmark
 import cli
 import modes
+import timing
 
 catalog = cli.load_file("cuda/catalog.py", "dense_cuda_catalog")  # what dense_kernels.h declares, as text
 
@@ -134,7 +135,7 @@ def version_call(v: int, fn: Callable, tensors: list[torch.Tensor]) -> Callable[
 
 def speed_ratio(stats: dict, mine: str, ref: str) -> dict:
     """Speed of ``mine`` as a share of ``ref``'s: ref time / mine time, per round."""
-    paired = benchmark.paired_ratio(stats[ref].samples, stats[mine].samples)
+    paired = timing.paired_ratio(stats[ref].samples, stats[mine].samples)
     return {"speed": paired["ratio"], "ci": paired["ci"]}
 
 
@@ -167,7 +168,7 @@ def table_at(shape: tuple[int, int, int], rounds: int, dtype: torch.dtype, versi
               out: dict, save: Save) -> dict:
     """cuBLAS's x·Wᵀ, the reference and each version's forward at `shape`, in `dtype`, timed side by side."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    (x, w, b), _ = benchmark._inputs(*shape, DEVICE, dtype, 0)
+    (x, w, b), _ = benchmark.inputs(*shape, DEVICE, dtype, 0)
     fns = {"cuBLAS x·Wᵀ": forward_call(lambda x, w, b: torch.mm(x, w.t()), [x, w, b]),
            "reference": forward_call(benchmark.reference, [x, w, b])}
     dense = modes.dense("cuda")
@@ -176,7 +177,7 @@ def table_at(shape: tuple[int, int, int], rounds: int, dtype: torch.dtype, versi
     fns, failed = runnable(fns)
     modes.stage("cuda").select_kernel(0)
     out.update({"shape": list(shape), "rounds": rounds, "tf32": False, "failed": failed})
-    stats = benchmark.measure(fns, device=DEVICE, rounds=rounds)
+    stats = timing.measure(fns, device=DEVICE, rounds=rounds)
     modes.stage("cuda").select_kernel(0)
     out["rows"] = table_rows(stats, shape, ("cuBLAS x·Wᵀ", "reference"))
     save()
@@ -207,7 +208,7 @@ def check_bf16(versions: list[int], seed: int = 50) -> dict:
     cuda, dense = modes.stage("cuda"), modes.dense("cuda")
     checked = {}
     for v in versions:
-        (x, w, b), _ = benchmark._inputs(*check_shape(v, torch.bfloat16), DEVICE, torch.bfloat16, seed + v)
+        (x, w, b), _ = benchmark.inputs(*check_shape(v, torch.bfloat16), DEVICE, torch.bfloat16, seed + v)
         try:
             cuda.select_kernel(v)
             with torch.no_grad():

@@ -365,13 +365,13 @@ def kernel_units(versions: list[int], requested: list[str], rounds: int, folder:
 
 
 def _header() -> dict:
-    """The record's header: the card and the command (benchmark.record_header, on the GPU where
+    """The record's header: the card and the command (record_info.record_header, on the GPU where
     there is one)."""
     import torch
 
-    import benchmark
+    import record_info
 
-    return benchmark.record_header("cuda" if torch.cuda.is_available() else "cpu", torch.float32)
+    return record_info.record_header("cuda" if torch.cuda.is_available() else "cpu", torch.float32)
 
 
 def deadline(asked: float | None, env: dict | None = None) -> float:

@@ -2,7 +2,7 @@
 
 Every JSON record names the command that wrote it ("command"), and that command names the
 record's own path. A picture is drawn by a record's command (--plot) or carries the command that
-drew it (benchmark.save_figure writes it into the file). This script reads those commands back:
+drew it (record_info.save_figure writes it into the file). This script reads those commands back:
 --list shows them in the order --run takes them (a record that another command reads comes
 first), and --run runs them, from the repository root, one at a time. Take timings on a quiet
 machine: nothing else running, and nothing else started until the run ends.

@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
 import cli  # noqa: E402  (first: a Ctrl-C during the imports below is one line too)
 
 # isort: split
-import benchmark  # noqa: E402
+import record_info  # noqa: E402
 
 # One process: build/load the stage, warm torch up, then time the first call and the next ones.
 PROBE = r"""
@@ -85,7 +85,7 @@ def table(record: dict) -> str:
     for r in record["results"]:
         lines.append(f"| {r['mode']} | {r['case']} | {r['first_ms']:.1f} | {r['next_ms']:.3f} |")
     # The card's driver (nvidia-smi) holds the JIT compiler that the cold rows time.
-    lines.append("\n" + benchmark.footer(record, f"median of {record['results'][0]['runs']} fresh processes each",
+    lines.append("\n" + record_info.footer(record, f"median of {record['results'][0]['runs']} fresh processes each",
                                          tools=[f"CUDA driver API {record['driver']}"], card=True))
     return "\n".join(lines)
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         modes.build(mode)  # built (or found) before any process is timed
     driver = driver_version()
     # The probes time float32 tensors on the current device (cuda:0 unless CUDA_VISIBLE_DEVICES says).
-    record = {**benchmark.record_header("cuda", torch.float32), "benchmark": "ptx_load_cost",
+    record = {**record_info.record_header("cuda", torch.float32), "benchmark": "ptx_load_cost",
               "driver": f"{driver // 1000}.{driver % 1000 // 10}", "results": measure(args.repeats)}
     return cli.publish(table(record), [(json_path, cli.json_writer(record, indent=1))])
 

@@ -14,7 +14,7 @@ import cli
 from conftest import ROOT, load_script, run_script
 
 bench_gpu = load_script("cuda/bench_gpu.py", "bench_gpu_cuda")  # tiles/ has a bench_gpu.py too
-timing, hand = load_script("cuda/gpu_timing.py"), load_script("cuda/gpu_hand_kernels.py")
+gpu, hand = load_script("cuda/gpu_timing.py"), load_script("cuda/gpu_hand_kernels.py")
 tc, profiling, tables = (load_script(f"cuda/gpu_{m}.py") for m in ("tensor_cores", "profile", "tables"))
 
 HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",' \
@@ -74,27 +74,27 @@ def test_the_versions_compared_and_timed_follow_the_header(tmp_path, monkeypatch
     header does not list is not."""
     listed = re.findall(r"\{\s*(\d+)\s*,\s*\"([^\"]*)\"", (ROOT / "cuda" / "dense_kernels.h").read_text()
                         .split("kVersionInfo[] = {", 1)[1].split("};", 1)[0])
-    assert timing.versions("f32") == [int(v) for v, types in listed if v != "0" and "f32" in types.split()]
-    assert timing.versions("bf16") == [int(v) for v, types in listed if v != "0" and "bf16" in types.split()]
-    assert 99 not in timing.versions("f32")
+    assert gpu.versions("f32") == [int(v) for v, types in listed if v != "0" and "f32" in types.split()]
+    assert gpu.versions("bf16") == [int(v) for v, types in listed if v != "0" and "bf16" in types.split()]
+    assert 99 not in gpu.versions("f32")
     header = _header_with(tmp_path, '{99, "f32 bf16", "a version from the future"},')
-    monkeypatch.setattr(timing.catalog, "HEADER", header)
-    assert timing.versions("f32")[-1] == 99 and timing.versions("bf16")[-1] == 99
-    entries = timing.exact_check.exact_entries()
+    monkeypatch.setattr(gpu.catalog, "HEADER", header)
+    assert gpu.versions("f32")[-1] == 99 and gpu.versions("bf16")[-1] == 99
+    entries = gpu.exact_check.exact_entries()
     assert ("v99", 99, "f32") in entries and ("v99", 99, "bf16") in entries and ("v99", 99, "f64") not in entries
-    assert {t for label, _, t in entries if label == "v0"} == set(timing.catalog.DTYPES)
+    assert {t for label, _, t in entries if label == "v0"} == set(gpu.catalog.DTYPES)
 
 
 def test_kernel_n_times_version_n_alone_by_its_number(monkeypatch):
     """--kernel N: each timing part's list of versions is N's alone (none where N is not among
     them), and the goals are N's, never version 0's choice."""
-    monkeypatch.setattr(timing, "KERNEL", 33)
-    assert timing.only([0, *timing.versions("bf16")]) == [33]
-    assert timing.only(timing.chapter_versions()) == []
-    monkeypatch.setattr(timing, "KERNEL", 0)  # no version: the roof part times the roofs alone
-    assert timing.only(tc.roof_versions("bf16")) == [] and tc.roof_versions("bf16")
-    monkeypatch.setattr(timing, "KERNEL", None)
-    assert timing.only([0, 3, 33]) == [0, 3, 33]
+    monkeypatch.setattr(gpu, "KERNEL", 33)
+    assert gpu.only([0, *gpu.versions("bf16")]) == [33]
+    assert gpu.only(gpu.chapter_versions()) == []
+    monkeypatch.setattr(gpu, "KERNEL", 0)  # no version: the roof part times the roofs alone
+    assert gpu.only(tc.roof_versions("bf16")) == [] and tc.roof_versions("bf16")
+    monkeypatch.setattr(gpu, "KERNEL", None)
+    assert gpu.only([0, 3, 33]) == [0, 3, 33]
 
 
 @pytest.mark.parametrize("passed, units", [
@@ -110,8 +110,8 @@ def test_the_profile_takes_every_version_and_candidate_or_what_the_exact_run_pas
     if units is not None:
         assert got == units
     else:
-        assert sorted(got) == sorted([*(f"v{v}" for v in timing.catalog.version_ids()),
-                                      *(f"candidate {c.index}" for c in timing.catalog.candidates())])
+        assert sorted(got) == sorted([*(f"v{v}" for v in gpu.catalog.version_ids()),
+                                      *(f"candidate {c.index}" for c in gpu.catalog.candidates())])
         assert {"v12", "v21", "v34", "v35", "candidate 0"} <= set(got)
         assert got.index("v35") < got.index("candidate 0") < got.index("v1")  # never-run ones first
 
@@ -122,7 +122,7 @@ def test_a_line_whose_call_fails_is_recorded_and_left_out_of_the_timing(capsys):
     def broken():
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
 
-    ok, failed = timing.runnable({"v1": lambda: 1, "v2": broken, "v3": lambda: 3})
+    ok, failed = gpu.runnable({"v1": lambda: 1, "v2": broken, "v3": lambda: 3})
     assert list(ok) == ["v1", "v3"] and failed == {"v2": "CUDA error: an illegal memory access was encountered"}
     assert "FAIL  v2: CUDA error" in capsys.readouterr().out
 
@@ -131,7 +131,7 @@ def test_the_record_is_written_after_each_measurement_so_a_stopped_run_keeps_it(
     """main() writes the record whenever a part measures something: a run stopped in its second
     part leaves the first part's rows and what the second had measured."""
     monkeypatch.setattr(bench_gpu.modes, "available", lambda: dict.fromkeys(bench_gpu.modes.MODES))
-    monkeypatch.setattr(bench_gpu.benchmark, "record_header", lambda device, dtype: {"device": "test"})
+    monkeypatch.setattr(bench_gpu.record_info, "record_header", lambda device, dtype: {"device": "test"})
 
     def gemm(rounds, out, save):
         out["rows"] = ["v1"]
@@ -154,7 +154,7 @@ def test_the_record_is_written_after_each_measurement_so_a_stopped_run_keeps_it(
 
 def test_the_sigmoid_grad_versions_come_from_the_header():
     text = (ROOT / "cuda" / "dense_kernels.h").read_text()
-    assert timing.catalog_grad_versions() == int(re.search(r"kGradVersions = (\d+)", text).group(1))
+    assert gpu.catalog_grad_versions() == int(re.search(r"kGradVersions = (\d+)", text).group(1))
 
 
 @pytest.mark.parametrize("kernel, profiled", [("dense_gemm_v1_nt_f32", True), ("dense_gemm_v12_nn_f32", True),

@@ -22,6 +22,7 @@ import benchmark
 import cli
 import distributed
 import grad_check
+import timing
 from conftest import REASONS, ROOT, run_script
 from parallel.common import data as data_mod
 from parallel.common.checkpoint import CheckpointError, save_checkpoint
@@ -347,6 +348,8 @@ def test_sizes_that_cannot_fit_are_refused_before_allocating(script, args):
 def test_an_allocation_that_fails_anyway_is_one_line():
     patch = """
         import benchmark
+        import record_info
+        import timing
         def run(*a, **k):
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes")
         benchmark.run = run
@@ -493,7 +496,7 @@ def test_collective_warm_up_makes_exactly_the_calls_asked_for():
     counts = {}
     for name, seconds in (("fast", 0.0), ("slow", 0.6)):
         calls = counts[name] = []
-        benchmark.measure({name: lambda c=calls, s=seconds: (c.append(1), time.sleep(s))}, rounds=1, warmup=3,
+        timing.measure({name: lambda c=calls, s=seconds: (c.append(1), time.sleep(s))}, rounds=1, warmup=3,
                           number=1)
     assert len(counts["slow"]) == len(counts["fast"]) >= 3 + 1
 
@@ -502,7 +505,7 @@ def test_sync_runs_right_before_each_samples_timed_calls():
     # The distributed benchmarks pass dist.barrier: the ranks must start the timed calls
     # together, so nothing (Timer.timeit's two untimed calls, say) may run between the two.
     seen = []
-    stats = benchmark.measure({"a": lambda: seen.append("a"), "b": lambda: seen.append("b")}, rounds=3,
+    stats = timing.measure({"a": lambda: seen.append("a"), "b": lambda: seen.append("b")}, rounds=3,
                               warmup=1, number=2, order="shuffle", sync=lambda: seen.append("sync"))
     timed = seen[2:]  # after one warm-up call of each
     assert len(timed) == 3 * 2 * 3  # rounds × variants × (sync + 2 calls)
@@ -514,7 +517,7 @@ def test_sync_runs_right_before_each_samples_timed_calls():
 def test_shuffled_rounds_vary_each_variants_neighbour_and_agree_across_processes():
     def run() -> list[str]:
         seen = []
-        benchmark.measure({k: (lambda k=k: seen.append(k)) for k in "abcd"}, rounds=12, warmup=0, number=1,
+        timing.measure({k: (lambda k=k: seen.append(k)) for k in "abcd"}, rounds=12, warmup=0, number=1,
                           order="shuffle")
         return [k for i, k in enumerate(seen) if i == 0 or seen[i - 1] != k]  # one entry per call group
 
@@ -523,14 +526,14 @@ def test_shuffled_rounds_vary_each_variants_neighbour_and_agree_across_processes
     before_a = {first[i - 1] for i in range(1, len(first)) if first[i] == "a"}
     assert len(before_a) > 1  # rotation would always put "d" before "a"
     with pytest.raises(ValueError, match="order"):
-        benchmark.measure({"a": lambda: None}, rounds=1, order="random")
+        timing.measure({"a": lambda: None}, rounds=1, order="random")
 
 
 def test_median_interval_matches_the_binomial_tables():
     values = list(range(1, 11))
-    assert benchmark.median_ci(values) == (2, 9)          # n = 10: ranks 2 and 9 (97.9%)
-    assert benchmark.median_ci(list(range(1, 7))) == (1, 6)  # n = 6: the extremes (96.9%)
-    assert benchmark.median_ci(list(range(1, 6))) is None    # n = 5: no 95% interval exists
+    assert timing.median_ci(values) == (2, 9)          # n = 10: ranks 2 and 9 (97.9%)
+    assert timing.median_ci(list(range(1, 7))) == (1, 6)  # n = 6: the extremes (96.9%)
+    assert timing.median_ci(list(range(1, 6))) is None    # n = 5: no 95% interval exists
 
 
 def test_median_interval_covers_the_true_median():
@@ -538,18 +541,18 @@ def test_median_interval_covers_the_true_median():
     trials, covered = 2000, 0
     for _ in range(trials):
         sample = [rng.expovariate(1.0) for _ in range(15)]  # skewed; true median ln 2
-        lo, hi = benchmark.median_ci(sample)
+        lo, hi = timing.median_ci(sample)
         covered += lo <= 0.6931471805599453 <= hi
     assert covered / trials >= 0.94
 
 
 def test_paired_ratio_verdicts():
     ref = [10.0] * 12
-    assert benchmark.paired_ratio([9.0] * 12, ref)["verdict"] == "faster"
-    assert benchmark.paired_ratio([11.0] * 12, ref)["verdict"] == "slower"
-    mixed = benchmark.paired_ratio([9.0, 11.0] * 6, ref)
+    assert timing.paired_ratio([9.0] * 12, ref)["verdict"] == "faster"
+    assert timing.paired_ratio([11.0] * 12, ref)["verdict"] == "slower"
+    mixed = timing.paired_ratio([9.0, 11.0] * 6, ref)
     assert mixed["verdict"] == "no significant difference" and mixed["ci"] == [0.9, 1.1]
-    assert benchmark.paired_ratio([9.0] * 3, ref[:3])["verdict"] == "too few rounds for an interval"
+    assert timing.paired_ratio([9.0] * 3, ref[:3])["verdict"] == "too few rounds for an interval"
 
 
 def test_benchmark_record_is_consistent_with_its_samples(tmp_path):
@@ -563,7 +566,7 @@ def test_benchmark_record_is_consistent_with_its_samples(tmp_path):
     for r in record["results"]:
         mine = r["samples_us"]["fwd+bwd"]
         assert len(mine) == 8 and r["fwd_bwd_us"] == pytest.approx(statistics.median(mine))
-        again = benchmark.paired_ratio(mine, ref)
+        again = timing.paired_ratio(mine, ref)
         assert r["ratio_to_reference"] == pytest.approx(again["ratio"]) and r["ratio_ci"] == again["ci"]
         assert r["verdict"] in result.stdout or r["mode"] == "reference"
     assert "fwd+bwd / reference (95% CI)" in result.stdout
@@ -572,7 +575,7 @@ def test_benchmark_record_is_consistent_with_its_samples(tmp_path):
 def test_benchmark_inputs_keep_the_sigmoid_out_of_saturation():
     """Unscaled weights put subnormal numbers into the backward GEMMs at large I (slow for a
     reason that has nothing to do with the code compared); the inputs have nn.Linear's scale."""
-    (x, w, b), _ = benchmark._inputs(256, 4096, 256, "cpu", torch.float32, 0)
+    (x, w, b), _ = benchmark.inputs(256, 4096, 256, "cpu", torch.float32, 0)
     z = torch.nn.functional.linear(x, w, b).detach()
     assert 0.8 < z.std().item() < 1.2
     y = torch.sigmoid(z)
@@ -623,20 +626,20 @@ def test_sweep_record_table_and_goals():
 
 def test_replicated_ratio_widens_with_disagreeing_replicates():
     ref = [[10.0] * 20] * 4
-    agree = benchmark.replicated_ratio([[9.0 + 0.01 * k for k in range(20)]] * 4, ref)
+    agree = timing.replicated_ratio([[9.0 + 0.01 * k for k in range(20)]] * 4, ref)
     assert agree["verdict"] == "faster" and agree["ci"][1] < 0.92
     # Each replicate alone is tight, but they disagree: the interval must cover them, not the rounds.
-    apart = benchmark.replicated_ratio([[9.0] * 20, [11.5] * 20, [9.2] * 20, [11.0] * 20], ref)
+    apart = timing.replicated_ratio([[9.0] * 20, [11.5] * 20, [9.2] * 20, [11.0] * 20], ref)
     assert apart["replicate_ratios"] == pytest.approx([0.9, 1.15, 0.92, 1.1])
     assert apart["ci"][0] <= 0.92 and apart["ci"][1] >= 1.1 and apart["verdict"] == "no significant difference"
     # One replicate: the order statistics of its rounds, as paired_ratio gives.
-    assert benchmark.replicated_ratio([[9.0] * 12], [[10.0] * 12])["ci"] == [0.9, 0.9]
+    assert timing.replicated_ratio([[9.0] * 12], [[10.0] * 12])["ci"] == [0.9, 0.9]
 
 
 def test_set_malloc_is_recorded():
     # In a child process: "retain" cannot be undone, and the test process keeps glibc's defaults.
-    code = ("import benchmark, torch; print(benchmark.record_header('cpu', torch.float32)['malloc']); "
-            "print(benchmark.set_malloc('retain')); print(benchmark.record_header('cpu', torch.float32)['malloc'])")
+    code = ("import record_info, timing, torch; print(record_info.record_header('cpu', torch.float32)['malloc']); "
+            "print(timing.set_malloc('retain')); print(record_info.record_header('cpu', torch.float32)['malloc'])")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     before, done, recorded = result.stdout.split("\n")[:3]
     assert before == "default" and recorded == done

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import benchmark
 import modes
+import record_info
 from conftest import load_script
 
 HEADER = {"device": "NVIDIA H100", "os_kernel": "Linux 6.1", "malloc": "retain", "torch": "2.11.0", "threads": 16,
@@ -66,7 +66,7 @@ def cost(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(modes, "build", lambda mode: None)
     monkeypatch.setattr(cost, "driver_version", lambda: 13000)
-    monkeypatch.setattr(benchmark, "record_header", lambda device, dtype: HEADER)
+    monkeypatch.setattr(record_info, "record_header", lambda device, dtype: HEADER)
     return cost
 
 

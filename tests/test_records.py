@@ -59,7 +59,7 @@ def test_each_record_and_picture_is_shown_by_a_chapter(path):
 def test_each_picture_says_how_it_was_drawn(path):
     drawn_by = [r for r in records.load() if path.name in r.outputs and r.command]
     assert drawn_by or records.picture_command(path), (
-        f"{path.name}: no record's command draws it and it carries no command (benchmark.save_figure)")
+        f"{path.name}: no record's command draws it and it carries no command (record_info.save_figure)")
 
 
 def test_docs_readme_lists_every_record_from_its_command():
@@ -111,7 +111,7 @@ def test_a_picture_carries_the_command_that_drew_it(folder):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    import benchmark
+    import record_info
 
     rel = folder.as_posix()
     argv = ["tp_report.py", "shards", "--out", f"{rel}/shards.png"]
@@ -120,7 +120,7 @@ def test_a_picture_carries_the_command_that_drew_it(folder):
     try:
         for suffix in (".png", ".svg"):
             fig, _ = plt.subplots()
-            benchmark.save_figure(fig, folder / f"shards{suffix}")
+            record_info.save_figure(fig, folder / f"shards{suffix}")
             plt.close(fig)
     finally:
         sys.argv = monkey

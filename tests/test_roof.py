@@ -14,10 +14,11 @@ import subprocess
 import pytest
 import torch
 
+import timing
 from conftest import ROOT, load_script
 
 bench_gpu = load_script("cuda/bench_gpu.py", "bench_gpu_cuda")  # tiles/ has a bench_gpu.py too
-timing, tc = load_script("cuda/gpu_timing.py"), load_script("cuda/gpu_tensor_cores.py")
+gpu, tc = load_script("cuda/gpu_timing.py"), load_script("cuda/gpu_tensor_cores.py")
 tables = load_script("cuda/gpu_tables.py")
 emulated = load_script("cuda/emulated.py", "dense_cuda_emulated")
 ROOF = ROOT / "cuda" / "tensor_cores" / "roof.cuh"
@@ -176,7 +177,7 @@ def test_the_tf32_errors_are_measured_against_float64_and_cublas_float32s():
     """On the CPU the "cuBLAS" lines are torch's CPU GEMM; the versions are the emulated kernels.
     Plain TF32 (10 bits of mantissa) is hundreds of times float32's error; split-TF32 within the
     goal's 2x, in the emulation (the GPU's tensor cores sum differently: the lease measures them)."""
-    errors = tc.tf32_errors([25, 26, 34], timing.exact_check.emulation_gemm(emulated.SM_COUNT),
+    errors = tc.tf32_errors([25, 26, 34], gpu.exact_check.emulation_gemm(emulated.SM_COUNT),
                                    device="cpu", sizes=(64, 256))
     for n in ("64", "256"):
         lines = errors[n]["lines"]
@@ -202,7 +203,7 @@ def test_a_launch_that_fails_is_an_error_line_not_a_crash():
 # The shares and the tables, on made-up records
 # ---------------------------------------------------------------------------------------
 def test_a_share_of_a_roof_is_the_ratio_of_flop_rates_round_by_round():
-    stats = {"roof: wgmma": timing.benchmark.Stats([100.0] * 8), "v33": timing.benchmark.Stats([400.0] * 8)}
+    stats = {"roof: wgmma": timing.Stats([100.0] * 8), "v33": timing.Stats([400.0] * 8)}
     share = tc.share_of_roof(stats, "v33", 2_000, "roof: wgmma", 1_000)  # twice the work in four times the time
     assert share["roof"] == "wgmma" and share["share"] == pytest.approx(0.5) and share["ci"] == [0.5, 0.5]
 
@@ -210,7 +211,7 @@ def test_a_share_of_a_roof_is_the_ratio_of_flop_rates_round_by_round():
 @pytest.mark.parametrize("ci, verdict", [([0.86, 0.9], "met"), ([0.7, 0.84], "missed"), ([0.8, 0.9], "not settled"),
                                          (None, "not settled")])
 def test_a_goal_is_met_only_when_its_whole_interval_is(ci, verdict):
-    assert timing.verdict(ci, 0.85) == verdict
+    assert gpu.verdict(ci, 0.85) == verdict
 
 
 def _ratio(speed: float) -> dict:
@@ -343,16 +344,16 @@ def on_the_cpu(lib, monkeypatch):
     def dense(mode):
         return lambda x, w, b: emulated.dense(stage.version)(x, w, b)
     fake_modes = SimpleNamespace(stage=lambda mode: stage, dense=dense)
-    for module in (timing, tc, load_script("cuda/gpu_hand_kernels.py")):  # each part's module reads `modes`
+    for module in (gpu, tc, load_script("cuda/gpu_hand_kernels.py")):  # each part's module reads `modes`
         monkeypatch.setattr(module, "modes", fake_modes)
-    monkeypatch.setattr(timing, "DEVICE", "cpu")
-    monkeypatch.setattr(timing, "library", lambda: _emulated_library(lib))
-    monkeypatch.setattr(timing, "sm_count", lambda: 2)
-    monkeypatch.setattr(timing, "gpu_gemm", lambda: timing.exact_check.emulation_gemm(emulated.SM_COUNT))
-    monkeypatch.setattr(timing, "BIG", (16, 24, 40))  # multiples of 8: the TMA versions take it
-    monkeypatch.setattr(timing, "SMALL_BATCH", (32, 24, 40))  # the goal is named by its batch
-    monkeypatch.setattr(timing, "CHECK_SHAPES", ((5, 3, 7), (9, 17, 13)))
-    monkeypatch.setattr(timing, "ALIGNED_CHECK", (16, 24, 16))
+    monkeypatch.setattr(gpu, "DEVICE", "cpu")
+    monkeypatch.setattr(gpu, "library", lambda: _emulated_library(lib))
+    monkeypatch.setattr(gpu, "sm_count", lambda: 2)
+    monkeypatch.setattr(gpu, "gpu_gemm", lambda: gpu.exact_check.emulation_gemm(emulated.SM_COUNT))
+    monkeypatch.setattr(gpu, "BIG", (16, 24, 40))  # multiples of 8: the TMA versions take it
+    monkeypatch.setattr(gpu, "SMALL_BATCH", (32, 24, 40))  # the goal is named by its batch
+    monkeypatch.setattr(gpu, "CHECK_SHAPES", ((5, 3, 7), (9, 17, 13)))
+    monkeypatch.setattr(gpu, "ALIGNED_CHECK", (16, 24, 16))
     monkeypatch.setattr(tc, "TF32_SIZES", (16, 32))
     monkeypatch.setattr(tc, "COPY_BYTES", 1 << 16)
     monkeypatch.setattr(tc, "ROOF_MAX_ITERATIONS", 2)
@@ -417,7 +418,7 @@ def test_the_roof_part_keeps_a_roof_with_one_wrong_sum_out_of_the_timing(on_the_
         if kind == tc.ROOFS["wgmma"]:
             ctypes.c_float.from_address(out + 4 * 5).value += 1.0  # thread 5's sum one off
         return rc
-    monkeypatch.setattr(timing, "library", lambda: type(served)(dense_roof_launch=launch,
+    monkeypatch.setattr(gpu, "library", lambda: type(served)(dense_roof_launch=launch,
                                                                     dense_roof_info=served.dense_roof_info))
     part = tc.roof(2)
     assert part["failed"]["roof: wgmma"].startswith("wrong result: thread 5 wrote")
@@ -430,12 +431,12 @@ def test_the_roof_part_keeps_a_roof_with_one_wrong_sum_out_of_the_timing(on_the_
 def test_the_tf32_part_keeps_a_version_with_a_wrong_product_out_of_the_timing(on_the_cpu, monkeypatch):
     """v34's product planted wrong (every element doubled): its error fails the sanity check and it
     is not timed; v25 and v26 still are."""
-    emu = timing.exact_check.emulation_gemm(emulated.SM_COUNT)
+    emu = gpu.exact_check.emulation_gemm(emulated.SM_COUNT)
 
     def gemm(version, layout, a, b, m, n, k):
         c = emu(version, layout, a, b, m, n, k)
         return 2 * c if version == 34 else c
-    monkeypatch.setattr(timing, "gpu_gemm", lambda: gemm)
+    monkeypatch.setattr(gpu, "gpu_gemm", lambda: gemm)
     part = tc.tf32(2)
     assert part["timing"]["failed"] == {"v34": "failed the float64 check"}
     assert {r["line"] for r in part["timing"]["rows"]} == {"cuBLAS x·Wᵀ", "reference", "v25", "v26"}
@@ -457,10 +458,10 @@ def test_kernel_n_times_version_n_alone_by_its_number_never_version_0(on_the_cpu
     """--kernel N (a version never run on a GPU, in a process of its own): the B = 32 table times
     cuBLAS, the reference and v25 alone; the bfloat16 goals are v24's, checked and timed with v24
     selected."""
-    monkeypatch.setattr(timing, "KERNEL", 25)
+    monkeypatch.setattr(gpu, "KERNEL", 25)
     part = load_script("cuda/gpu_hand_kernels.py").small(2)
     assert {r["line"] for r in part["rows"]} == {"cuBLAS x·Wᵀ", "reference", "v25"}
-    monkeypatch.setattr(timing, "KERNEL", 24)
+    monkeypatch.setattr(gpu, "KERNEL", 24)
     selected = []
     stage = on_the_cpu
     monkeypatch.setattr(tc.modes, "dense", lambda mode: lambda x, w, b: (

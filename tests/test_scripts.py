@@ -139,15 +139,15 @@ def test_benchmark_roofline_record(tmp_path):
 
 
 def test_records_keep_the_command_as_typed(tmp_path):
-    """benchmark.command_line: a script by its path from the repository root, a module run with -m
+    """record_info.command_line: a script by its path from the repository root, a module run with -m
     by its name, arguments quoted so that shlex.split gives them back (docs/records.py runs them)."""
-    (tmp_path / "probe_module.py").write_text("import benchmark\nprint(benchmark.command_line())\n")
+    (tmp_path / "probe_module.py").write_text("import record_info\nprint(record_info.command_line())\n")
     env = {"PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parent.parent}"}
     as_module = run_script("-m", "probe_module", "--json", "a b.json", env=env)
     assert as_module.stdout.strip() == "python -m probe_module --json 'a b.json'", as_module.stderr
-    import benchmark
+    import record_info
 
-    assert benchmark.command_line([str(Path(benchmark.__file__).parent / "cpp" / "overhead.py"), "-b", "1"]) \
+    assert record_info.command_line([str(Path(record_info.__file__).parent / "cpp" / "overhead.py"), "-b", "1"]) \
         == "python cpp/overhead.py -b 1"
 
 

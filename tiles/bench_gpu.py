@@ -36,6 +36,8 @@ import torch  # noqa: E402
 
 import benchmark  # noqa: E402
 import modes  # noqa: E402
+import record_info  # noqa: E402
+import timing  # noqa: E402
 
 SMOKE_SHAPE = (33, 65, 17)
 
@@ -69,7 +71,7 @@ def smoke(dtype: torch.dtype) -> int:
     """Every line once at a small shape on whatever runs here, checked against the reference."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     lines, skipped = variants(dtype)
-    (tensors, grad_out) = benchmark._inputs(*SMOKE_SHAPE, device, dtype, 0)
+    (tensors, grad_out) = benchmark.inputs(*SMOKE_SHAPE, device, dtype, 0)
     ref_y = benchmark.reference(*tensors)
     ref_grads = torch.autograd.grad(ref_y, tensors, grad_out)
     failed = 0
@@ -89,7 +91,7 @@ def smoke(dtype: torch.dtype) -> int:
 
 def run(batch: int, in_f: int, out_f: int, dtype: torch.dtype, rounds: int, device: str = "cuda") -> dict:
     lines, skipped = variants(dtype)
-    tensors, grad_out = benchmark._inputs(batch, in_f, out_f, device, dtype, 0)
+    tensors, grad_out = benchmark.inputs(batch, in_f, out_f, device, dtype, 0)
     timed = {}
     for name, (fn, tf32) in list(lines.items()):
         call = _with_tf32(fn, tf32)
@@ -104,7 +106,7 @@ def run(batch: int, in_f: int, out_f: int, dtype: torch.dtype, rounds: int, devi
         timed[f"{name}/fwd+bwd"] = lambda call=call: torch.autograd.grad(call(*tensors), tensors, grad_out)
     if "reference" not in lines:
         raise cli.UserError(f"the reference itself failed: {skipped['reference']}")
-    stats = benchmark.measure(timed, device=device, rounds=rounds)
+    stats = timing.measure(timed, device=device, rounds=rounds)
     torch.backends.cuda.matmul.allow_tf32 = False
     flops = 2 * batch * in_f * out_f
     ref = stats["reference/fwd+bwd"].samples
@@ -112,13 +114,13 @@ def run(batch: int, in_f: int, out_f: int, dtype: torch.dtype, rounds: int, devi
     results = []
     for name, (_, tf32) in lines.items():
         fwd, both = stats[f"{name}/forward"], stats[f"{name}/fwd+bwd"]
-        paired = benchmark.paired_ratio(both.samples, ref)
+        paired = timing.paired_ratio(both.samples, ref)
         results.append({"line": name, "tf32": tf32, "forward_us": fwd.median, "forward_spread_us": fwd.spread,
                         "fwd_bwd_us": both.median, "fwd_bwd_spread_us": both.spread,
                         "forward_tflops": flops / fwd.median / 1e6, "fwd_bwd_tflops": 3 * flops / both.median / 1e6,
                         "ratio_to_reference": paired["ratio"], "ratio_ci": paired["ci"], "verdict": paired["verdict"]})
     best = getattr(tuned, "best_config", None)
-    return {**benchmark.record_header(device, dtype), "triton": _triton_version(),
+    return {**record_info.record_header(device, dtype), "triton": _triton_version(),
             "shape": {"batch": batch, "in": in_f,
             "out": out_f}, "rounds": len(ref), "skipped": skipped, "autotuned": str(best) if best else None,
             "results": results}
@@ -142,7 +144,7 @@ def table(record: dict) -> str:
                     f"({r['fwd_bwd_spread_us']:.1f}) | {ratio} | {verdict} |")
     s = record["shape"]
     skipped = "".join(f" Not timed: {k} ({v})." for k, v in record.get("skipped", {}).items())
-    rows.append("\n" + benchmark.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}",
+    rows.append("\n" + record_info.footer(record, f"B={s['batch']} I={s['in']} O={s['out']}",
                                         f"{record['rounds']} rounds", f"autotuned forward: {record['autotuned']}",
                                         tools=[f"Triton {record['triton']}"], sep=f".{skipped} "))
     return "\n".join(rows)

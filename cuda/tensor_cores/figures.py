@@ -251,14 +251,14 @@ def axes_labels(ax, x0: float, y0: float, rows: int, cols: int, row_name: str, c
 
 
 def finish(fig, ax, path: Path, width: float, height: float) -> None:
-    import records
+    import record_info
 
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
     ax.set_aspect("equal")
     ax.axis("off")
     fig.tight_layout()
-    records.save_figure(fig, path, dpi=DPI)
+    record_info.save_figure(fig, path, dpi=DPI)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -416,7 +416,7 @@ def draw_descriptor(path: Path, desc: dict) -> None:
 def draw_split_tf32(path: Path, errors: dict, rec: dict) -> None:
     import matplotlib.pyplot as plt
 
-    import records
+    import record_info
 
     styles = {  # (label, colour, marker, line): v34 hollow over v26's (the same bits)
         "float32": ("float32, torch on the CPU (the reference)", "#000000", "o", "-"),
@@ -446,7 +446,7 @@ def draw_split_tf32(path: Path, errors: dict, rec: dict) -> None:
     ax.grid(True, which="major", lw=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     fig.tight_layout()
-    records.save_figure(fig, path, dpi=DPI)
+    record_info.save_figure(fig, path, dpi=DPI)
     plt.close(fig)
 
 

@@ -64,8 +64,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-import benchmark  # noqa: E402
 import grad_check  # noqa: E402
+import record_info  # noqa: E402
 
 VERSIONS = (25, 26, 34)
 SPLIT_VERSIONS = (26, 34)
@@ -242,7 +242,7 @@ def record(batch: int, out_f: int, ks: tuple[int, ...], seed: int = 0,
            progress: Callable[[str], None] = lambda line: None) -> dict:
     """The record the script writes (docs/render.py shows it with ``table``)."""
     results = measure(batch, out_f, ks, seed, progress=progress)
-    header = {k: v for k, v in benchmark.record_header("cpu", torch.float32).items()
+    header = {k: v for k, v in record_info.record_header("cpu", torch.float32).items()
               if k not in ("dtype", "malloc", "threads", "affinity")}  # rounding, not timing
     emu = grad_check.load_emulation()
     return {
@@ -310,7 +310,7 @@ def table(rec: dict) -> str:
         notes.append("v34 gives v26's bits in every tensor: the same split, the same order of products.")
     notes.append(f"The CPU emulation: {rec['model']}.")
     s = rec["shape"]
-    footer = benchmark.footer(rec, f"B={s['batch']} O={s['out']}", f"seed {rec['seed']}")
+    footer = record_info.footer(rec, f"B={s['batch']} O={s['out']}", f"seed {rec['seed']}")
     return "\n".join(rows) + "\n\n" + "\n".join(layer) + "\n\n" + " ".join(notes) + "\n\n" + footer
 
 

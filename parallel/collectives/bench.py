@@ -14,7 +14,7 @@ bf16:      float32 against bfloat16: the all-reduce's bus bandwidth at the same 
            elements, a training step, and the test accuracy after training (float32; bfloat16
            autocast with float32 gradient reduction; bfloat16 autocast with bfloat16 reduction).
 
-They use benchmark.measure, interleaving the variants round by round, in a new order each
+They use timing.measure, interleaving the variants round by round, in a new order each
 round (order="shuffle"): in a fixed rotation, the variant that always follows dist.all_reduce
 would pay for what gloo leaves behind. A sample is the slowest rank's time for it (a
 collective is done when its last rank is: parallel/common/harness.py). allreduce, burst and
@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from benchmark import CI_LEVEL, Stats, measure, median_ci, paired_ratio
 from parallel.collectives import algorithms
 from parallel.collectives.algorithms import ALGORITHMS, all_reduce, choose
 from parallel.collectives.costmodel import PREDICT, link_for, size_label
@@ -55,6 +54,7 @@ from parallel.common.training import DTYPES, Config, build_model
 from parallel.dp import ring
 from parallel.dp.reducer import GradReducer
 from parallel.dp.ring import ring_all_reduce
+from timing import CI_LEVEL, Stats, measure, median_ci, paired_ratio
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 

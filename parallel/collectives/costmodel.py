@@ -252,10 +252,10 @@ def _p2p_job(sizes: list[int], rounds: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from benchmark import measure
     from parallel.common.harness import warm_up
     from parallel.common.p2p import exchange, peers, post, wait
     from parallel.common.threads import io_thread_nices
+    from timing import measure
 
     rank, n, right, left = peers(None)
     out: dict = {"steps": {}, "direct": {}, "add": {}}
@@ -315,9 +315,9 @@ def _fit_steps(ranks: list[dict], kind: str) -> tuple[float, float, list[dict]]:
 def fit(world_sizes: list[int], rounds: int) -> dict:
     import torch
 
-    from benchmark import describe_device
     from parallel.common.launch import launch
     from parallel.common.threads import io_nice
+    from record_info import describe_device
 
     fits = {}
     for w in world_sizes:
@@ -537,7 +537,7 @@ def predict_table(record: dict) -> str:
 
 
 def plot_predict(record: dict, path: str) -> None:
-    from benchmark import pyplot, save_figure
+    from record_info import pyplot, save_figure
 
     plt = pyplot()
     fabrics = list(dict.fromkeys(r["fabric"] for r in record["projections"]))
@@ -559,7 +559,7 @@ def plot_predict(record: dict, path: str) -> None:
 
 def plot_model(records: list[dict], path: str, fit: Path = FIT_PATH) -> None:
     """Model (lines, from the fit in ``fit``) against measurement (markers): one panel per world size."""
-    from benchmark import pyplot, save_figure
+    from record_info import pyplot, save_figure
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(records), figsize=(4.2 * len(records), 3.6), sharey=True, squeeze=False)

@@ -112,7 +112,7 @@ def _pyplot():
 
 
 def _save(fig, path: Path) -> None:
-    from benchmark import save_figure  # the command that drew it, in the PNG
+    from record_info import save_figure  # the command that drew it, in the PNG
 
     save_figure(fig, path)
 

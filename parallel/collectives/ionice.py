@@ -48,12 +48,12 @@ def _job(sizes: tuple[int, ...], rounds: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from benchmark import measure
     from parallel.collectives.algorithms import all_reduce
     from parallel.collectives.costmodel import size_label
     from parallel.common.harness import warm_up
     from parallel.common.p2p import peers
     from parallel.common.threads import io_thread_nices
+    from timing import measure
 
     warm_up(*peers(None)[2:])
     fns = {}
@@ -133,7 +133,7 @@ def run(world_size: int, pairs: int, rounds: int, settings: tuple[int | str, int
                         "mean_ratio_range": [min(ratios), max(ratios)]})
     import torch
 
-    from benchmark import describe_device
+    from record_info import describe_device
 
     return {"benchmark": "ionice", "device": describe_device("cpu"), "torch": torch.__version__, "backend": "gloo",
             "world_size": world_size, "threads_per_rank": 1, "settings": [first, second], "busy": busy,

@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 
 import cli
-from benchmark import describe_device
 from parallel.common import threads
 from parallel.common.launch import world
 from parallel.common.p2p import agree, exchange, stack_rows, wait
+from record_info import describe_device
 
 
 def every_rank(mine: torch.Tensor) -> torch.Tensor:

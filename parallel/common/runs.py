@@ -15,9 +15,9 @@ def report(config, result: dict, backend: str) -> dict:
     """The JSON record of a run (written by rank 0)."""
     gpu = {}
     if config.device == "cuda":
-        import benchmark  # the one description of a GPU (name, SMs, clocks, driver)
+        import record_info  # the one description of a GPU (name, SMs, clocks, driver)
 
-        gpu = {"gpu": benchmark.describe_gpu()}
+        gpu = {"gpu": record_info.describe_gpu()}
     return {
         "device": config.device, **gpu, "torch": torch.__version__, "backend": backend,
         "world_size": config.world_size,
@@ -50,7 +50,7 @@ def table(record: dict) -> str:
 
 
 def plot(record: dict, path: str) -> None:
-    from benchmark import pyplot
+    from record_info import pyplot
 
     plt = pyplot()
     epochs = [e["epoch"] for e in record["epochs"]]

@@ -1,9 +1,9 @@
 """Chapter 7's benchmark, run on every rank by ``distributed.py --bench step``: one training step
 (forward, backward, gradient averaging, optimiser step) of our loop with and without overlap,
 against torch's DistributedDataParallel, on the same model, data and shard. Interleaved round
-by round, in a new order each round (benchmark.measure, order="shuffle"); a sample is the
+by round, in a new order each round (timing.measure, order="shuffle"); a sample is the
 slowest rank's time; the ratio to DDP is paired round by round, with a distribution-free interval
-and a verdict (benchmark.paired_ratio; docs/README.md says how).
+and a verdict (timing.paired_ratio; docs/README.md says how).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmark import CI_LEVEL, Stats, measure, paired_ratio
 from parallel.common import data as data_mod
 from parallel.common.harness import header, slowest_rank, write_record
 from parallel.common.launch import world
 from parallel.common.training import Config, build_model
 from parallel.dp.reducer import AllReduce, GradReducer
 from parallel.dp.ring import ring_all_reduce
+from timing import CI_LEVEL, Stats, measure, paired_ratio
 
 
 def step(config: Config, json_path: Path | None, all_reduce: AllReduce = ring_all_reduce) -> dict:

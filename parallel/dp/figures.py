@@ -94,7 +94,7 @@ def trace_ring(n: int) -> list[list[Step]]:
 
 
 def draw(steps: list[list[Step]], path: Path) -> None:
-    from benchmark import pyplot, save_figure
+    from record_info import pyplot, save_figure
 
     plt = pyplot()
     from matplotlib.patches import Rectangle

@@ -101,7 +101,7 @@ def write(config, tracer: Tracer, data_parallel_ranks: int) -> None:
 
 def figure(record: dict, path: str, step: int | None = None) -> None:
     """Draw one recorded step (default: the one whose slowest rank took the median time)."""
-    from benchmark import pyplot, save_figure
+    from record_info import pyplot, save_figure
 
     plt = pyplot()
     steps = {s["step"]: s for s in record["steps"]}

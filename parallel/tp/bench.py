@@ -11,10 +11,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from benchmark import Stats, measure
 from parallel.common.harness import every_rank, header, slowest_rank, write_record
 from parallel.common.launch import world
 from parallel.common.training import Config
+from timing import Stats, measure
 
 TP_VARIANTS = ("unoverlapped", "overlapped", "dtensor")
 TP_SPLIT_STEPS = 10  # steps recorded (outside the timed ones) to split a step into comm and compute

@@ -10,7 +10,7 @@ Examples:
 
 The chapter's files come from the same commands with --json docs/results/tp_bytes.json,
 --out docs/results/tp_shards.png and --out docs/results/tp_timeline_w2.png; each picture keeps
-the command that drew it in its metadata (benchmark.save_figure).
+the command that drew it in its metadata (record_info.save_figure).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
 def shards_figure(path: str) -> None:
     """Who holds what for 4 ranks = 2 (dp) × 2 (tp): the pair's weights cut by tp rank,
     copied across dp ranks; the batch cut by dp rank."""
-    from benchmark import pyplot, save_figure
+    from record_info import pyplot, save_figure
 
     plt = pyplot()
     from matplotlib.patches import Rectangle
@@ -159,7 +159,7 @@ def shards_figure(path: str) -> None:
 
 def timeline_figure(record: dict, path: str) -> None:
     """One measured step per variant: each rank's computation and communication over time."""
-    from benchmark import pyplot, save_figure
+    from record_info import pyplot, save_figure
 
     plt = pyplot()
     variants = list(record["timeline"])
