@@ -36,11 +36,16 @@ def test_the_record_covers_every_variant_and_tensor_up_to_4096(record):
 
 
 @pytest.mark.parametrize("variant", ["v26", "v34"])
-def test_the_split_versions_pass_float32s_rule_at_every_size(record, variant):
-    mine = results(record, variant)
-    assert mine and all(r["passed"] for r in mine), [(r["in"], r["tensor"]) for r in mine if not r["passed"]]
-    # the layer's tensors also within grad_check.error_bound
-    assert all(r["of_bound"] <= 1 for r in mine if r["tensor"] != tf32_error.GEMM)
+def test_the_split_versions_pass_float32s_rule_at_every_size_when_the_sum_rounds(record, variant):
+    """Under the exact sum (rounded once per mma) the split passes float32's rule at every K;
+    under the H100's truncating sum it fails from K = 1024; the verdict is the worse model's."""
+    mine = [r for r in results(record, variant, tf32_error.GEMM)]
+    assert mine and all(r["error_by_accumulation"]["exact"] <= r["allowed"] for r in mine)
+    for r in mine:
+        worse = max(r["error_by_accumulation"], key=r["error_by_accumulation"].get)
+        assert r["accumulation"] == worse and r["error"] == r["error_by_accumulation"][worse]
+        assert r["passed"] == (r["error"] <= r["allowed"])
+    assert [r["passed"] for r in sorted(mine, key=lambda r: r["in"])] == [True, True, False, False]
 
 
 def test_plain_tf32_is_far_above_float32_and_fails_its_rule_at_4096(record):
@@ -108,7 +113,7 @@ def test_the_table_shows_the_record(record):
     for k in record["shape"]["in"]:
         assert f"\n| {k} | " in text
     (v26,) = [r for r in results(record, "v26", tf32_error.GEMM) if r["in"] == 4096]
-    assert f"{v26['error']:.1e} ({tf32_error.times(v26['ratio'])})" in text
+    assert f"{v26['error']:.1e} ({tf32_error.times(v26['ratio'])}, fails)" in text
     (v25,) = [r for r in results(record, "v25", tf32_error.GEMM) if r["in"] == 4096]
     assert f"{v25['error']:.1e} ({tf32_error.times(v25['ratio'])}, fails)" in text
     assert "| v26: split-TF32, mma.sync | passes" in text and "| v25: TF32, mma.sync | fails" in text
