@@ -1,3 +1,4 @@
+//   pytest tests/test_hopper.py -k "fence or register"   (each rule, kept and broken: a probe kernel, planted copies)
 // The rules of Hopper's asynchronous instructions that the emulation checks beyond their results:
 // the async proxy and its fences, wgmma.fence, the accumulators in flight, and setmaxnreg's
 // register pool. Included by hopper.h (which says what each instruction does); the state lives in

@@ -1,3 +1,4 @@
+//   python cuda/tensor_cores/trace.py --help   (draws the events this records; tests/test_pipeline_trace.py)
 // An optional trace of the Hopper instructions' events (hopper.h), for drawing a pipeline's
 // timeline (cuda/tensor_cores/trace.py): mbarrier init, TMA copy issued, its bytes landed, a
 // barrier's phase completed, arrive, wait begun and completed, wgmma issued and waited. Off by
