@@ -179,7 +179,7 @@ def made_up_bf16_record(bf16_accuracies: tuple[float, ...]) -> dict:
 
 
 def test_the_bf16_table_judges_the_goal_on_the_mean_difference_over_seeds():
-    from parallel.collectives.bench import bf16_table
+    from parallel.collectives.precision import bf16_table
 
     met = bf16_table(made_up_bf16_record((0.95, 0.93, 0.96)))  # -2, +1 points: mean -0.33
     assert "met (-0.33 points)" in met
@@ -381,12 +381,12 @@ def test_a_zero_run_reduced_in_bfloat16_resumes_from_float32_state(tmp_path):
 def small_bf16_bench(path: str, data_dir: str) -> dict:
     from pathlib import Path
 
-    from parallel.collectives import bench
+    from parallel.collectives import precision
 
-    bench.PRECISION_NUMELS, bench.PRECISION_ROUNDS, bench.PRECISION_SEEDS = [1 << 12], 6, 2
+    precision.PRECISION_NUMELS, precision.PRECISION_ROUNDS, precision.PRECISION_SEEDS = [1 << 12], 6, 2
     config = Config(**{k: v for k, v in QUICK.items() if k not in ("return_state", "train_limit")}, world_size=2,
                     data="mnist", data_dir=data_dir)
-    return bench.bf16(config, Path(path))
+    return precision.bf16(config, Path(path))
 
 
 @pytest.mark.slow
@@ -409,6 +409,6 @@ def test_the_bf16_benchmark_measures_every_precision_and_writes_its_record(tmp_p
     assert sorted((r["variant"], r["seed"]) for r in record["accuracy"]) == sorted(
         (v, s) for v in ("float32", "bfloat16, float32 reduction", "bfloat16, bfloat16 reduction") for s in (0, 1))
     assert all(0 <= r["test_accuracy"] <= 1 and r["final_loss"] > 0 for r in record["accuracy"])
-    from parallel.collectives.bench import bf16_table
+    from parallel.collectives.precision import bf16_table
 
     assert "Goal, bfloat16 autocast with float32 reduction within 1 point" in bf16_table(record)

@@ -120,3 +120,11 @@ def warm_up(right: int, left: int, group=None, seconds: float = 0.5) -> None:
         wait(exchange(a, b, right, left, group))
         go.fill_(float(time.perf_counter() < end.item()))
         dist.broadcast(go, 0, group)
+
+
+def calls_per_sample(nbytes: int) -> int:
+    """Calls a sample of an all-reduce benchmark averages, by the message's bytes: about 1 MiB's
+    worth, at most 50 (4 KiB to 256 KiB), and at least 4 up to 4 MiB and 2 above. With one call per sample, a
+    round's ratio is one call over one other, and a single slow message decides it: two
+    variants that make the same call can then land far apart."""
+    return max(4 if nbytes <= 4 << 20 else 2, min(50, (1 << 20) // nbytes))
