@@ -78,12 +78,12 @@ READING_TIME = re.compile(r"\bAbout\s+(\d+)\s+minutes\s+to\s+read\b")
 def renderers() -> dict[str, Callable[[dict], str]]:
     """Marker kind -> function from a JSON record to Markdown. Stages add their own."""
     import benchmark
-    import grad_check
+    import grad_errors
     import parallel
 
     static, gpu = cli.load_file("cuda/static_tables.py"), cli.load_file("cuda/gpu_tables.py")
     counters = cli.load_file("cuda/counters.py")
-    return {"table": benchmark.table, "errors": grad_check.error_table, "roofline": benchmark.roofline_table,
+    return {"table": benchmark.table, "errors": grad_errors.error_table, "roofline": benchmark.roofline_table,
             "sweep": benchmark.sweep_table, "sweep_summary": benchmark.sweep_summary,
             **parallel.renderers(),
             "static": static.chapter_table, "tensor_static": static.tensor_core_table,

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import grad_check as gc
+import grad_errors
 import modes
 from conftest import DEVICES, MODE_DEVICE, REASONS, ROOT
 
@@ -322,7 +323,7 @@ def test_the_outputs_error_comes_close_to_the_bound_and_the_gradients_do_not():
 def test_chapter_1_shows_the_record_as_error_table_renders_it():
     page = (ROOT / "py" / "README.md").read_text()
     block = re.search(r"<!-- errors: docs/results/errors_cpu.json -->\n(.*?)\n<!-- end errors -->", page, re.S)
-    assert block and block.group(1) == gc.error_table(record())
+    assert block and block.group(1) == grad_errors.error_table(record())
 
 
 @pytest.mark.parametrize("dtype", LOW)

@@ -230,9 +230,9 @@ def test_grad_check_judges_the_tensor_core_float32_versions_by_the_rule(capsys):
 
 
 def test_error_table_measures_every_variant_in_three_types():
-    import grad_check
+    import grad_errors
 
-    record = grad_check.error_record(4, 9, 3)
+    record = grad_errors.error_record(4, 9, 3)
     assert record["benchmark"] == "errors" and record["dtypes"] == ["float32", "bfloat16", "float16"]
     variants = list(dict.fromkeys(r["variant"] for r in record["results"]))
     assert variants[0] == "nn.Linear"
@@ -246,7 +246,7 @@ def test_error_table_measures_every_variant_in_three_types():
             assert all(q == 1.0 or e == 0 for q, e in zip(r["ratio_to_linear"].values(), r["errors"].values()))
         if r["dtype"] != "float32":
             assert all(r["passed"].values()), r
-    table = grad_check.error_table(record)
+    table = grad_errors.error_table(record)
     assert table.splitlines()[0].startswith("| variant | float32: output | gradients | bfloat16: output |")
     for v in variants:
         assert f"| {v} |" in table
