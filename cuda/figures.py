@@ -7,6 +7,11 @@ one block's threads grouped into warps, and the blocks spread over SMs. `launch`
 and block from the tile of cuda/static_report.py's TILES by gemm_geometry's rule;
 tests/test_figures_hierarchy.py checks them against gemm_geometry in cuda/dense_kernels.h.
 
+cuda_banks.png: shared memory's 32 banks of 4 bytes, and warp 0's read of B's tile in v5's inner
+loop (b[0..3] = Bs[kk][col0..col0+3], one 16-byte LDS.128 a lane: the merge nvcc makes and the
+counters model), coloured by phase; its wavefronts come from the counters' own rule
+(cnt_shared_wavefronts in cuda/emulate/counters.cpp), not from this script.
+
 cuda_gemm.png: C = A·B cut into blocks. One block owns a BM×BN tile of C; it walks K in
 steps of BK, staging a BM×BK tile of A and a BK×BN tile of B in shared memory at each step.
 
@@ -29,7 +34,7 @@ numbers drawn, for the chapter and its tests.
 Needs matplotlib (an optional extra: pip install matplotlib).
 
 Examples:
-  python cuda/figures.py --out /tmp            # writes the four figures into /tmp
+  python cuda/figures.py --out /tmp            # writes the five figures into /tmp
 (The committed figures: python cuda/figures.py --out docs/figures)
 """
 
@@ -47,7 +52,7 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
 
 import cli  # noqa: E402
 
-NAMES = ("cuda_hierarchy.png", "cuda_gemm.png", "cuda_tiles.png", "cuda_roofline.png")
+NAMES = ("cuda_hierarchy.png", "cuda_banks.png", "cuda_gemm.png", "cuda_tiles.png", "cuda_roofline.png")
 RESULTS = ROOT / "docs" / "results"
 TIMINGS = "cuda_gpu_{card}.json"  # a kind of record: the newest, whichever card took it (docs/records.py)
 STATIC = "cuda_static_sm90.json"
@@ -280,6 +285,88 @@ def draw_hierarchy(path: Path) -> None:
     plt.close(fig)
 
 
+# ---------------------------------------------------------------------------------------
+# Shared memory's banks (cuda_banks.png)
+# ---------------------------------------------------------------------------------------
+BANKS, BANK_BYTES = 32, 4
+
+
+def v5_b_request(kk: int = 0) -> list[tuple[int, int, int]]:
+    """Warp 0's read of B's tile at step kk of v5's inner loop (cuda/kernels/v5_blocktile_2d.cuh):
+    (lane, byte offset in Bs, bytes) of each lane's first LDS.128, b[0..3] = Bs[kk][col0 + 0..3]
+    with col0 = (t % (BN / TN)) · TN, Bs a BK×BN array of floats."""
+    bm, bn, tm, tn, _ = tiles()[5]["f32"]
+    return [(lane, (kk * bn + (lane % (bn // tn)) * tn) * 4, 16) for lane in range(32)]
+
+
+def bank(address: int) -> int:
+    """The bank of a byte address: its 4-byte word modulo 32 (counters.cpp: buf[i] % 32 of words)."""
+    return (address // BANK_BYTES) % BANKS
+
+
+def wavefronts(request: list[tuple[int, int, int]], lib=None) -> tuple[float, float]:
+    """(wavefronts, phases) of one warp request, by the counters' rule (cnt_shared_wavefronts):
+    the instrumented build of cuda/counters.py (a minute to build the first time)."""
+    import ctypes
+
+    if lib is None:
+        lib = cli.load_file("cuda/counters.py", "dense_cuda_counters").library()
+    lib.cnt_shared_wavefronts.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint,
+                                          ctypes.POINTER(ctypes.c_double)]
+    lib.cnt_shared_wavefronts.restype = ctypes.c_double
+    sizes = {size for _, _, size in request}
+    if len(sizes) != 1:
+        raise ValueError("one request has one access size")
+    addrs = (ctypes.c_uint64 * len(request))(*(a for _, a, _ in request))
+    lanes = (ctypes.c_uint * len(request))(*(lane for lane, _, _ in request))
+    phases = ctypes.c_double()
+    found = lib.cnt_shared_wavefronts(addrs, lanes, len(request), sizes.pop(), ctypes.byref(phases))
+    return found, phases.value
+
+
+def draw_banks(path: Path, request: list[tuple[int, int, int]], counted: tuple[float, float]) -> None:
+    import matplotlib.pyplot as plt
+
+    size = request[0][2]
+    per_phase = 32 if size <= 4 else 32 * 4 // size  # lanes a phase: 128 bytes of the request at a time
+    colours = ["#1f78b4", "#e31a1c", "#33a02c", "#ff7f00"]
+    rows = sorted({(a + b) // (BANKS * BANK_BYTES) for _, a, size_ in request for b in range(0, size_, BANK_BYTES)})
+    fig, ax = plt.subplots(figsize=(11, 2.2 + 0.45 * len(rows)))
+    cells: dict[tuple[int, int], list[int]] = {}
+    for lane, address, nbytes in request:
+        for b in range(0, nbytes, BANK_BYTES):
+            word = (address + b) // BANK_BYTES
+            cells.setdefault((rows.index(word // BANKS), word % BANKS), []).append(lane)
+    for (r, col), lanes in cells.items():
+        phase = lanes[0] // per_phase
+        ax.add_patch(plt.Rectangle((col, r), 1, 1, fc=colours[phase % 4], alpha=0.35 + 0.15 * (phase % 2),
+                                   ec="black", lw=0.4))
+        ax.text(col + 0.5, r + 0.5, ",".join(map(str, lanes)), ha="center", va="center", fontsize=6.5)
+    for col in range(BANKS + 1):
+        ax.axvline(col, color="grey", lw=0.3)
+    ax.set_xlim(0, BANKS)
+    ax.set_ylim(len(rows), 0)
+    ax.set_xticks([c + 0.5 for c in range(BANKS)], [str(c) for c in range(BANKS)], fontsize=7)
+    ax.set_yticks([r + 0.5 for r in range(len(rows))], [f"bytes {128 * w}-{128 * w + 127}" for w in rows],
+                  fontsize=7)
+    ax.set_xlabel("bank (4 bytes each; a 128-byte row of shared memory spans all 32)")
+    found, phases = counted
+    first = [(lane, a) for lane, a, _ in request if lane < per_phase]  # phase 0: which lane shares lane 0's banks
+    apart = next((lane for lane, a in first if bank(a) == bank(first[0][1]) and a != first[0][1]), 0)
+    # lanes of a later phase that read only words an earlier phase read: said, since their colour is hidden
+    shared = sorted({lane for lanes in cells.values() for lane in lanes[1:]
+                     if lane // per_phase != lanes[0] // per_phase})
+    again = f"; lanes {shared[0]}-{shared[-1]} read the same words again" if shared else ""
+    ax.set_title(f"v5, warp 0 reads B's tile (one LDS.128 a lane: {len(request)} lanes × {size} bytes; "
+                 f"the numbers in a word: the lanes reading it{again}).\n{int(phases)} phases of {per_phase} lanes "
+                 f"(colours): lanes t and t+{apart} read different words of the same 4 banks, so each phase takes "
+                 f"{found / phases:g} wavefronts:\n{int(found)} wavefronts where {int(phases)} is the ideal "
+                 "(the counters' rule, cuda/emulate/counters.cpp)", fontsize=8.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
 def draw_gemm(path: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -444,10 +531,13 @@ def main(argv: list[str] | None = None) -> int:
         raise cli.UserError(f"--out {args.out}: not a folder (create it first)")
     paths = [cli.check_plot(str(out / name), "--out") for name in NAMES]
     timings, numbers = roofline_of()  # before drawing anything: a missing record is one line
+    request = v5_b_request()
+    counted = wavefronts(request)  # before drawing anything: the counters' build says what it lacks
     draw_hierarchy(paths[0])
-    draw_gemm(paths[1])
-    draw_tiles(paths[2])
-    draw_roofline(paths[3], timings, numbers)
+    draw_banks(paths[1], request, counted)
+    draw_gemm(paths[2])
+    draw_tiles(paths[3])
+    draw_roofline(paths[4], timings, numbers)
     for p in paths:
         print(f"wrote {p}")
     return 0

@@ -144,7 +144,7 @@ def test_figures_script_draws_the_three_figures(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     for name in figures.NAMES:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-    assert len(figures.NAMES) == 4 and "cuda_roofline.png" in figures.NAMES
+    assert len(figures.NAMES) == 5 and "cuda_roofline.png" in figures.NAMES
 
 
 def test_the_roofline_needs_a_timing_record(tmp_path):

@@ -433,3 +433,18 @@ CNT_API void cnt_read(int launch, double* out) {
   const auto& l = emu::count::state().launches.at(size_t(launch));
   std::memcpy(out, l.m, sizeof(l.m));
 }
+// One warp's shared load of `size`-byte accesses, lane lane_ids[i] at shared byte address addrs[i]:
+// its wavefronts by the rule every counted request takes (shared_wavefronts), and its phases (the
+// ideal) into *phases. For a figure that draws one request (cuda/figures.py's banks).
+CNT_API double cnt_shared_wavefronts(const uint64_t* addrs, const unsigned* lane_ids, int count, unsigned size,
+                                     double* phases) {
+  std::vector<emu::count::Access> accesses(static_cast<size_t>(count));
+  std::vector<const emu::count::Access*> lanes(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    accesses[size_t(i)] = {uintptr_t(addrs[i]), 0, size, emu::count::kLoad, true};
+    lanes[size_t(i)] = &accesses[size_t(i)];
+  }
+  const auto w = emu::count::shared_wavefronts(lanes.data(), lane_ids, size_t(count));
+  *phases = w.phases;
+  return w.wavefronts;
+}
