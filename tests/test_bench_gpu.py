@@ -213,3 +213,21 @@ def test_the_kernels_record_renders_as_the_chapters_would_show_it():
     assert "bfloat16, forward only, B=32 I=4096 O=4096, 15 rounds." in bf16
     assert "Not timed (failed the float64 check, tolerance 0.01): v21 (cudaError 700)." in bf16
     assert all("NVIDIA H200 (132 SMs" in text for text in (small, grad, bf16))
+
+
+@pytest.mark.slow  # in the slow selection, with the other checks of the cuda stage's sources
+def test_bench_candidates_table_shows_each_candidates_shape_and_who_was_not_timed():
+    """cuda/bench_gpu.py candidates: its table on a made-up record (the part itself needs a GPU)."""
+    _sr = load_script("cuda/static_report.py")
+    ratio = {"speed": 1.25, "ci": [1.2, 1.3]}
+    row = {"forward_us": 100.0, "spread_us": 2.0, "gflops": 1.0, "of_reference": ratio, "of_version_0": ratio}
+    record = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-26", "command": "python cuda/bench_gpu.py candidates",
+              "candidates": {"rounds": 3, "candidates": [list(s) for s in _sr.TUNE_CANDIDATES[:2]], "timed": [1],
+                             "checked": [{"candidate": 0, "ok": False}, {"candidate": 1, "ok": True}],
+                             "shapes": {"32×4096×4096": {"shape": [32, 4096, 4096], "rows": [
+                                 {"line": "version 0", **row}, {"line": "candidate 1", **row}]}}}}
+    text = tables.table(record)
+    bm, bn, bk, wm, wn, tm, tn, minb = _sr.TUNE_CANDIDATES[1]
+    assert f"| 32, 4096, 4096 | candidate 1 | {bm}×{bn}×{bk}, {wm}×{wn} ({tm}×{tn}), {minb} | 100 (2) |" in text
+    assert "| 1.250 (1.200–1.300) | 1.250 (1.200–1.300) |" in text
+    assert "Not timed (failed the float64 check): 0." in text

@@ -394,7 +394,7 @@ def test_the_bf16_benchmark_measures_every_precision_and_writes_its_record(tmp_p
     """On MNIST's file format (made up: the digits themselves are not needed to test the path)."""
     import json
 
-    from test_parallel import make_mnist
+    from mnist_files import make_mnist
 
     make_mnist(tmp_path, n_train=600, n_test=100)
     path = tmp_path / "bf16.json"

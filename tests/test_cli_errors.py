@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mnist_files import make_mnist, write_idx
 
 import benchmark
 import cli
@@ -28,7 +29,6 @@ from parallel.common import data as data_mod
 from parallel.common.checkpoint import CheckpointError, save_checkpoint
 from parallel.common.training import Config, check_resume
 from parallel.dp.trainer import train
-from test_parallel import make_mnist, write_idx
 
 pytestmark = pytest.mark.slow  # every script against every user mistake: a subprocess each
 

@@ -5,7 +5,6 @@ Functions that run inside the ranks are top-level, so the spawned processes can 
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -21,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from mnist_files import make_mnist, write_idx
 
 from conftest import ROOT, all_reduce_case, run_script, world_sizes
 from distributed import train
@@ -339,24 +339,6 @@ def test_synthetic_data_is_deterministic_and_balanced():
     assert not torch.equal(a.train.x, data_mod.synthetic(4).train.x)
     counts = torch.bincount(a.train.y, minlength=10)
     assert a.classes == 10 and counts.min() > 0.7 * counts.float().mean()
-
-
-def write_idx(path: Path, array: torch.Tensor, magic_type: int = 0x08, compress: bool = False) -> None:
-    header = bytes([0, 0, magic_type, array.dim()]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
-    raw = header + array.to(torch.uint8).numpy().tobytes()
-    path.write_bytes(gzip.compress(raw) if compress else raw)
-
-
-def make_mnist(folder: Path, n_train: int = 120, n_test: int = 40, shape=(6, 5), compress: bool = False) -> None:
-    g = torch.Generator().manual_seed(0)
-    for split, n in (("train", n_train), ("t10k", n_test)):
-        labels = torch.randint(0, 10, (n,), generator=g)
-        # the label is written into the image, so the task is learnable
-        images = torch.randint(0, 50, (n, *shape), generator=g)
-        images[:, 0, :] = (labels * 25).unsqueeze(1)
-        suffix = ".gz" if compress else ""
-        write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", images, compress=compress)
-        write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", labels, compress=compress)
 
 
 @pytest.mark.parametrize("compress", [False, True])
