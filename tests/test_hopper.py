@@ -22,7 +22,6 @@ byte count, a producer refilling a stage still being read; and tables planted wr
 from __future__ import annotations
 
 import ctypes
-import functools
 import re
 import shutil
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ptx_isa import SPAN, SWIZZLE, d_table, encode, swizzle_rows
 
 from conftest import ROOT, load_script
 
@@ -38,8 +38,6 @@ if emu.unavailable_reason():
     pytest.skip(f"the emulation {emu.unavailable_reason()}", allow_module_level=True)
 
 P, U32, U64, I32 = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
-SWIZZLE = {"none": 0, "128B": 1, "64B": 2, "32B": 3}  # the descriptor's bits 62-63
-SPAN = {0: 0, 1: 128, 2: 64, 3: 32}
 
 
 def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -63,24 +61,6 @@ def lib() -> ctypes.CDLL:
 # ---------------------------------------------------------------------------------------------
 # wgmma's accumulator: ((4, 8, 4), (2, 2, N/8)) : ((128, 1, 16), (64, 8, 512)) over m + 64·n
 # ---------------------------------------------------------------------------------------------
-def offset(shape, stride, index):
-    total = 0
-    for n, s in zip(shape, stride):
-        total += (index % n) * s
-        index //= n
-    return total
-
-
-@functools.cache
-def d_table(n: int) -> dict[tuple[int, int], tuple[int, int]]:
-    out = {}
-    for thread in range(128):
-        for v in range(n // 2):
-            o = offset((4, 8, 4), (128, 1, 16), thread) + offset((2, 2, n // 8), (64, 8, 512), v)
-            out[thread, v] = (o % 64, o // 64)
-    return out
-
-
 def emulator_d_table(lib, n: int) -> dict[tuple[int, int], tuple[int, int]]:
     row, col = I32(), I32()
     out = {}
@@ -101,21 +81,6 @@ def test_wgmma_accumulator_table_is_the_ptx_isas(lib, n):
 # ---------------------------------------------------------------------------------------------
 # The descriptor: bit ranges of the PTX ISA's table
 # ---------------------------------------------------------------------------------------------
-FIELDS = {"start": (0, 14), "lbo": (16, 14), "sbo": (32, 14), "base_offset": (49, 3), "swizzle": (62, 2)}
-
-
-def encode(**values) -> int:
-    desc = 0
-    for name, (low, width) in FIELDS.items():
-        v = values.get(name, 0)
-        if name in ("start", "lbo", "sbo"):
-            assert v % 16 == 0
-            v >>= 4  # addresses and offsets in units of 16 bytes
-        assert 0 <= v < 1 << width
-        desc |= v << low
-    return desc
-
-
 def test_descriptor_fields_decode_as_the_ptx_isa_lays_them_out(lib):
     rng = np.random.default_rng(0)
     out = (U32 * 5)()
@@ -129,18 +94,6 @@ def test_descriptor_fields_decode_as_the_ptx_isa_lays_them_out(lib):
 # ---------------------------------------------------------------------------------------------
 # The swizzles: chunk c of row r of an atom of 8 rows of S bytes goes to chunk c ^ f(r)
 # ---------------------------------------------------------------------------------------------
-def swizzle_rows(addr: int, mode: int) -> int:
-    """128B: rows of 128 bytes, chunk ^ (row % 8). 64B: rows of 64 bytes, two rows to 128 bytes,
-    chunk ^ (row // 2 % 4). 32B: rows of 32 bytes, chunk ^ (row // 4 % 2). (Every atom repeats
-    every 1024 bytes: the row counted within it.)"""
-    s = SPAN[mode]
-    if s == 0:
-        return addr
-    row, chunk, within = addr // s, addr % s // 16, addr % 16
-    key = {128: row % 8, 64: row // 2 % 4, 32: row // 4 % 2}[s]
-    return row * s + (chunk ^ key) * 16 + within
-
-
 @pytest.mark.parametrize("mode", ["128B", "64B", "32B", "none"])
 def test_swizzles_are_the_ptx_isas_atoms(lib, mode):
     m = SWIZZLE[mode]

@@ -28,6 +28,7 @@ from itertools import product
 import numpy as np
 import pytest
 import torch
+from ptx_isa import ELEMENTS, LAYOUTS, ldmatrix_ptx, ptx_table
 
 from conftest import load_script
 
@@ -55,43 +56,8 @@ def lib() -> ctypes.CDLL:
 
 
 # ---------------------------------------------------------------------------------------------
-# The PTX ISA's tables, encoded here: (thread shape, thread stride, value shape, value stride)
-# mapping lane = t0 + 4·t1 (t0 = threadID_in_group, t1 = groupID) and element index
-# v = v0 + s0·v1 + ... (first mode fastest) to an offset in the matrix stored column-major
-# (offset = row + rows·col). The matrices: A is M×K, B is K×N but stored here as N×K (its
-# columns are what a lane holds), C is M×N.
+# The emulator's fragment tables against the PTX ISA's (tests/ptx_isa.py: LAYOUTS, ptx_table)
 # ---------------------------------------------------------------------------------------------
-LAYOUTS = {
-    # table id of emu_fragment: (rows, cols, (thread shape, stride), (value shape, stride), transposed)
-    0: (16, 16, ((4, 8), (32, 1)), ((2, 2, 2), (16, 8, 128)), False),  # m16n8k16 A: M16 × K16
-    1: (8, 16, ((4, 8), (16, 1)), ((2, 2), (8, 64)), True),            # m16n8k16 B: stored N8 × K16
-    2: (16, 8, ((4, 8), (32, 1)), ((2, 2), (16, 8)), False),           # C/D: M16 × N8
-    3: (16, 8, ((4, 8), (16, 1)), ((2, 2), (8, 64)), False),           # m16n8k8 tf32 A: M16 × K8
-    4: (8, 8, ((4, 8), (8, 1)), ((2,), (32,)), True),                  # m16n8k8 tf32 B: stored N8 × K8
-}
-ELEMENTS = {0: 8, 1: 4, 2: 4, 3: 4, 4: 2}
-
-
-def offset(shape: tuple[int, ...], stride: tuple[int, ...], index: int) -> int:
-    total = 0
-    for n, s in zip(shape, stride):
-        total += (index % n) * s
-        index //= n
-    return total
-
-
-def ptx_table(table: int) -> dict[tuple[int, int], tuple[int, int]]:
-    """(lane, element) -> (row, col) of the operand as mma reads it (A: m, k; B: k, n; C: m, n)."""
-    rows, _, (tshape, tstride), (vshape, vstride), transposed = LAYOUTS[table]
-    out = {}
-    for lane in range(32):
-        for v in range(ELEMENTS[table]):
-            o = offset(tshape, tstride, lane) + offset(vshape, vstride, v)
-            r, c = o % rows, o // rows
-            out[lane, v] = (c, r) if transposed else (r, c)
-    return out
-
-
 def emulator_table(lib: ctypes.CDLL, table: int, count: int) -> dict[tuple[int, int], tuple[int, int]]:
     row, col = I32(), I32()
     out = {}
@@ -110,19 +76,6 @@ def test_fragment_tables_are_the_ptx_isas(lib, table):
     # every element of the operand once (the encoding itself is a bijection)
     assert len(set(want.values())) == rows * cols == 32 * ELEMENTS[table]
     assert emulator_table(lib, table, ELEMENTS[table]) == want
-
-
-def ldmatrix_ptx(trans: bool) -> dict[tuple[int, int], tuple[int, int]]:
-    """(lane, half) -> (row, col) of the 8×8 matrix as stored: the PTX ISA's figure, row by row:
-    row r's eight elements go, two at a time, to lanes 4r, 4r+1, 4r+2, 4r+3; .trans hands out the
-    transposed matrix's rows instead."""
-    out = {}
-    for r in range(8):
-        for pair in range(4):
-            for half in range(2):
-                c = 2 * pair + half
-                out[4 * r + pair, half] = (c, r) if trans else (r, c)
-    return out
 
 
 @pytest.mark.parametrize("trans", [False, True], ids=["plain", "trans"])

@@ -32,7 +32,7 @@ def inverse(table: dict) -> dict:
 
 @pytest.mark.parametrize("name, table", [("A", 0), ("B", 1), ("C", 2)])
 def test_the_mma_fragment_figure_is_the_ptx_isas_table(lib, name, table):
-    from test_instructions import ptx_table  # (lane, element) -> (row, col): A m×k, B k×n, C m×n
+    from ptx_isa import ptx_table  # (lane, element) -> (row, col): A m×k, B k×n, C m×n
 
     drawn = figures.mma_fragments(lib)[name]
     assert drawn == inverse(ptx_table(table))
@@ -42,7 +42,7 @@ def test_the_mma_fragment_figure_is_the_ptx_isas_table(lib, name, table):
 def test_the_ldmatrix_figure_is_what_the_ptx_isa_says_x4_does(lib):
     """Matrix j's rows come from the addresses of lanes 8j to 8j+7, row r from lane 8j + r, and
     land in register j as the PTX ISA's figure distributes an 8×8 matrix (ldmatrix_ptx)."""
-    from test_instructions import ldmatrix_ptx
+    from ptx_isa import ldmatrix_ptx
 
     drawn = figures.ldmatrix_x4(lib)
     assert drawn["sources"] == {(j, r): 8 * j + r for j in range(4) for r in range(8)}
@@ -51,7 +51,7 @@ def test_the_ldmatrix_figure_is_what_the_ptx_isa_says_x4_does(lib):
 
 
 def test_the_wgmma_figure_is_the_ptx_isas_accumulator_table(lib):
-    from test_hopper import d_table
+    from ptx_isa import d_table
 
     drawn = figures.wgmma_d(figures.WGMMA_N, lib)
     assert drawn == inverse(d_table(figures.WGMMA_N)) and len(drawn) == 64 * figures.WGMMA_N
@@ -59,7 +59,7 @@ def test_the_wgmma_figure_is_the_ptx_isas_accumulator_table(lib):
 
 
 def test_the_swizzle_figure_is_the_ptx_isas_128_byte_atom(lib):
-    from test_hopper import SWIZZLE, swizzle_rows
+    from ptx_isa import SWIZZLE, swizzle_rows
 
     grid = figures.swizzle128(lib)
     for r in range(8):
@@ -70,7 +70,7 @@ def test_the_swizzle_figure_is_the_ptx_isas_128_byte_atom(lib):
 
 
 def test_the_descriptor_figure_has_the_ptx_isas_bits(lib):
-    from test_hopper import FIELDS, SPAN, SWIZZLE, encode
+    from ptx_isa import FIELDS, SPAN, SWIZZLE, encode
 
     drawn = figures.descriptor(figures.EXAMPLE_DESCRIPTOR, lib)
     assert {name: (low, width) for name, (low, width, _) in drawn["fields"].items()} == FIELDS
