@@ -30,6 +30,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -72,7 +73,7 @@ def module_name(path: str) -> str:
     """The one name a file is loaded under: its path without ``.py``, ``/`` as ``_``
     (``cuda/static_report.py`` is ``cuda_static_report``; ``cuda/bench_gpu.py`` and
     ``tiles/bench_gpu.py`` stay apart)."""
-    return path.removesuffix(".py").replace("/", "_").replace("-", "_")
+    return re.sub(r"\W", "_", path.removesuffix(".py"))
 
 
 def load_file(path: str, name: str | None = None) -> ModuleType:

@@ -560,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def load_emulation():
     """cuda/emulated.py, under the name the tests load it by."""
-    return cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+    return cli.load_file("cuda/emulated.py")
 
 
 def emulated(parser: argparse.ArgumentParser, args: argparse.Namespace, dtype: torch.dtype) -> int:

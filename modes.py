@@ -13,9 +13,9 @@ autograd formula is registered in C++, cpp/dense_common.h), the loader that pref
 installed (setup.py) build and otherwise JIT-builds one, and the search for the CUDA toolkit
 and the GPU architectures that setup.py and the JIT loader both build the GPU stages with.
 
-Stage folders are loaded by path under names of their own (``dense_stage_py``...):
-the folder ``py/`` cannot be imported as a package called ``py`` because pytest ships a
-module of that name.
+Stage folders are loaded by path, by cli.load_file, which names a module by its path
+(``py/dense.py`` is ``py_dense``): the folder ``py/`` cannot be imported as a package called
+``py`` because pytest ships a module of that name.
 """
 
 from __future__ import annotations
@@ -190,17 +190,9 @@ def _stage(mode: str) -> ModuleType:
     if mode in _stages:
         return _stages[mode]
     _require(mode, run=False)
-    name = f"dense_stage_{mode}"
-    spec = importlib.util.spec_from_file_location(name, ROOT / FOLDERS.get(mode, mode) / "dense.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    _stages[mode] = module
+    import cli  # the one loader (after _require: its refusals need nothing of cli)
+
+    module = _stages[mode] = cli.load_file(f"{FOLDERS.get(mode, mode)}/dense.py")
     return module
 
 

@@ -94,7 +94,7 @@ def time_build(arch: str) -> dict:
             modes.build(mode)
     finally:
         modes._jit_build, cpp_extension._run_ninja_build = original_build, original_ninja
-    emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+    emulated = cli.load_file("cuda/emulated.py")
     print("building the CPU emulation's library...", file=sys.stderr, flush=True)
     command = [os.environ.get("CXX", "c++"), *emulated.CXX_FLAGS, "cuda/emulate/emulate.cpp", "-o",
                str(scratch / "libdense_emu.so")]

@@ -154,7 +154,7 @@ class Part:
 def versions() -> list[int]:
     """The GEMM versions, 0 (automatic) first, as cuda/dense_kernels.h's kVersionInfo lists them
     (cuda/catalog.py reads the header as text: no torch, any Python)."""
-    return [v.id for v in cli.load_file("cuda/catalog.py", "dense_cuda_catalog").versions()]
+    return [v.id for v in cli.load_file("cuda/catalog.py").versions()]
 
 
 def _constant(path: Path, name: str) -> object | None:
@@ -208,7 +208,7 @@ def script_lacks(script: str, flag: str) -> Callable[[], str | None]:
 
 def isolated_module():
     """cuda/isolated.py (no torch at load): its children's limits and which versions ran on a GPU."""
-    return cli.load_file("cuda/isolated.py", "dense_cuda_isolated")
+    return cli.load_file("cuda/isolated.py")
 
 
 def grad_check_limit(dtype: str) -> tuple[int, str]:
@@ -488,7 +488,7 @@ def _pack(out: Path, name: str, records: list[str]) -> None:
 
 def records_module():
     """docs/records.py (no torch): which records the chapters show, by name or by kind."""
-    return cli.load_file("docs/records.py", "dense_docs_records")
+    return cli.load_file("docs/records.py")
 
 
 def shown_by_a_chapter(records: list[str]) -> tuple[list[str], list[str]]:
@@ -666,14 +666,14 @@ def lease_arch(compute_cap: str) -> str:
 
 def build_timing():
     """.ci/build_timing.py: --time-build's job, the build compiled one source at a time and timed."""
-    return cli.load_file(".ci/build_timing.py", "dense_ci_build_timing")
+    return cli.load_file(".ci/build_timing.py")
 
 
 # ---------------------------------------------------------------------------------------
 # Checking the plan without running it (.ci/plan_check.py)
 # ---------------------------------------------------------------------------------------
 def _checks():
-    return cli.load_file(".ci/plan_check.py", "dense_ci_plan_check")
+    return cli.load_file(".ci/plan_check.py")
 
 
 def _plan():

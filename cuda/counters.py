@@ -98,7 +98,7 @@ BANK_CONFLICT_COUNTERS = {kind: f"l1tex__data_bank_conflicts_pipe_lsu_mem_shared
 
 def ncu_record() -> Path | None:
     """The newest ncu record of kind ncu_gemm_{card}.json (docs/records.py), or None."""
-    found = cli.load_file("docs/records.py", "dense_docs_records").of_kind("ncu_gemm_{card}.json")
+    found = cli.load_file("docs/records.py").of_kind("ncu_gemm_{card}.json")
     return ROOT / "docs" / "results" / found[0][0] if found else None
 
 
@@ -273,7 +273,7 @@ TUNE_BASE = 100  # launch_gemm's "version" 100 + I runs autotuning candidate I (
 
 def catalog() -> ModuleType:
     """cuda/catalog.py: the versions cuda/dense_kernels.h declares, and the types each is built for."""
-    return cli.load_file("cuda/catalog.py", "dense_cuda_catalog")
+    return cli.load_file("cuda/catalog.py")
 
 
 def suffix(dtype: str) -> str:

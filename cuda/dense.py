@@ -13,7 +13,7 @@ import cli
 import modes
 
 HERE = Path(__file__).resolve().parent
-catalog = cli.load_file("cuda/catalog.py", "dense_cuda_catalog")  # what dense_kernels.h declares
+catalog = cli.load_file("cuda/catalog.py")  # what dense_kernels.h declares
 KERNELS = {v.id: v.idea for v in catalog.versions()}  # {0: "automatic: ...", 1: "naive, uncoalesced: ...", ...}
 DTYPES = {v.id: v.dtypes for v in catalog.versions()}  # {1: ("f32", "f64"), ..., 11: ("f32", "f64", "bf16", "f16")}
 

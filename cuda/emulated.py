@@ -53,7 +53,7 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
     sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 
-catalog = cli.load_file("cuda/catalog.py", "dense_cuda_catalog")  # what dense_kernels.h declares
+catalog = cli.load_file("cuda/catalog.py")  # what dense_kernels.h declares
 # The element types the kernels take, in dense_kernels::DType order, and the accumulator of each.
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 DTYPE_NAMES = dict(zip(DTYPES, catalog.DTYPES))  # torch.bfloat16 -> "bf16"
@@ -352,7 +352,7 @@ def time_call(version: int, m: int, n: int, k: int, lib: ctypes.CDLL, repeats: i
 
 def threads_per_block(version: int) -> int:
     """A float32 block's threads: BM·BN/(TM·TN) from cuda/static_report.py's TILES."""
-    bm, bn, tm, tn, _ = cli.load_file("cuda/static_report.py", "static_report").TILES[version]["f32"]
+    bm, bn, tm, tn, _ = cli.load_file("cuda/static_report.py").TILES[version]["f32"]
     return bm * bn // (tm * tn)
 
 

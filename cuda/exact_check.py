@@ -48,7 +48,7 @@ from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
-catalog = cli.load_file("cuda/catalog.py", "dense_cuda_catalog")
+catalog = cli.load_file("cuda/catalog.py")
 
 EXPECTED = ROOT / "cuda" / "exact_expected.json"
 # M, N, K. Odd, a single row, K longer than a tile; then shapes whose every dimension is a multiple
@@ -131,7 +131,7 @@ def first_difference(got: torch.Tensor, want: torch.Tensor) -> str | None:
 def row_multiples() -> Callable[[int, torch.dtype], int]:
     """emulated.row_multiple (what every dimension must be a multiple of for a version: a TMA
     version's rows are whole 16 bytes), from the emulation's own launcher."""
-    return cli.load_file("cuda/emulated.py", "dense_cuda_emulated").row_multiple
+    return cli.load_file("cuda/emulated.py").row_multiple
 
 
 def exact_shapes(version: int, dtype: str, row_multiple: Callable[[int, torch.dtype], int]) -> list[tuple]:
@@ -161,7 +161,7 @@ def plan(row_multiple: Callable[[int, torch.dtype], int] | None = None) -> list[
 def emulation_gemm(sm_count: int) -> Callable:
     """C = op(A)·op(B) through the CPU emulation (cuda/emulated.py), with the GPU's SM count, so
     that version 0 and split-K choose as they do on the GPU."""
-    emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+    emulated = cli.load_file("cuda/emulated.py")
     lib = emulated.library()
 
     def run(version: int, layout: str, a: torch.Tensor, b: torch.Tensor, m: int, n: int, k: int) -> torch.Tensor:

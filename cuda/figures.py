@@ -40,7 +40,6 @@ Examples:
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -85,11 +84,7 @@ CHANGE = {
 
 def static_report():
     """cuda/static_report.py, loaded once (its TILES, napkin maths and slice rules)."""
-    if "static_report" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("static_report", HERE / "static_report.py")
-        module = sys.modules["static_report"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["static_report"]
+    return cli.load_file("cuda/static_report.py")
 
 
 def tiles() -> dict[int, dict]:
@@ -310,7 +305,7 @@ def wavefronts(request: list[tuple[int, int, int]], lib=None) -> tuple[float, fl
     import ctypes
 
     if lib is None:
-        lib = cli.load_file("cuda/counters.py", "dense_cuda_counters").library()
+        lib = cli.load_file("cuda/counters.py").library()
     lib.cnt_shared_wavefronts.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint,
                                           ctypes.POINTER(ctypes.c_double)]
     lib.cnt_shared_wavefronts.restype = ctypes.c_double
@@ -418,7 +413,7 @@ def draw_gemm(path: Path) -> None:
 # ---------------------------------------------------------------------------------------
 def newest_timings(folder: Path = RESULTS) -> tuple[str, dict]:
     """(name, record) of the newest record of kind cuda_gpu_{card}.json: what chapter 3's table shows."""
-    records = cli.load_file("docs/records.py", "dense_docs_records")
+    records = cli.load_file("docs/records.py")
     found = records.of_kind(TIMINGS, folder)
     if not found:
         raise cli.UserError(f"no record of kind {TIMINGS} under {folder}: python cuda/bench_gpu.py gemm takes one")

@@ -27,7 +27,7 @@ def profile_units(passed: dict | None = None) -> list[str]:
     it found SAME; without one, every version and candidate of the header, never-run ones first."""
     if passed is not None:
         return [u for u in passed["order"] if passed["units"].get(u, {}).get("status") == "SAME" and u != "v0"]
-    order = cli.load_file("cuda/isolated.py", "dense_cuda_isolated").never_run_first()
+    order = cli.load_file("cuda/isolated.py").never_run_first()
     return [name for name, _ in order if name != "v0"]
 
 

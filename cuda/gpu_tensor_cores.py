@@ -36,7 +36,7 @@ COPY_BYTES = 1 << 30  # the device copy that measures the bandwidth W is read at
 
 
 def _static_report():
-    return cli.load_file("cuda/static_report.py", "dense_cuda_static_report")
+    return cli.load_file("cuda/static_report.py")
 
 
 def roof_instruction(version: int) -> str | None:
@@ -341,4 +341,4 @@ def goals16(rounds: int, out: dict | None = None, save: gpu.Save = gpu.nothing, 
 
 def _datasheet_bandwidth(device: str) -> float | None:
     """The card's DRAM bandwidth from NVIDIA's datasheet (cuda/figures.py's BANDWIDTH), or None."""
-    return cli.load_file("cuda/figures.py", "dense_cuda_figures").BANDWIDTH.get(device)
+    return cli.load_file("cuda/figures.py").BANDWIDTH.get(device)

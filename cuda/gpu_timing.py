@@ -20,7 +20,7 @@ import cli
 import modes
 import timing
 
-catalog = cli.load_file("cuda/catalog.py", "dense_cuda_catalog")  # what dense_kernels.h declares, as text
+catalog = cli.load_file("cuda/catalog.py")  # what dense_kernels.h declares, as text
 
 BIG = (4096, 4096, 4096)
 SMALL_BATCH = (32, 4096, 4096)
@@ -80,7 +80,7 @@ def first_line(e: BaseException) -> str:
 
 
 # ---- the GPU library's entries; the exact comparison is cuda/exact_check.py's ----
-exact_check = cli.load_file("cuda/exact_check.py", "dense_cuda_exact_check")
+exact_check = cli.load_file("cuda/exact_check.py")
 
 
 def library():

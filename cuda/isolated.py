@@ -57,7 +57,7 @@ from collections.abc import Callable  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
-catalog = cli.load_file("cuda/catalog.py", "dense_cuda_catalog")
+catalog = cli.load_file("cuda/catalog.py")
 
 RESULTS = ROOT / "docs" / "results"
 # What a child costs before its work, the limits' base. Measured on the 2-core development machine

@@ -10,7 +10,7 @@ import re
 
 import cli
 
-DTYPES = cli.load_file("cuda/catalog.py", "dense_cuda_catalog").DTYPES  # dense_kernels::kDTypeNames, in order
+DTYPES = cli.load_file("cuda/catalog.py").DTYPES  # dense_kernels::kDTypeNames, in order
 
 
 # The figures every architecture gets for every entry (Report.archs), beside the first one's full records.

@@ -142,10 +142,10 @@ import modes
 wanted = sys.argv[1:]
 if "cpp" in wanted and modes.available()["cpp"] is None:
     step("cpp", lambda: modes.build("cpp"))
-emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+emulated = cli.load_file("cuda/emulated.py")
 if "emulation" in wanted and emulated.unavailable_reason() is None:
     step("emulation", emulated.build)
-counters = cli.load_file("cuda/counters.py", "dense_cuda_counters")
+counters = cli.load_file("cuda/counters.py")
 if "counters" in wanted and counters.unavailable_reason() is None:
     step("counters", counters.build)
 """

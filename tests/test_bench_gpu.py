@@ -13,7 +13,7 @@ import torch
 import cli
 from conftest import ROOT, load_script, run_script
 
-bench_gpu = load_script("cuda/bench_gpu.py", "bench_gpu_cuda")  # tiles/ has a bench_gpu.py too
+bench_gpu = load_script("cuda/bench_gpu.py")  # tiles/ has a bench_gpu.py too
 gpu, hand = load_script("cuda/gpu_timing.py"), load_script("cuda/gpu_hand_kernels.py")
 tc, profiling, tables = (load_script(f"cuda/gpu_{m}.py") for m in ("tensor_cores", "profile", "tables"))
 

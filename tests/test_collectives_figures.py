@@ -3,11 +3,9 @@ script draws them (or says what to install)."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from conftest import run_script
+from conftest import load_script, run_script
 from parallel.collectives import costmodel, figures
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -77,17 +75,12 @@ def test_the_models_picture_shows_every_algorithm_and_carries_its_command(tmp_pa
     """The chapter's model-against-measurement picture: docs/records.py redraws it from the
     command inside it, after the records it reads."""
     pytest.importorskip("matplotlib")
-    import importlib.util
 
-    from conftest import ROOT
 
     out = tmp_path / "model.png"
     records = [f"docs/results/allreduce_gloo_w{n}.json" for n in (2, 4)]
     result = run_script("-m", "parallel.collectives.costmodel", "plot", *records, "--out", str(out), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    spec = importlib.util.spec_from_file_location("records_for_figures", ROOT / "docs" / "records.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
-    spec.loader.exec_module(module)
-    command = module.picture_command(out)
+    command = load_script("docs/records.py").picture_command(out)
     assert command and "costmodel plot" in command and all(r in command for r in records), command
     assert "segmented_ring" in costmodel.PREDICT  # the picture draws every algorithm the model prices

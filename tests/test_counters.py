@@ -345,7 +345,7 @@ def test_the_record_holds_every_forward_and_the_backwards_kernels_at_ncus_shape_
     assert {tuple(r["shape"]) for r in record["kernels"]} == set(SHAPES)  # every row says its shape
     assert record["dtypes"] == ["float32", "bfloat16"]
     assert record["sm_count"] == timed["gpu"]["sm_count"]
-    versions = cli.load_file("cuda/catalog.py", "dense_cuda_catalog").cuda_core_versions()
+    versions = cli.load_file("cuda/catalog.py").cuda_core_versions()
     for shape in SHAPES:
         at_shape = counters.at(record, shape)
         kernels = {r["kernel"] for r in at_shape["kernels"]}

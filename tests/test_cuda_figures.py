@@ -17,7 +17,7 @@ from conftest import ROOT, load_script, run_script
 figures = load_script("cuda/figures.py")
 # chapter 3's versions (the CUDA cores'): the tensor-core versions in TILES have tiles of their own
 TILES = {v: t for v, t in figures.tiles().items()
-         if v in cli.load_file("cuda/catalog.py", "dense_cuda_catalog").cuda_core_versions()}
+         if v in cli.load_file("cuda/catalog.py").cuda_core_versions()}
 
 # The kernels as the CPU emulation runs them (cuda/emulate/emulate.cpp, the launch code and the
 # geometry of cuda/dense_kernels.h), with one change: every output is stored as the linear id of

@@ -174,7 +174,7 @@ def _nt(v: int) -> str:
 
 
 def test_chapter_3_gives_every_version_an_entry_with_code_prediction_and_its_time_or_the_record_it_waits_for():
-    versions = cli.load_file("cuda/catalog.py", "dense_cuda_catalog").cuda_core_versions()
+    versions = cli.load_file("cuda/catalog.py").cuda_core_versions()
     timed = _timed()
     for v in versions:
         entry = _entry(v)
@@ -341,7 +341,7 @@ def test_chapter_3_slices_of_v9_and_v12_at_b32():
 
 
 def test_chapter_3_bandwidth_claims_are_the_figures_numbers():
-    figures = load_script("cuda/figures.py", "figures")
+    figures = load_script("cuda/figures.py")
     r = figures.roofline(_record("cuda_gpu_h100.json"), _record(figures.STATIC))
     p = {q["version"]: q for q in r["points"]}
     said = fold(CUDA_CHAPTER.read_text())
@@ -383,7 +383,7 @@ def _counters_record(tmp_path, *args: str) -> dict[str, dict]:
     return {k["kernel"]: k["metrics"] for k in json.loads(out.read_text())["kernels"]}
 
 
-needs_counters = pytest.mark.skipif(load_script("cuda/counters.py", "counters").unavailable_reason() is not None,
+needs_counters = pytest.mark.skipif(load_script("cuda/counters.py").unavailable_reason() is not None,
                                     reason="the counting build needs GCC's g++")
 
 

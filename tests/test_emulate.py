@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import os
 import re
 import shutil
@@ -23,9 +22,7 @@ import torch.nn.functional as F
 
 from conftest import REASONS, ROOT, load_script, run_script
 
-spec = importlib.util.spec_from_file_location("dense_cuda_emulated", ROOT / "cuda" / "emulated.py")
-emu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(emu)
+emu = load_script("cuda/emulated.py")
 
 CXX = shutil.which(os.environ.get("CXX", "c++"))
 pytestmark = pytest.mark.skipif(emu.unavailable_reason() is not None, reason=str(emu.unavailable_reason()))

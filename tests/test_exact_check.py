@@ -13,8 +13,8 @@ import torch
 
 from conftest import ROOT, load_script
 
-exact = load_script("cuda/exact_check.py", "dense_cuda_exact_check")
-emulated = load_script("cuda/emulated.py", "dense_cuda_emulated")
+exact = load_script("cuda/exact_check.py")
+emulated = load_script("cuda/emulated.py")
 
 needs_emulation = pytest.mark.skipif(emulated.unavailable_reason() is not None,
                                      reason=f"the emulation {emulated.unavailable_reason()}")

@@ -34,7 +34,7 @@ def test_the_figures_bank_is_the_counters_word_modulo_32():
 
 @pytest.fixture(scope="module")
 def lib():
-    counters = cli.load_file("cuda/counters.py", "dense_cuda_counters")
+    counters = cli.load_file("cuda/counters.py")
     if counters.unavailable_reason():
         pytest.skip(counters.unavailable_reason())
     return counters.library()
@@ -61,7 +61,7 @@ def test_the_counters_wavefronts_are_the_most_words_a_bank_of_the_figure_holds(l
 def test_v5s_request_takes_twice_its_phases_and_that_is_v5s_counted_excess(lib):
     found, phases = figures.wavefronts(figures.v5_b_request(), lib)
     assert (found, phases) == (8, 4)
-    counters = cli.load_file("cuda/counters.py", "dense_cuda_counters")
+    counters = cli.load_file("cuda/counters.py")
     bm, bn, bk = 128, 128, 8  # v5's float32 tile: one block, one k-step
     (c,) = counters.count_gemm(5, "nt", bm, bn, bk)
     excessive = c.metrics["excessive_wavefronts_mem_shared_op_ld"]

@@ -4,7 +4,6 @@ last, limits, deadline, records packed for the trip back) on parts that need no 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -20,15 +19,7 @@ import pytest
 
 from conftest import ROOT, fold, load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_plan", ROOT / ".ci" / "gpu.py")
-    module = sys.modules["gpu_plan"] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
-    spec.loader.exec_module(module)
-    return module
-
-
-plan = _load()
+plan = load_script(".ci/gpu.py")
 Part = plan.Part
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, load_script
 
-iso = load_script("cuda/isolated.py", "dense_cuda_isolated")
+iso = load_script("cuda/isolated.py")
 
 
 def child(code: str, name: str, limit_s: float = 20) -> object:

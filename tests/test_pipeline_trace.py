@@ -11,7 +11,7 @@ import cli
 from conftest import load_script
 
 trace = load_script("cuda/tensor_cores/trace.py")
-emulated = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+emulated = cli.load_file("cuda/emulated.py")
 
 
 @pytest.fixture(scope="module")

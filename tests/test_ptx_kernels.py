@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from cli import cuda_tool
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 pytestmark = pytest.mark.slow  # nvcc and the host compiler over the kernels and bindings
 
@@ -95,13 +95,7 @@ def test_ptx_edits_are_in_place():
 def normalised(ptx: str) -> list[str]:
     """Code lines only, with nvcc's path hash blanked: ptx/sass_report.py's, the one that
     compares the two PTX files there too."""
-    import importlib.util
-
-    if "sass_report" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("sass_report", ROOT / "ptx" / "sass_report.py")
-        module = sys.modules["sass_report"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["sass_report"].normalised(ptx)
+    return load_script("ptx/sass_report.py").normalised(ptx)
 
 
 def function_of(lines: list[str], index: int) -> str:

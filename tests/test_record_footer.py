@@ -43,7 +43,7 @@ def test_a_record_without_its_command_is_a_key_error():
 def _renderers() -> list[tuple[str, object]]:
     """(committed record, the function a chapter renders it with), one per script that writes records."""
     cuda = load_script("cuda/gpu_tables.py")  # cuda/bench_gpu.py's records' tables
-    tiles = load_script("tiles/bench_gpu.py", "bench_gpu_tiles")
+    tiles = load_script("tiles/bench_gpu.py")
     overhead = load_script("cpp/overhead.py")
     return [("cpu_1024.json", benchmark.table), ("cpu_sweep.json", benchmark.sweep_summary),
             ("cpu_sweep.json", benchmark.sweep_table), ("cpp_overhead.json", overhead.render),

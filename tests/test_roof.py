@@ -17,10 +17,10 @@ import torch
 import timing
 from conftest import ROOT, load_script
 
-bench_gpu = load_script("cuda/bench_gpu.py", "bench_gpu_cuda")  # tiles/ has a bench_gpu.py too
+bench_gpu = load_script("cuda/bench_gpu.py")  # tiles/ has a bench_gpu.py too
 gpu, tc = load_script("cuda/gpu_timing.py"), load_script("cuda/gpu_tensor_cores.py")
 tables = load_script("cuda/gpu_tables.py")
-emulated = load_script("cuda/emulated.py", "dense_cuda_emulated")
+emulated = load_script("cuda/emulated.py")
 ROOF = ROOT / "cuda" / "tensor_cores" / "roof.cuh"
 UNIT = ROOT / "cuda" / "units" / "tc_roof.cu"
 

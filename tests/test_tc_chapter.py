@@ -9,7 +9,6 @@ commands print (the slow ones on a copy of the repository, edited as the exercis
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -75,7 +74,7 @@ ENTRIES = {21: "v21 ·", 22: "v22 ·", 23: "v23 ·", 24: "v24 ·", 25: "v25 and 
 
 
 def test_every_tensor_core_version_has_an_entry_with_code_and_a_prediction():
-    catalog = load_script("cuda/catalog.py", "dense_cuda_catalog")
+    catalog = load_script("cuda/catalog.py")
     assert sorted(ENTRIES) == [v.id for v in catalog.versions() if v.id >= 21]
     for v, title in ENTRIES.items():
         entry = _entry(title)
@@ -92,7 +91,7 @@ def test_no_timing_is_claimed_until_the_lease_brings_its_record():
 
 
 def test_the_page_shows_every_figure_the_script_draws():
-    figures = load_script("cuda/tensor_cores/figures.py", "tc_figures")
+    figures = load_script("cuda/tensor_cores/figures.py")
     for name in figures.NAMES:
         assert f"(../../docs/figures/{name})" in PAGE.read_text(), name
         assert (ROOT / "docs" / "figures" / name).is_file(), name
@@ -266,7 +265,7 @@ def test_the_tf32_figures_are_the_records():
 def test_the_split_holds_an_operand_to_2_to_the_minus_22():
     """big = tf32(x), small = tf32(x − big): |x − big − small| ≤ 2⁻²²|x| and |small| ≤ 2⁻¹¹|x|, so
     small·small is at most 2⁻²² of x·y, and v25's one rounding is up to 2⁻¹¹ of the operand."""
-    grad_check = load_script("grad_check.py", "grad_check")
+    grad_check = load_script("grad_check.py")
     x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(1)) * torch.logspace(-20, 20, 1 << 16)
     big = grad_check.tf32(x)
     small = grad_check.tf32(x - big)
@@ -427,11 +426,7 @@ def test_the_lease_table_states_bench_gpus_goals_and_parts():
                 "| split-TF32 forward / cuBLAS float32 reference, error ≤ 2× | ≥ 1.5 | 0.9-1.5 (v34); error ≈ 0.5× if "
                 "the tensor cores round and cuBLAS sums as v8 does, ≈ 12× if they truncate |"):
         assert row in said, row
-    plan = sys.modules.get("gpu_plan")
-    if plan is None:  # as tests/test_gpu_plan.py loads it: dataclasses look the module up by name
-        spec = importlib.util.spec_from_file_location("gpu_plan", ROOT / ".ci" / "gpu.py")
-        plan = sys.modules["gpu_plan"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(plan)
+    plan = load_script(".ci/gpu.py")
     parts = plan.parts()
     assert {"exact", "kernels"} <= set(plan.SELECTIONS["lease"])
     assert {"bf16", "roof", "tf32", "goals16"} <= set(parts["kernels"].argv)
@@ -478,7 +473,7 @@ def test_answer_3_is_the_descriptor_the_emulator_decodes():
     assert f"It prints `{result.stdout.strip()}`" in answer
 
 
-needs_counters = pytest.mark.skipif(load_script("cuda/counters.py", "counters").unavailable_reason() is not None,
+needs_counters = pytest.mark.skipif(load_script("cuda/counters.py").unavailable_reason() is not None,
                                     reason="the counting build needs GCC's g++")
 
 

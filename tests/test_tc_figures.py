@@ -12,7 +12,7 @@ import pytest
 import cli
 from conftest import ROOT, load_script, run_script
 
-figures = load_script("cuda/tensor_cores/figures.py", "tc_figures")
+figures = load_script("cuda/tensor_cores/figures.py")
 records = load_script("docs/records.py", "records_for_tc_figures")
 SCRIPT = "cuda/tensor_cores/figures.py"
 

@@ -9,7 +9,7 @@ import pytest
 import benchmark
 from conftest import load_script
 
-bench = load_script("tiles/bench_gpu.py", "bench_gpu_tiles")
+bench = load_script("tiles/bench_gpu.py")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton (optional) is not installed")

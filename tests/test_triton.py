@@ -546,7 +546,7 @@ import sys
 import triton
 import triton.language as tl
 
-_widen, _narrow = (getattr(sys.modules["dense_stage_triton_kernels"], f) for f in ("_widen", "_narrow"))
+_widen, _narrow = (getattr(sys.modules["tiles_kernels"], f) for f in ("_widen", "_narrow"))
 
 
 @triton.jit

@@ -9,10 +9,8 @@ Check it:  python grad_check.py triton
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import os
-import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +20,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 from torch.library import wrap_triton
 
+import cli
 import modes
 
 HERE = Path(__file__).resolve().parent
@@ -37,15 +36,7 @@ os.environ["TRITON_INTERPRET"] = "1" if INTERPRETED else "0"
 DEVICE = "cpu" if INTERPRETED else "cuda"
 
 
-def _load_kernels():
-    # By path, under a name of its own: tiles/ is no package (modes.py says why).
-    spec = importlib.util.spec_from_file_location("dense_stage_triton_kernels", HERE / "kernels.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_kernels = _load_kernels()
+_kernels = cli.load_file("tiles/kernels.py")  # by path: tiles/ is no package (modes.py says why)
 forward_kernel, grad_x_kernel, grad_w_kernel = _kernels.forward_kernel, _kernels.grad_x_kernel, _kernels.grad_w_kernel
 
 import triton  # noqa: E402  (after the kernels, which must see TRITON_INTERPRET first)

@@ -353,7 +353,7 @@ def _declare(fn) -> None:
 
 def emulator_library() -> ctypes.CDLL:
     """The emulation's library (cuda/emulated.py builds it), with this script's entries declared."""
-    emu = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+    emu = cli.load_file("cuda/emulated.py")
     reason = emu.unavailable_reason()
     if reason:
         raise cli.UserError(f"cannot emulate: {reason}")

@@ -65,7 +65,7 @@ DPI = 100
 def library(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
     """The emulation library (built once, cached), its instruction exports typed."""
     if lib is None:
-        emu = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+        emu = cli.load_file("cuda/emulated.py")
         if emu.unavailable_reason():
             raise cli.UserError(f"cannot ask the emulation: {emu.unavailable_reason()}")
         try:
@@ -452,7 +452,7 @@ def draw_split_tf32(path: Path, errors: dict, rec: dict) -> None:
 
 def draw_pipeline(path: Path, lib: ctypes.CDLL) -> None:
     """v33's ring at trace.py's shape (one block, six k-steps: the ring of four wraps), emulated."""
-    trace = cli.load_file("cuda/tensor_cores/trace.py", "dense_tc_trace")
+    trace = cli.load_file("cuda/tensor_cores/trace.py")
     events = trace.run(33, trace.SHAPE, trace.library(lib))
     wrong = trace.check_protocol(events)
     if wrong:

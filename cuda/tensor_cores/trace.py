@@ -46,7 +46,7 @@ STAGE_COLOURS = ("#1f78b4", "#e31a1c", "#33a02c", "#ff7f00", "#6a3d9a", "#b15928
 
 def library(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
     """The emulation library (cuda/emulated.py's build), its trace exports typed."""
-    emu = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+    emu = cli.load_file("cuda/emulated.py")
     if lib is None:
         if emu.unavailable_reason():
             raise cli.UserError(f"cannot run the emulation: {emu.unavailable_reason()}")
@@ -63,7 +63,7 @@ def run(version: int = 33, shape: tuple[int, int, int] = SHAPE, lib: ctypes.CDLL
     the events of block (0, 0), in order."""
     import torch
 
-    emu = cli.load_file("cuda/emulated.py", "dense_cuda_emulated")
+    emu = cli.load_file("cuda/emulated.py")
     lib = library(lib)
     m, n, k = shape
     g = torch.Generator().manual_seed(0)
