@@ -2,7 +2,7 @@
 // (cuda/emulate/emulate.cpp) all need to know about the kernels in cuda/kernels/: their names,
 // their parameters and the launch geometry of each. Plain C++, no CUDA headers.
 //
-// Checked without a GPU by: python -m pytest tests/test_kernels.py tests/test_emulate.py
+// Checked without a GPU by: python -m pytest tests/test_gpu_sources.py tests/test_emulate.py
 #pragma once
 
 #include <cstdint>
@@ -208,7 +208,7 @@ constexpr int threads(int version, int element_bytes) {
 // "version" tune_id(I) by launch_gemm (on the GPU, in the emulation, by cuda/bench_gpu.py
 // candidates). float32 only: the goals they are timed for are float32's, and float64 would need
 // shapes of its own (halved, as v5 on halve theirs). Each candidate passes the emulated checks
-// and compiles for sm_90 without spills (tests/test_emulate.py, tests/test_kernels.py). Candidates
+// and compiles for sm_90 without spills (tests/test_emulate.py, tests/test_gpu_sources.py). Candidates
 // 0 and 3 ask for 2 blocks of 256 threads (at most 128 registers): without it ptxas 13.0 gives them
 // more in some layout (0: 130 in nn; 3: 129 in nt, 143 in tn), and one block per SM there. Left
 // out, because ptxas 13.0 spills them on sm_90 (bytes of spill stores + loads, nt/nn/tn):

@@ -587,10 +587,10 @@ def test_a_pipeline_that_reads_a_stage_before_its_copies_land_is_caught(tmp_path
     on a GPU. Without the barrier after the wait, ThreadSanitizer reports the race as well."""
     copy = tmp_path / "cuda"
     shutil.copytree(ROOT / "cuda", copy, ignore=shutil.ignore_patterns("*.py", "*.md"))
-    path = copy / "tensor_cores" / "tc3_pipeline.cuh"
+    path = copy / "tensor_cores" / "v24_pipeline.cuh"
     text = path.read_text()
-    assert text.count("cp_async_wait<kTc3Stages - 2>();") == 1
-    path.write_text(text.replace("cp_async_wait<kTc3Stages - 2>();", "cp_async_wait<kTc3Stages - 1>();"))
+    assert text.count("cp_async_wait<kV24Stages - 2>();") == 1
+    path.write_text(text.replace("cp_async_wait<kV24Stages - 2>();", "cp_async_wait<kV24Stages - 1>();"))
     barrier = "__syncthreads();                  // ...everyone's"
     assert text.count(barrier) == 1
     unbarred = shutil.copytree(copy, tmp_path / "unbarred")

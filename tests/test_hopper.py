@@ -272,7 +272,7 @@ def run(exe: Path, *args: str, env: dict | None = None):
 
 @pytest.mark.slow
 def test_a_consumer_that_reads_a_stage_before_its_phase_reads_poison_and_is_reported(tmp_path):
-    copy = planted_copy(tmp_path, "tc6_tma.cuh", "    ring.consumer_wait(step);  // the stage's bytes",
+    copy = planted_copy(tmp_path, "v32_tma.cuh", "    ring.consumer_wait(step);  // the stage's bytes",
                         "    // (removed) ring.consumer_wait(step);  // the stage's bytes")
     result = run(driver(tmp_path, copy), "--quick", "32")
     assert re.search(r"wgmma read shared offset \d+, which a TMA copy has not delivered", result.stderr), result.stderr
@@ -281,8 +281,8 @@ def test_a_consumer_that_reads_a_stage_before_its_phase_reads_poison_and_is_repo
 
 @pytest.mark.slow
 def test_a_wrong_expect_tx_byte_count_is_a_hang_that_names_the_barrier(tmp_path):
-    copy = planted_copy(tmp_path, "tc6_tma.cuh", "TmaPipeline<kTc6Stages, kStage> ring(",
-                        "TmaPipeline<kTc6Stages, kStage + 16> ring(")
+    copy = planted_copy(tmp_path, "v32_tma.cuh", "TmaPipeline<kV32Stages, kStage> ring(",
+                        "TmaPipeline<kV32Stages, kStage + 16> ring(")
     result = run(driver(tmp_path, copy), "--quick", "32")
     assert re.search(r"128 thread\(s\) wait on the mbarrier at shared offset \d+: phase 0, 0 of 1 arrivals and 16 "
                      r"transaction bytes still pending", result.stderr), result.stderr
@@ -307,7 +307,7 @@ def test_accumulators_read_before_their_wgmma_completes_are_poison_and_reported(
     """v33's consumers without their last wgmma.wait_group: the epilogue reads registers still
     in flight (the poison NaN), and the thread ends with a wgmma never completed: reported, and the
     launch fails."""
-    copy = planted_copy(tmp_path, "tc7_warp_specialized.cuh", "  wgmma_wait<0>();\n  // endregion",
+    copy = planted_copy(tmp_path, "v33_warp_specialized.cuh", "  wgmma_wait<0>();\n  // endregion",
                         "  // endregion")
     result = run(driver(tmp_path, copy), "--quick", "33")
     assert re.search(r"ended with [1-4] wgmma operation\(s\) never completed by wgmma.wait_group", result.stderr), \
@@ -360,9 +360,9 @@ def test_a_missing_fence_is_reported_with_the_instruction(tmp_path):
     engine completes on barriers the generic proxy initialised). A GPU may read stale bytes or
     barriers there; the emulation reports each, and the launch fails."""
     copies = {
-        "proxy": plant(tmp_path, "proxy", [(("tc5_wgmma.cuh",), "    fence_proxy_async();", "")]),
-        "wgmma": plant(tmp_path, "wgmma", [(("tc5_wgmma.cuh",), "    wgmma_fence();\n", "")]),
-        "init": plant(tmp_path, "init", [(("tc6_tma.cuh", "tma_pipeline.cuh"), "fence_barrier_init();", "")]),
+        "proxy": plant(tmp_path, "proxy", [(("v31_wgmma.cuh",), "    fence_proxy_async();", "")]),
+        "wgmma": plant(tmp_path, "wgmma", [(("v31_wgmma.cuh",), "    wgmma_fence();\n", "")]),
+        "init": plant(tmp_path, "init", [(("v32_tma.cuh", "tma_pipeline.cuh"), "fence_barrier_init();", "")]),
     }
     exes = drivers(tmp_path, copies)
     proxy = run(exes["proxy"], "--quick", "31")
@@ -370,7 +370,7 @@ def test_a_missing_fence_is_reported_with_the_instruction(tmp_path):
                       r"the generic proxy with no fence.proxy.async since: wgmma.mma_async of warpgroup 0 at .*",
                       proxy.stderr)
     assert found and "launch refused (4)" in proxy.stdout and proxy.returncode != 0, proxy.stderr[-2000:]
-    assert "tc5_wgmma.cuh:" in source_line(found[0])  # the kernel's wgmma, by its line
+    assert "v31_wgmma.cuh:" in source_line(found[0])  # the kernel's wgmma, by its line
     wgmma = run(exes["wgmma"], "--quick", "31")
     assert re.search(r"thread \d+ issued wgmma.mma_async at \S+ \(addr2line [^)]*\) with no wgmma.fence before it",
                      wgmma.stderr), wgmma.stderr[-2000:]
@@ -391,9 +391,9 @@ def test_a_register_increase_the_block_cannot_meet_and_an_accumulator_read_in_fl
     peek = "    { volatile float peek = acc[0] * 2.0f; (void)peek; }  // (planted) a read in flight\n"
     commit = "    wgmma_commit();\n"
     copies = {
-        "regs": plant(tmp_path, "regs", [(("tc7_warp_specialized.cuh",), "setmaxnreg_inc<232>",
+        "regs": plant(tmp_path, "regs", [(("v33_warp_specialized.cuh",), "setmaxnreg_inc<232>",
                                           "setmaxnreg_inc<240>")]),
-        "read": plant(tmp_path, "read", [(("tc5_wgmma.cuh",), commit, commit + peek)]),
+        "read": plant(tmp_path, "read", [(("v31_wgmma.cuh",), commit, commit + peek)]),
     }
     exes = drivers(tmp_path, copies)
     regs = run(exes["regs"], "--quick", "33")
@@ -408,8 +408,8 @@ def test_a_register_increase_the_block_cannot_meet_and_an_accumulator_read_in_fl
     found = re.search(r"thread \d+ read wgmma accumulator registers while the wgmma was in flight .* took their poison "
                       r"NaN at .*", read.stderr)
     assert found and "launch refused (4)" in read.stdout and read.returncode != 0, read.stderr[-2000:]
-    planted_line = (copies["read"] / "tensor_cores" / "tc5_wgmma.cuh").read_text().splitlines().index(peek.rstrip("\n"))
-    assert source_line(found[0]).endswith(f"tc5_wgmma.cuh:{planted_line + 1}")
+    planted_line = (copies["read"] / "tensor_cores" / "v31_wgmma.cuh").read_text().splitlines().index(peek.rstrip("\n"))
+    assert source_line(found[0]).endswith(f"v31_wgmma.cuh:{planted_line + 1}")
 
 
 # emu_fence_probe's plants (cuda/emulate/emulate.cpp): the launch's status and what it reports.

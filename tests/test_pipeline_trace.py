@@ -38,7 +38,7 @@ def test_the_trace_is_off_unless_asked(lib):
 
 def test_v33s_events_are_its_rings(events):
     m, n, k = trace.SHAPE
-    steps, stages = k // 64, 4  # tma_pipeline.cuh's ring of kTc7Stages, a k-step of 64
+    steps, stages = k // 64, 4  # tma_pipeline.cuh's ring of kV33Stages, a k-step of 64
     bars = trace.barriers(events)
     assert sorted(bars.values()) == sorted((r, s) for r in ("full", "empty") for s in range(stages))
     kinds = [(trace.role(e["thread"]), e["kind"]) for e in events]

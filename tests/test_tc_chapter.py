@@ -226,8 +226,8 @@ def test_v24_prediction():
             "most 0.89, and 0.63-0.81 at chapter 3's 1.1 to 1.4") in said
     assert "*Predicted:* 0.6-0.8 of the roof, short of the goal of 0.85" in said
     # the header's own account of the block: 8 warps of 64×32, 3 stages, 48 KiB
-    header = (ROOT / "cuda" / "tensor_cores" / "tc3_pipeline.cuh").read_text()
-    assert "kTc3BK = 32, kTc3Stages = 3, kTc3Threads = 256" in header and k["shared_bytes"] == 3 * (8 + 8) * 1024
+    header = (ROOT / "cuda" / "tensor_cores" / "v24_pipeline.cuh").read_text()
+    assert "kV24BK = 32, kV24Stages = 3, kV24Threads = 256" in header and k["shared_bytes"] == 3 * (8 + 8) * 1024
 
 
 # ---------------------------------------------------------------------------------------
@@ -326,14 +326,14 @@ def test_v31_and_v32_predictions():
     v32 = _static(32)
     assert v32["blocks_per_sm"] == 2 and "two blocks per SM" in _entry("v32 ·")
     assert f"({v32['dynamic_shared_bytes']:,} bytes each)" in _entry("v32 ·")
-    header = (ROOT / "cuda" / "tensor_cores" / "tc6_tma.cuh").read_text()
-    assert "kTc6Stages = 4" in header and "parity (i / 4) % 2" in _entry("v32 ·")
+    header = (ROOT / "cuda" / "tensor_cores" / "v32_tma.cuh").read_text()
+    assert "kV32Stages = 4" in header and "parity (i / 4) % 2" in _entry("v32 ·")
 
 
 def test_v33_prediction_and_registers():
-    header = (ROOT / "cuda" / "tensor_cores" / "tc7_warp_specialized.cuh").read_text()
+    header = (ROOT / "cuda" / "tensor_cores" / "v33_warp_specialized.cuh").read_text()
     assert "setmaxnreg_dec<40>()" in header and "setmaxnreg_inc<232>()" in header
-    assert "kTc7BM = 128, kTc7BN = 256, kTc7Stages = 4" in header
+    assert "kV33BM = 128, kV33BN = 256, kV33Stages = 4" in header
     k = _static(33)
     assert k["threads"] == 384 and k["blocks_per_sm"] == 1
     said = _entry("v33 ·")
@@ -351,8 +351,8 @@ def test_v33_prediction_and_registers():
 def test_v34_prediction():
     k = _static(34, "f32")
     assert k["inner_loop"]["mma"] == 12 and k["blocks_per_sm"] == 1
-    header = (ROOT / "cuda" / "tensor_cores" / "tc8_split_tf32_wgmma.cuh").read_text()
-    assert "kTc8BM = 64, kTc8BN = 128, kTc8BK = 32" in header
+    header = (ROOT / "cuda" / "tensor_cores" / "v34_split_tf32_wgmma.cuh").read_text()
+    assert "kV34BM = 64, kV34BN = 128, kV34BK = 32" in header
     tensor = 12 * 64 * 128 * 8 / (SM_MACS / 2)  # TF32 at half bfloat16's multiply-adds
     elements = (64 + 128) * 32 // 128
     assert tensor == 768 and elements == 48
@@ -463,7 +463,7 @@ def test_answer_3_is_the_descriptor_the_emulator_decodes():
         pytest.skip(f"the emulation {emu.unavailable_reason()}")
     question, answer = exercise(PAGE, 3, "question"), exercise(PAGE, 3, "answer")
     assert "smem_desc(As + 64, 16, 1024, kSwizzle128B)" in question
-    header = (ROOT / "cuda" / "tensor_cores" / "tc5_wgmma.cuh").read_text()
+    header = (ROOT / "cuda" / "tensor_cores" / "v31_wgmma.cuh").read_text()
     assert "smem_desc(As + kk * 2, 16, 1024, kSwizzle128B)" in header  # K-major A: kk = 32, its third k-step
     value = (64 >> 4) | (16 >> 4) << 16 | (1024 >> 4) << 32 | 1 << 62
     assert answer.startswith(f"`{value:#018x}`:")
@@ -483,7 +483,7 @@ def test_answer_1_is_what_the_counters_count_with_the_weaker_swizzle(tmp_path):
     question, answer = exercise(PAGE, 1, "question"), exercise(PAGE, 1, "answer")
     counters, check = _commands(question)
     copy = repository_copy(tmp_path)
-    _edit(copy / "cuda" / "tensor_cores" / "tc2_ldmatrix.cuh", "(c / 8) ^ (r % 8)", "(c / 8) ^ (r % 4)")
+    _edit(copy / "cuda" / "tensor_cores" / "v22_v23_ldmatrix.cuh", "(c / 8) ^ (r % 8)", "(c / 8) ^ (r % 4)")
     out = tmp_path / "after.json"
     result = subprocess.run([sys.executable, *counters, "--json", str(out)], cwd=copy, capture_output=True,
                             text=True, timeout=900)

@@ -43,7 +43,7 @@ inline int device_arch = 90;
 // 0 for the others. tests/test_hopper.py holds each constant against the static record.
 namespace emu {
 inline unsigned launch_registers(const void* fn) {
-  constexpr std::pair<int, unsigned> declared[] = {{33, unsigned(kTc7LaunchRegisters)}};
+  constexpr std::pair<int, unsigned> declared[] = {{33, unsigned(kV33LaunchRegisters)}};
   for (const auto& [version, registers] : declared)
     for (int layout = 0; layout < 3; ++layout)
       for (int dtype = 0; dtype < dense_kernels::kDTypes; ++dtype)

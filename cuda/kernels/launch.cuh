@@ -44,7 +44,7 @@ Fn entry(int kind, int version, int layout, DType dtype) {
 // A TMA version: the operands' tensor maps, made here per call. K-major operands (rows along m or
 // n): boxes of 128 bytes of k × the tile's rows, 128B-swizzled. MN-major ones (rows along k):
 // boxes of 64 (or 32, for 4-byte elements) rows of k × 128 bytes of m or n, or × the tile's width
-// where it is narrower (v35's 32 m: 64 bytes), swizzled by a row's bytes (tc6_tma.cuh's TmaTile).
+// where it is narrower (v35's 32 m: 64 bytes), swizzled by a row's bytes (v32_tma.cuh's TmaTile).
 template <typename T>
 int launch_tma_t(int version, int l, const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K,
                  int epilogue, int sm_count, acc_t<T>* workspace, Stream stream) {

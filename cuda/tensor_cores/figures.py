@@ -53,7 +53,7 @@ TABLES = {"A": (0, 16, 16, 8), "B": (1, 16, 8, 4), "C": (2, 16, 8, 4)}  # table,
 PER_REGISTER = {"A": 2, "B": 2, "C": 1}  # bfloat16 A and B: two elements a 32-bit register
 # An example descriptor: v31's B operand in the nt layout at its second k-step of 16,
 # smem_desc(Bs + 32, 16, 1024, kSwizzle128B) with Bs 8192 bytes into the shared window
-# (cuda/tensor_cores/tc5_wgmma.cuh): K-major rows of 128 bytes, 8-row atoms 1024 bytes apart.
+# (cuda/tensor_cores/v31_wgmma.cuh): K-major rows of 128 bytes, 8-row atoms 1024 bytes apart.
 EXAMPLE_DESCRIPTOR = 0x4000004000010202
 DESCRIPTOR_FIELDS = ("start", "lbo", "sbo", "base_offset", "swizzle")  # emu_descriptor_decode's out[5]
 FIELD_TITLES = {"start": "start address", "lbo": "leading byte offset", "sbo": "stride byte offset",

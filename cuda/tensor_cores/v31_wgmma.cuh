@@ -13,20 +13,20 @@
 #pragma once
 
 #include "../kernels/hopper_instructions.cuh"
-#include "tc2_ldmatrix.cuh"  // tc2_offset: v23's swizzle is the 128B swizzle
+#include "v22_v23_ldmatrix.cuh"  // v22_offset: v23's swizzle is the 128B swizzle
 
 namespace {
 
-constexpr int kTc5BM = 64, kTc5BN = 128, kTc5BK = 64;
+constexpr int kV31BM = 64, kV31BN = 128, kV31BK = 64;
 
 // Stage the BX × 64 tile of P at (x0, k0) as 64-element rows, 128B-swizzled: rows along x
 // (contig_k: one 128-byte row per x) or along k (one row per k, in blocks of 64 x, 8 KiB apart).
 template <typename T, int BX>
-__device__ __forceinline__ void tc5_stage(unsigned char* S, const T* P, bool contig_k, int64_t x0, int64_t k0,
+__device__ __forceinline__ void v31_stage(unsigned char* S, const T* P, bool contig_k, int64_t x0, int64_t k0,
                                           int64_t X, int64_t K, bool vec) {
-  for (int u = threadIdx.x; u < BX * kTc5BK / 8; u += 128) {
+  for (int u = threadIdx.x; u < BX * kV31BK / 8; u += 128) {
     // chunk u: row r of 64 elements and its first column c
-    const int r = contig_k ? u / 8 : u / (BX / 8) % kTc5BK, c = contig_k ? (u % 8) * 8 : (u % (BX / 8)) * 8;
+    const int r = contig_k ? u / 8 : u / (BX / 8) % kV31BK, c = contig_k ? (u % 8) * 8 : (u % (BX / 8)) * 8;
     const int64_t gr = contig_k ? x0 + r : k0 + r, gc = contig_k ? k0 + c : x0 + c;
     const int64_t rows = contig_k ? X : K, cols = contig_k ? K : X;
     const T* src = P + gr * cols + gc;
@@ -40,7 +40,7 @@ __device__ __forceinline__ void tc5_stage(unsigned char* S, const T* P, bool con
       memcpy(&chunk, v, 16);
     }
     const int block = contig_k ? 0 : c / 64;  // x-rows: one block; k-rows: a block per 64 columns of x
-    *reinterpret_cast<uint4*>(S + block * (kTc5BK * 128) + tc2_offset<true>(r, c % 64)) = chunk;
+    *reinterpret_cast<uint4*>(S + block * (kV31BK * 128) + v22_offset<true>(r, c % 64)) = chunk;
   }
 }
 
@@ -65,25 +65,25 @@ __device__ __forceinline__ void store_d(const float (&acc)[R], unsigned thread, 
 
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v31(const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K, int kind) {
-  alignas(1024) __shared__ unsigned char smem[(kTc5BM + kTc5BN) * kTc5BK * 2];
-  unsigned char *As = smem, *Bs = smem + kTc5BM * kTc5BK * 2;
+  alignas(1024) __shared__ unsigned char smem[(kV31BM + kV31BN) * kV31BK * 2];
+  unsigned char *As = smem, *Bs = smem + kV31BM * kV31BK * 2;
   shared_window(smem);
-  const int64_t m0 = int64_t(blockIdx.y) * kTc5BM, n0 = int64_t(blockIdx.x) * kTc5BN;
+  const int64_t m0 = int64_t(blockIdx.y) * kV31BM, n0 = int64_t(blockIdx.x) * kV31BN;
   const bool a_vec = aligned16(A) && (TA ? M : K) % 8 == 0, b_vec = aligned16(B) && (TB ? K : N) % 8 == 0;
-  float acc[kTc5BN / 2] = {};
+  float acc[kV31BN / 2] = {};
   // region v31
-  for (int64_t k0 = 0; k0 < K; k0 += kTc5BK) {
-    tc5_stage<T, kTc5BM>(As, A, !TA, m0, k0, M, K, a_vec);
-    tc5_stage<T, kTc5BN>(Bs, B, TB, n0, k0, N, K, b_vec);
+  for (int64_t k0 = 0; k0 < K; k0 += kV31BK) {
+    v31_stage<T, kV31BM>(As, A, !TA, m0, k0, M, K, a_vec);
+    v31_stage<T, kV31BN>(Bs, B, TB, n0, k0, N, K, b_vec);
     fence_proxy_async();  // the stores above, visible to the tensor cores' reads
     __syncthreads();
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTc5BK; kk += 16) {
+    for (int kk = 0; kk < kV31BK; kk += 16) {
       // K-major: 32 bytes further along the rows; MN-major: 16 rows (2048 bytes) further down
       const uint64_t da = TA ? smem_desc(As + kk * 128, 8192, 1024, kSwizzle128B) : smem_desc(As + kk * 2, 16, 1024, kSwizzle128B);
       const uint64_t db = TB ? smem_desc(Bs + kk * 2, 16, 1024, kSwizzle128B) : smem_desc(Bs + kk * 128, 8192, 1024, kSwizzle128B);
-      wgmma_m64k16<kTc5BN, T, TA, !TB>(acc, da, db, 1);
+      wgmma_m64k16<kV31BN, T, TA, !TB>(acc, da, db, 1);
     }
     wgmma_commit();
     wgmma_wait<0>();  // the accumulators are ours again, and the tiles may be overwritten

@@ -12,14 +12,14 @@
 // MN-major ones in boxes of 64 k × 64 m or n (32 for a tile only 32 wide), one per block.
 #pragma once
 
-#include "tc5_wgmma.cuh"
+#include "v31_wgmma.cuh"
 #include "tma_pipeline.cuh"
 
 namespace {
 
-constexpr int kTc6Stages = 4;
-static_assert((kTc5BM + kTc5BN) * 64 * 2 == dense_kernels::tma_stage_bytes(32) &&
-                  kTc6Stages == dense_kernels::tma_stages(32),
+constexpr int kV32Stages = 4;
+static_assert((kV31BM + kV31BN) * 64 * 2 == dense_kernels::tma_stage_bytes(32) &&
+                  kV32Stages == dense_kernels::tma_stages(32),
               "the launcher's dynamic shared memory is this ring of stages");
 
 // The bytes and layout of one operand's tile of a stage: Rows (m or n) × 64 k, K-major (one
@@ -57,13 +57,13 @@ struct TmaTile {
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v32(const CUtensorMap& map_a, const CUtensorMap& map_b, T* C, const T* bias, int64_t M,
                          int64_t N, int64_t K, int kind) {
-  using TileA = TmaTile<kTc5BM>;
-  using TileB = TmaTile<kTc5BN>;
+  using TileA = TmaTile<kV31BM>;
+  using TileB = TmaTile<kV31BN>;
   constexpr int kStage = TileA::kBytes + TileB::kBytes;
-  DENSE_DYNAMIC_SMEM(smem);  // kTc6Stages × kStage bytes of tiles, then the barriers
+  DENSE_DYNAMIC_SMEM(smem);  // kV32Stages × kStage bytes of tiles, then the barriers
   shared_window(smem);
-  const TmaPipeline<kTc6Stages, kStage> ring(smem + kTc6Stages * kStage);
-  const int64_t m0 = int64_t(blockIdx.y) * kTc5BM, n0 = int64_t(blockIdx.x) * kTc5BN;
+  const TmaPipeline<kV32Stages, kStage> ring(smem + kV32Stages * kStage);
+  const int64_t m0 = int64_t(blockIdx.y) * kV31BM, n0 = int64_t(blockIdx.x) * kV31BN;
   const int64_t steps = (K + 63) / 64;
   auto load = [&](uint64_t* bar, int s, int64_t step) {  // thread 0: the copies of `step` into stage s
     TileA::load(smem + s * kStage, &map_a, !TA, m0, step * 64, bar);
@@ -72,8 +72,8 @@ __device__ void gemm_v32(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
   if (threadIdx.x == 0) ring.init(128);
   __syncthreads();
   if (threadIdx.x == 0)
-    for (int s = 0; s < kTc6Stages && s < steps; ++s) load(ring.producer_acquire(s), s, s);
-  float acc[kTc5BN / 2] = {};
+    for (int s = 0; s < kV32Stages && s < steps; ++s) load(ring.producer_acquire(s), s, s);
+  float acc[kV31BN / 2] = {};
   // region v32
   for (int64_t step = 0; step < steps; ++step) {
     ring.consumer_wait(step);  // the stage's bytes have landed
@@ -81,12 +81,12 @@ __device__ void gemm_v32(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 64; kk += 16)
-      wgmma_m64k16<kTc5BN, T, TA, !TB>(acc, TileA::desc(as, !TA, 0, kk), TileB::desc(bs, TB, 0, kk), 1);
+      wgmma_m64k16<kV31BN, T, TA, !TB>(acc, TileA::desc(as, !TA, 0, kk), TileB::desc(bs, TB, 0, kk), 1);
     wgmma_commit();
     wgmma_wait<0>();
     ring.consumer_release(step);  // this thread is done reading the stage
-    if (threadIdx.x == 0 && step + kTc6Stages < steps)  // once all have: refill it, kTc6Stages steps ahead
-      load(ring.producer_refill(step), ring.stage(step), step + kTc6Stages);
+    if (threadIdx.x == 0 && step + kV32Stages < steps)  // once all have: refill it, kV32Stages steps ahead
+      load(ring.producer_refill(step), ring.stage(step), step + kV32Stages);
   }
   // endregion
   store_d(acc, threadIdx.x, C, bias, M, N, m0, n0, kind);

@@ -9,27 +9,27 @@
 // v26). The split tiles are ordinary stores, which the tensor cores see after fence.proxy.async.
 #pragma once
 
-#include "tc4_tf32.cuh"  // split_tf32, finite
-#include "tc6_tma.cuh"  // TmaPipeline, store_d
+#include "v25_v26_tf32.cuh"  // split_tf32, finite
+#include "v32_tma.cuh"  // TmaPipeline, store_d
 
 namespace {
 
-constexpr int kTc8BM = 64, kTc8BN = 128, kTc8BK = 32, kTc8Stages = 3;
-static_assert((kTc8BM + kTc8BN) * kTc8BK * 4 == dense_kernels::tma_stage_bytes(34) &&
-                  kTc8Stages == dense_kernels::tma_stages(34),
+constexpr int kV34BM = 64, kV34BN = 128, kV34BK = 32, kV34Stages = 3;
+static_assert((kV34BM + kV34BN) * kV34BK * 4 == dense_kernels::tma_stage_bytes(34) &&
+                  kV34Stages == dense_kernels::tma_stages(34),
               "the launcher's dynamic shared memory is this ring of stages, then the split tiles");
 
 // Byte offset of float (x, k) in a tile of Rows × 32 floats: K-major (rows along x) or as TMA
 // brings an MN-major operand (rows along k, in blocks of 32 x, 4 KiB each); 128B-swizzled.
 template <bool KMajor>
-__device__ __forceinline__ int tc8_offset(int x, int k) {
+__device__ __forceinline__ int v34_offset(int x, int k) {
   const int o = KMajor ? x * 128 + k * 4 : (x / 32) * 4096 + k * 128 + (x % 32) * 4;
   return o ^ (((o >> 7) & 7) << 4);
 }
 
 template <int Rows>
 struct Tf32TmaTile {
-  static constexpr int kBytes = Rows * kTc8BK * 4;
+  static constexpr int kBytes = Rows * kV34BK * 4;
   __device__ __forceinline__ static void load(unsigned char* S, const CUtensorMap* map, bool k_major, int64_t x0,
                                               int64_t k0, uint64_t* bar) {
     if (k_major) {
@@ -43,13 +43,13 @@ struct Tf32TmaTile {
   template <bool KMajor>
   __device__ __forceinline__ static void split(const unsigned char* raw, unsigned char* big, unsigned char* small,
                                                unsigned char* bigf) {
-    for (int u = threadIdx.x; u < Rows * kTc8BK; u += 128) {
-      const int x = u / kTc8BK, k = u % kTc8BK;
+    for (int u = threadIdx.x; u < Rows * kV34BK; u += 128) {
+      const int x = u / kV34BK, k = u % kV34BK;
       float v;
-      memcpy(&v, raw + tc8_offset<KMajor>(x, k), 4);
+      memcpy(&v, raw + v34_offset<KMajor>(x, k), 4);
       const Tf32Parts p = split_tf32(v);
       const uint32_t f = finite(p.big);
-      const int o = tc8_offset<true>(x, k);
+      const int o = v34_offset<true>(x, k);
       memcpy(big + o, &p.big, 4);
       memcpy(small + o, &p.small, 4);
       memcpy(bigf + o, &f, 4);
@@ -60,26 +60,26 @@ struct Tf32TmaTile {
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v34(const CUtensorMap& map_a, const CUtensorMap& map_b, T* C, const T* bias, int64_t M,
                          int64_t N, int64_t K, int kind) {
-  using TileA = Tf32TmaTile<kTc8BM>;
-  using TileB = Tf32TmaTile<kTc8BN>;
+  using TileA = Tf32TmaTile<kV34BM>;
+  using TileB = Tf32TmaTile<kV34BN>;
   constexpr int kStage = TileA::kBytes + TileB::kBytes;
   DENSE_DYNAMIC_SMEM(smem);
   shared_window(smem);
-  unsigned char* split = smem + kTc8Stages * kStage;  // A big, small, finite big; then B's
+  unsigned char* split = smem + kV34Stages * kStage;  // A big, small, finite big; then B's
   unsigned char *a_big = split, *a_small = a_big + TileA::kBytes, *a_bigf = a_small + TileA::kBytes;
   unsigned char *b_big = a_bigf + TileA::kBytes, *b_small = b_big + TileB::kBytes, *b_bigf = b_small + TileB::kBytes;
-  const TmaPipeline<kTc8Stages, kStage> ring(b_bigf + TileB::kBytes);
-  const int64_t m0 = int64_t(blockIdx.y) * kTc8BM, n0 = int64_t(blockIdx.x) * kTc8BN;
-  const int64_t steps = (K + kTc8BK - 1) / kTc8BK;
+  const TmaPipeline<kV34Stages, kStage> ring(b_bigf + TileB::kBytes);
+  const int64_t m0 = int64_t(blockIdx.y) * kV34BM, n0 = int64_t(blockIdx.x) * kV34BN;
+  const int64_t steps = (K + kV34BK - 1) / kV34BK;
   auto load = [&](uint64_t* bar, int s, int64_t step) {
-    TileA::load(smem + s * kStage, &map_a, !TA, m0, step * kTc8BK, bar);
-    TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * kTc8BK, bar);
+    TileA::load(smem + s * kStage, &map_a, !TA, m0, step * kV34BK, bar);
+    TileB::load(smem + s * kStage + TileA::kBytes, &map_b, TB, n0, step * kV34BK, bar);
   };
   if (threadIdx.x == 0) ring.init(128);
   __syncthreads();
   if (threadIdx.x == 0)
-    for (int s = 0; s < kTc8Stages && s < steps; ++s) load(ring.producer_acquire(s), s, s);
-  float acc[kTc8BN / 2] = {};
+    for (int s = 0; s < kV34Stages && s < steps; ++s) load(ring.producer_acquire(s), s, s);
+  float acc[kV34BN / 2] = {};
   // region v34
   for (int64_t step = 0; step < steps; ++step) {
     ring.consumer_wait(step);
@@ -89,11 +89,11 @@ __device__ void gemm_v34(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
     fence_proxy_async();
     __syncthreads();                // the split tiles are whole...
     ring.consumer_release(step);    // ...and the raw stage is free for the next copies
-    if (threadIdx.x == 0 && step + kTc8Stages < steps)
-      load(ring.producer_refill(step), ring.stage(step), step + kTc8Stages);
+    if (threadIdx.x == 0 && step + kV34Stages < steps)
+      load(ring.producer_refill(step), ring.stage(step), step + kV34Stages);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTc8BK; kk += 8) {  // k-steps of 8 tf32: 32 bytes along the rows
+    for (int kk = 0; kk < kV34BK; kk += 8) {  // k-steps of 8 tf32: 32 bytes along the rows
       auto d = [&](const unsigned char* tile) { return smem_desc(tile + kk * 4, 16, 1024, kSwizzle128B); };
       wgmma_m64n128k8_tf32(acc, d(a_small), d(b_bigf), 1);
       wgmma_m64n128k8_tf32(acc, d(a_bigf), d(b_small), 1);

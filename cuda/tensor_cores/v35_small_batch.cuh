@@ -10,29 +10,29 @@
 // backward's layouts the same swap holds: D' = op(B)ᵀ·op(A)ᵀ, each operand K-major or MN-major as
 // it lies in memory (wgmma's transpose flags). x stored K×M (the tn layout) is an MN-major B only
 // 32 wide: it lands as one block of 64 rows of k × 32 m under the 64-byte swizzle, the PTX ISA's
-// canonical MN-major layout for 32 elements of 16 bits (TmaTile in tc6_tma.cuh; the 128-byte
+// canonical MN-major layout for 32 elements of 16 bits (TmaTile in v32_tma.cuh; the 128-byte
 // swizzle's MN-major atom is 64 wide).
 #pragma once
 
-#include "tc6_tma.cuh"  // TmaTile, TmaPipeline, for_each_d
+#include "v32_tma.cuh"  // TmaTile, TmaPipeline, for_each_d
 
 namespace {
 
-constexpr int kTc9BN = 64, kTc9BM = 32, kTc9Stages = 4;
-static_assert(2 * 64 * 64 * 2 == dense_kernels::tma_stage_bytes(35) && kTc9Stages == dense_kernels::tma_stages(35),
+constexpr int kV35BN = 64, kV35BM = 32, kV35Stages = 4;
+static_assert(2 * 64 * 64 * 2 == dense_kernels::tma_stage_bytes(35) && kV35Stages == dense_kernels::tma_stages(35),
               "the launcher's dynamic shared memory is this ring of stages");
 
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v35(const CUtensorMap& map_a, const CUtensorMap& map_b, T* C, const T* bias, int64_t M,
                          int64_t N, int64_t K, int kind) {
-  using TileW = TmaTile<kTc9BN>;  // wgmma's A: 64 rows of W (n), K-major, or MN-major if W is stored K×N
-  using TileX = TmaTile<kTc9BM>;  // wgmma's B: 32 rows of x (m), K-major, or MN-major if x is stored K×M
+  using TileW = TmaTile<kV35BN>;  // wgmma's A: 64 rows of W (n), K-major, or MN-major if W is stored K×N
+  using TileX = TmaTile<kV35BM>;  // wgmma's B: 32 rows of x (m), K-major, or MN-major if x is stored K×M
   // A stage: W's tile (8192 bytes), then x's (4096) at 8192, in the 2 × 8192 the launcher reserves.
   constexpr int kStage = 2 * 8192;
   DENSE_DYNAMIC_SMEM(smem);
   shared_window(smem);
-  const TmaPipeline<kTc9Stages, TileW::kBytes + TileX::kBytes> ring(smem + kTc9Stages * kStage);
-  const int64_t n0 = int64_t(blockIdx.x) * kTc9BN, m0 = int64_t(blockIdx.y) * kTc9BM;
+  const TmaPipeline<kV35Stages, TileW::kBytes + TileX::kBytes> ring(smem + kV35Stages * kStage);
+  const int64_t n0 = int64_t(blockIdx.x) * kV35BN, m0 = int64_t(blockIdx.y) * kV35BM;
   // this block's slice of K: whole steps of 64, as even as they come (v9's rule)
   const int64_t steps = (K + 63) / 64, per_slice = (steps + gridDim.z - 1) / gridDim.z;
   const int64_t first = blockIdx.z * per_slice, last = first + per_slice < steps ? first + per_slice : steps;
@@ -43,8 +43,8 @@ __device__ void gemm_v35(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
   if (threadIdx.x == 0) ring.init(128);
   __syncthreads();
   if (threadIdx.x == 0)
-    for (int s = 0; s < kTc9Stages && first + s < last; ++s) load(ring.producer_acquire(s), s, first + s);
-  float acc[kTc9BM / 2] = {};
+    for (int s = 0; s < kV35Stages && first + s < last; ++s) load(ring.producer_acquire(s), s, first + s);
+  float acc[kV35BM / 2] = {};
   // region v35
   for (int64_t step = first; step < last; ++step) {
     const int64_t j = step - first;  // the ring counts the slice's own steps
@@ -53,11 +53,11 @@ __device__ void gemm_v35(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 64; kk += 16)  // A' = W's rows (MN-major if W is stored K×N), B' = x's (if K×M)
-      wgmma_m64k16<kTc9BM, T, !TB, TA>(acc, TileW::desc(ws, TB, 0, kk), TileX::desc(xs, !TA, 0, kk), 1);
+      wgmma_m64k16<kV35BM, T, !TB, TA>(acc, TileW::desc(ws, TB, 0, kk), TileX::desc(xs, !TA, 0, kk), 1);
     wgmma_commit();
     wgmma_wait<0>();
     ring.consumer_release(j);
-    if (threadIdx.x == 0 && step + kTc9Stages < last) load(ring.producer_refill(j), ring.stage(j), step + kTc9Stages);
+    if (threadIdx.x == 0 && step + kV35Stages < last) load(ring.producer_refill(j), ring.stage(j), step + kV35Stages);
   }
   // endregion
   // D'(n, m): D's row is n, its column m. With slices, C is the float32 workspace of partial

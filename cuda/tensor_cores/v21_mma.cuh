@@ -15,7 +15,7 @@
 
 namespace {
 
-constexpr int kTc1Warps = 4;  // a block of 4 warps, 2 × 2 tiles of 16×8: 32×16 of C
+constexpr int kV21Warps = 4;  // a block of 4 warps, 2 × 2 tiles of 16×8: 32×16 of C
 
 // Two elements of an operand as one register (zeros outside the matrix).
 template <typename T>

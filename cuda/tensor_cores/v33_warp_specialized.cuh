@@ -10,27 +10,27 @@
 // Registers: 128 × 40 + 256 × 232 = 64,512 of the SM's 65,536, one block an SM.
 #pragma once
 
-#include "tc6_tma.cuh"  // TmaTile, TmaPipeline
+#include "v32_tma.cuh"  // TmaTile, TmaPipeline
 
 namespace {
 
-constexpr int kTc7BM = 128, kTc7BN = 256, kTc7Stages = 4;
-constexpr int kTc7LaunchRegisters = 168;  // ptxas's registers a thread at launch (384 threads, 1 block): setmaxnreg's pool
-static_assert((kTc7BM + kTc7BN) * 64 * 2 == dense_kernels::tma_stage_bytes(33) &&
-                  kTc7Stages == dense_kernels::tma_stages(33),
+constexpr int kV33BM = 128, kV33BN = 256, kV33Stages = 4;
+constexpr int kV33LaunchRegisters = 168;  // ptxas's registers a thread at launch (384 threads, 1 block): setmaxnreg's pool
+static_assert((kV33BM + kV33BN) * 64 * 2 == dense_kernels::tma_stage_bytes(33) &&
+                  kV33Stages == dense_kernels::tma_stages(33),
               "the launcher's dynamic shared memory is this ring of stages");
 
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v33(const CUtensorMap& map_a, const CUtensorMap& map_b, T* C, const T* bias, int64_t M,
                          int64_t N, int64_t K, int kind) {
-  using TileA = TmaTile<kTc7BM>;
-  using TileB = TmaTile<kTc7BN>;
+  using TileA = TmaTile<kV33BM>;
+  using TileB = TmaTile<kV33BN>;
   constexpr int kStage = TileA::kBytes + TileB::kBytes;
   DENSE_DYNAMIC_SMEM(smem);
   shared_window(smem);
-  const TmaPipeline<kTc7Stages, kStage> ring(smem + kTc7Stages * kStage);
+  const TmaPipeline<kV33Stages, kStage> ring(smem + kV33Stages * kStage);
   const int wg = threadIdx.x / 128;
-  const int64_t m0 = int64_t(blockIdx.y) * kTc7BM, n0 = int64_t(blockIdx.x) * kTc7BN;
+  const int64_t m0 = int64_t(blockIdx.y) * kV33BM, n0 = int64_t(blockIdx.x) * kV33BN;
   const int64_t steps = (K + 63) / 64;
   if (threadIdx.x == 0) ring.init(256);  // every consumer thread releases each stage
   __syncthreads();
@@ -47,7 +47,7 @@ __device__ void gemm_v33(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
     return;
   }
   setmaxnreg_inc<232>();  // the consumers
-  float acc[kTc7BN / 2] = {};
+  float acc[kV33BN / 2] = {};
   const int r0 = 64 * (wg - 1);  // this warpgroup's rows of the tile
   for (int64_t step = 0; step < steps; ++step) {
     ring.consumer_wait(step);
@@ -55,7 +55,7 @@ __device__ void gemm_v33(const CUtensorMap& map_a, const CUtensorMap& map_b, T* 
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 64; kk += 16)
-      wgmma_m64k16<kTc7BN, T, TA, !TB>(acc, TileA::desc(as, !TA, r0, kk), TileB::desc(bs, TB, 0, kk), 1);
+      wgmma_m64k16<kV33BN, T, TA, !TB>(acc, TileA::desc(as, !TA, r0, kk), TileB::desc(bs, TB, 0, kk), 1);
     wgmma_commit();
     wgmma_wait<1>();  // the previous step's group has completed: its stage is free
     if (step > 0) ring.consumer_release(step - 1);

@@ -9,17 +9,17 @@
 // per block: 3 stages × (8 + 8) KiB = 48 KiB, the most a block may declare statically.
 #pragma once
 
-#include "tc1_mma.cuh"
+#include "v21_mma.cuh"
 
 namespace {
 
-constexpr int kTc3BM = 128, kTc3BN = 128, kTc3BK = 32, kTc3Stages = 3, kTc3Threads = 256;
+constexpr int kV24BM = 128, kV24BN = 128, kV24BK = 32, kV24Stages = 3, kV24Threads = 256;
 
 // Byte offset of 16-bit element (r, c) of a tile whose rows are RowBytes long, XOR-swizzled in
 // chunks of 16 bytes so that 8 consecutive rows at the same column lie in 8 different groups of
 // banks (v23's swizzle, for 64-, 128- and 256-byte rows).
 template <int RowBytes>
-__device__ __forceinline__ int tc3_offset(int r, int c) {
+__device__ __forceinline__ int v24_offset(int r, int c) {
   static_assert(RowBytes == 64 || RowBytes == 128 || RowBytes == 256, "rows of 4, 8 or 16 chunks");
   const int swz = RowBytes == 64 ? (r / 2) % 4 : r % 8;
   return r * RowBytes + ((c / 8) ^ swz) * 16 + (c % 8) * 2;
@@ -27,18 +27,18 @@ __device__ __forceinline__ int tc3_offset(int r, int c) {
 
 // One operand's tile of a stage: X (128) by K (32), stored as it lies in global memory.
 template <typename T, bool ContigK>
-struct Tc3Tile {
-  static constexpr int kRows = ContigK ? kTc3BM : kTc3BK, kCols = ContigK ? kTc3BK : kTc3BM;
+struct V24Tile {
+  static constexpr int kRows = ContigK ? kV24BM : kV24BK, kCols = ContigK ? kV24BK : kV24BM;
   static constexpr int kRowBytes = kCols * 2, kBytes = kRows * kRowBytes;
   // Issue this thread's copies of the tile at (x0, k0): cp.async for whole, aligned chunks inside
   // the matrix, a plain store of the zero-padded chunk elsewhere.
   __device__ __forceinline__ static void load(unsigned char* S, const T* P, int64_t x0, int64_t k0, int64_t X,
                                               int64_t K, bool vec) {
-    for (int u = threadIdx.x; u < kRows * kCols / 8; u += kTc3Threads) {
+    for (int u = threadIdx.x; u < kRows * kCols / 8; u += kV24Threads) {
       const int r = u / (kCols / 8), c = (u % (kCols / 8)) * 8;
       const int64_t gr = (ContigK ? x0 : k0) + r, gc = (ContigK ? k0 : x0) + c;
       const int64_t rows = ContigK ? X : K, cols = ContigK ? K : X;
-      unsigned char* dst = S + tc3_offset<kRowBytes>(r, c);
+      unsigned char* dst = S + v24_offset<kRowBytes>(r, c);
       if (vec && gr < rows && gc + 8 <= cols) {
         cp_async16(dst, P + gr * cols + gc);
       } else {
@@ -55,38 +55,38 @@ struct Tc3Tile {
   __device__ __forceinline__ static void fragments(uint32_t (&d)[4], const unsigned char* S, int x, int k) {
     const int lane = threadIdx.x % 32, q = lane / 8, r = lane % 8;
     const int xb = x + 8 * (XFirst ? q % 2 : q / 2), kb = k + 8 * (XFirst ? q / 2 : q % 2);
-    if (ContigK) ldmatrix<4, false>(d, S + tc3_offset<kRowBytes>(xb + r, kb));
-    else ldmatrix<4, true>(d, S + tc3_offset<kRowBytes>(kb + r, xb));
+    if (ContigK) ldmatrix<4, false>(d, S + v24_offset<kRowBytes>(xb + r, kb));
+    else ldmatrix<4, true>(d, S + v24_offset<kRowBytes>(kb + r, xb));
   }
 };
 
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v24(const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K, int kind) {
-  using TileA = Tc3Tile<T, !TA>;
-  using TileB = Tc3Tile<T, TB>;
-  alignas(128) __shared__ unsigned char As[kTc3Stages][TileA::kBytes], Bs[kTc3Stages][TileB::kBytes];
+  using TileA = V24Tile<T, !TA>;
+  using TileB = V24Tile<T, TB>;
+  alignas(128) __shared__ unsigned char As[kV24Stages][TileA::kBytes], Bs[kV24Stages][TileB::kBytes];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;  // this warp's 64×32 of the 128×128 tile
-  const int64_t m0 = int64_t(blockIdx.y) * kTc3BM, n0 = int64_t(blockIdx.x) * kTc3BN;
+  const int64_t m0 = int64_t(blockIdx.y) * kV24BM, n0 = int64_t(blockIdx.x) * kV24BN;
   const bool a_vec = aligned16(A) && (TA ? M : K) % 8 == 0, b_vec = aligned16(B) && (TB ? K : N) % 8 == 0;
-  const int64_t steps = (K + kTc3BK - 1) / kTc3BK;
+  const int64_t steps = (K + kV24BK - 1) / kV24BK;
   float acc[4][4][4] = {};
   auto load = [&](int stage, int64_t step) {
     if (step < steps) {
-      TileA::load(As[stage], A, m0, step * kTc3BK, M, K, a_vec);
-      TileB::load(Bs[stage], B, n0, step * kTc3BK, N, K, b_vec);
+      TileA::load(As[stage], A, m0, step * kV24BK, M, K, a_vec);
+      TileB::load(Bs[stage], B, n0, step * kV24BK, N, K, b_vec);
     }
     cp_async_commit();  // a group for every step, empty past the end: the waits below count groups
   };
   // region v24
-  for (int s = 0; s < kTc3Stages - 1; ++s) load(s, s);
+  for (int s = 0; s < kV24Stages - 1; ++s) load(s, s);
   for (int64_t step = 0; step < steps; ++step) {
-    cp_async_wait<kTc3Stages - 2>();  // this thread's copies of `step` have landed...
+    cp_async_wait<kV24Stages - 2>();  // this thread's copies of `step` have landed...
     __syncthreads();                  // ...everyone's, and nobody reads the stage refilled next
-    load((step + kTc3Stages - 1) % kTc3Stages, step + kTc3Stages - 1);
-    const unsigned char *as = As[step % kTc3Stages], *bs = Bs[step % kTc3Stages];
+    load((step + kV24Stages - 1) % kV24Stages, step + kV24Stages - 1);
+    const unsigned char *as = As[step % kV24Stages], *bs = Bs[step % kV24Stages];
 #pragma unroll
-    for (int kk = 0; kk < kTc3BK; kk += 16) {
+    for (int kk = 0; kk < kV24BK; kk += 16) {
       uint32_t a[4][4], b[4][2];
 #pragma unroll
       for (int i = 0; i < 4; ++i) TileA::template fragments<true>(a[i], as, wm + 16 * i, kk);

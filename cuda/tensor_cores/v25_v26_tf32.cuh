@@ -12,21 +12,21 @@
 // 32-bit fragments come by plain shared-memory loads, and padding keeps their 32 lanes on 32 banks.
 #pragma once
 
-#include "tc3_pipeline.cuh"  // kTc3BM, kTc3BN, kTc3Threads
+#include "v24_pipeline.cuh"  // kV24BM, kV24BN, kV24Threads
 
 namespace {
 
-constexpr int kTc4BK = 16, kTc4Stages = 2;
+constexpr int kV25BK = 16, kV25Stages = 2;
 
 // One operand's float tile of a stage, X (128) by K (16), stored as it lies in global memory,
 // each row padded (k-rows by 4 floats, x-rows by 8) so that a fragment's loads hit 32 banks.
 template <bool ContigK>
-struct Tc4Tile {
-  static constexpr int kRows = ContigK ? kTc3BM : kTc4BK, kCols = ContigK ? kTc4BK : kTc3BM;
+struct V25Tile {
+  static constexpr int kRows = ContigK ? kV24BM : kV25BK, kCols = ContigK ? kV25BK : kV24BM;
   static constexpr int kLd = kCols + (ContigK ? 4 : 8), kFloats = kRows * kLd;
   __device__ __forceinline__ static void load(float* S, const float* P, int64_t x0, int64_t k0, int64_t X, int64_t K,
                                               bool vec) {
-    for (int u = threadIdx.x; u < kRows * kCols / 4; u += kTc3Threads) {
+    for (int u = threadIdx.x; u < kRows * kCols / 4; u += kV24Threads) {
       const int r = u / (kCols / 4), c = (u % (kCols / 4)) * 4;
       const int64_t gr = (ContigK ? x0 : k0) + r, gc = (ContigK ? k0 : x0) + c;
       const int64_t rows = ContigK ? X : K, cols = ContigK ? K : X;
@@ -59,21 +59,21 @@ __device__ __forceinline__ Tf32Parts split_tf32(float x) {
 __device__ __forceinline__ uint32_t finite(uint32_t v) { return tf32_finite(v) ? v : 0u; }
 
 template <bool TA, bool TB, bool Split>
-__device__ void gemm_tc4(const float* A, const float* B, float* C, const float* bias, int64_t M, int64_t N, int64_t K,
+__device__ void gemm_v25_v26(const float* A, const float* B, float* C, const float* bias, int64_t M, int64_t N, int64_t K,
                          int kind) {
-  using TileA = Tc4Tile<!TA>;
-  using TileB = Tc4Tile<TB>;
-  alignas(16) __shared__ float As[kTc4Stages][TileA::kFloats], Bs[kTc4Stages][TileB::kFloats];
+  using TileA = V25Tile<!TA>;
+  using TileB = V25Tile<TB>;
+  alignas(16) __shared__ float As[kV25Stages][TileA::kFloats], Bs[kV25Stages][TileB::kFloats];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;
-  const int64_t m0 = int64_t(blockIdx.y) * kTc3BM, n0 = int64_t(blockIdx.x) * kTc3BN;
+  const int64_t m0 = int64_t(blockIdx.y) * kV24BM, n0 = int64_t(blockIdx.x) * kV24BN;
   const bool a_vec = aligned16(A) && (TA ? M : K) % 4 == 0, b_vec = aligned16(B) && (TB ? K : N) % 4 == 0;
-  const int64_t steps = (K + kTc4BK - 1) / kTc4BK;
+  const int64_t steps = (K + kV25BK - 1) / kV25BK;
   float acc[4][4][4] = {};
   auto load = [&](int stage, int64_t step) {
     if (step < steps) {
-      TileA::load(As[stage], A, m0, step * kTc4BK, M, K, a_vec);
-      TileB::load(Bs[stage], B, n0, step * kTc4BK, N, K, b_vec);
+      TileA::load(As[stage], A, m0, step * kV25BK, M, K, a_vec);
+      TileB::load(Bs[stage], B, n0, step * kV25BK, N, K, b_vec);
     }
     cp_async_commit();
   };
@@ -81,11 +81,11 @@ __device__ void gemm_tc4(const float* A, const float* B, float* C, const float* 
   for (int64_t step = 0; step < steps; ++step) {
     cp_async_wait<0>();
     __syncthreads();
-    load((step + 1) % kTc4Stages, step + 1);  // in flight during this step's mma's
-    const float *as = As[step % kTc4Stages], *bs = Bs[step % kTc4Stages];
+    load((step + 1) % kV25Stages, step + 1);  // in flight during this step's mma's
+    const float *as = As[step % kV25Stages], *bs = Bs[step % kV25Stages];
     // region v26
 #pragma unroll
-    for (int kk = 0; kk < kTc4BK; kk += 8) {
+    for (int kk = 0; kk < kV25BK; kk += 8) {
       Tf32Parts a[4][4], b[4][2];  // fragments: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (t, g), b1 (t+4, g)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
@@ -133,11 +133,11 @@ __device__ void gemm_tc4(const float* A, const float* B, float* C, const float* 
 
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v25(const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K, int kind) {
-  gemm_tc4<TA, TB, false>(A, B, C, bias, M, N, K, kind);
+  gemm_v25_v26<TA, TB, false>(A, B, C, bias, M, N, K, kind);
 }
 template <typename T, bool TA, bool TB>
 __device__ void gemm_v26(const T* A, const T* B, T* C, const T* bias, int64_t M, int64_t N, int64_t K, int kind) {
-  gemm_tc4<TA, TB, true>(A, B, C, bias, M, N, K, kind);
+  gemm_v25_v26<TA, TB, true>(A, B, C, bias, M, N, K, kind);
 }
 
 }  // namespace
