@@ -354,3 +354,23 @@ def cuda_tool(name: str) -> str | None:
         candidates += sorted(Path(base).glob(f"*/bin/{name}"))
     candidates.append(Path("/usr/local/cuda/bin") / name)
     return next((str(p) for p in candidates if p.is_file() and os.access(p, os.X_OK)), None)
+
+
+def stop_process_group(proc, grace_s: float, kill_wait_s: float | None = None) -> None:
+    """Stop the process group ``proc`` leads (started with ``start_new_session=True``): SIGINT
+    first, as Ctrl-C would, so that what it runs can unlock its builds and clean up; SIGKILL after
+    ``grace_s``. ``kill_wait_s`` bounds the wait after SIGKILL (a process stuck in a GPU driver may
+    not die even then); None waits until it does."""
+    import signal
+    import subprocess
+
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, kill_wait_s)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -69,7 +69,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tarfile
@@ -460,16 +459,7 @@ def _run_one(argv: list[str], limit_s: float, env: dict, say: Callable[[str], No
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
         code = None
-        for sig, wait_s in ((signal.SIGINT, GRACE_S), (signal.SIGKILL, None)):  # Ctrl-C first: builds unlock
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        cli.stop_process_group(proc, GRACE_S)
     echo.join()
     return code
 
@@ -622,7 +612,7 @@ def describe_environment() -> int:
 
 EMULATION = "emulation"  # the CPU emulation's library (cuda/emulated.py), built beside the stages
 _BUILD_ONE = {
-    EMULATION: "import cli; print('emulation', cli.load_file('cuda/emulated.py', 'dense_cuda_emulated').build(), "
+    EMULATION: "import cli; print('emulation', cli.load_file('cuda/emulated.py').build(), "
                "flush=True)",
 }
 _BUILD_STAGE = "import sys, modes; print(sys.argv[1], modes.build(sys.argv[1]), flush=True)"

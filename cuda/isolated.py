@@ -203,16 +203,7 @@ def part_limit(run: str) -> tuple[int, str]:
 # ---------------------------------------------------------------------------------------
 def _stop(proc: subprocess.Popen) -> None:
     # A process stuck in the driver may not die even on SIGKILL: the wait after it is bounded too.
-    for sig, wait_s in ((signal.SIGINT, GRACE_S), (signal.SIGKILL, 4 * GRACE_S)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    cli.stop_process_group(proc, GRACE_S, 4 * GRACE_S)
 
 
 def run_one(unit: Unit, limit_s: float, say: Callable[[str], None], keep: int = 40) -> tuple[int | None, list[str],

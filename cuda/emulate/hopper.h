@@ -52,13 +52,17 @@
 
 namespace emu {
 
+// One line on stderr, "cuda_emu: " first: every report of a broken protocol.
+inline void report_line(const char* fmt, std::va_list args) {
+  std::fputs("cuda_emu: ", stderr);
+  std::vfprintf(stderr, fmt, args);
+  std::fputc('\n', stderr);
+}
 inline void protocol_error_report(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 inline void protocol_error_report(const char* fmt, ...) {
   std::va_list args;
   va_start(args, fmt);
-  std::fputs("cuda_emu: ", stderr);
-  std::vfprintf(stderr, fmt, args);
-  std::fputc('\n', stderr);
+  report_line(fmt, args);
   va_end(args);
   report_protocol_error();
 }

@@ -82,9 +82,7 @@ inline void report_once(std::atomic<bool>& reported, const char* fmt, ...) {
   if (reported.exchange(true)) return;
   std::va_list args;
   va_start(args, fmt);
-  std::fputs("cuda_emu: ", stderr);
-  std::vfprintf(stderr, fmt, args);
-  std::fputc('\n', stderr);
+  report_line(fmt, args);
   va_end(args);
 }
 
