@@ -374,3 +374,15 @@ def stop_process_group(proc, grace_s: float, kill_wait_s: float | None = None) -
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def wait_or_stop(proc, limit_s: float, grace_s: float, kill_wait_s: float | None = None) -> int | None:
+    """``proc``'s exit status if it ends within ``limit_s``; else its process group stopped
+    (stop_process_group) and None."""
+    import subprocess
+
+    try:
+        return proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        stop_process_group(proc, grace_s, kill_wait_s)
+        return None

@@ -454,12 +454,7 @@ def _run_one(argv: list[str], limit_s: float, env: dict, say: Callable[[str], No
     # Output is read by a thread, so that a part that falls silent is still stopped on time.
     echo = threading.Thread(target=lambda: [say(line.rstrip("\n")) for line in proc.stdout or ()])
     echo.start()
-    try:
-        proc.wait(timeout=limit_s)
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        code = None
-        cli.stop_process_group(proc, GRACE_S)
+    code = cli.wait_or_stop(proc, limit_s, GRACE_S)
     echo.join()
     return code
 

@@ -201,11 +201,6 @@ def part_limit(run: str) -> tuple[int, str]:
 # ---------------------------------------------------------------------------------------
 # Running the children
 # ---------------------------------------------------------------------------------------
-def _stop(proc: subprocess.Popen) -> None:
-    # A process stuck in the driver may not die even on SIGKILL: the wait after it is bounded too.
-    cli.stop_process_group(proc, GRACE_S, 4 * GRACE_S)
-
-
 def run_one(unit: Unit, limit_s: float, say: Callable[[str], None], keep: int = 40) -> tuple[int | None, list[str],
                                                                                               float]:
     """Run a unit's command under limit_s, its lines to say() prefixed with its name: (its exit
@@ -227,12 +222,8 @@ def run_one(unit: Unit, limit_s: float, say: Callable[[str], None], keep: int = 
             say(f"[{unit.name}] {line.rstrip()}")
     reader = threading.Thread(target=echo)
     reader.start()
-    try:
-        proc.wait(timeout=limit_s)
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        code = None
-        _stop(proc)
+    # A process stuck in the driver may not die even on SIGKILL: the wait after it is bounded too.
+    code = cli.wait_or_stop(proc, limit_s, GRACE_S, 4 * GRACE_S)
     reader.join(timeout=4 * GRACE_S)  # a pipe a surviving process still holds must not hold the run
     return code, head + tail, time.monotonic() - started
 
