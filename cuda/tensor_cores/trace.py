@@ -19,7 +19,7 @@ trace file) and chrome://tracing (Load) open, and with --png a picture of it.
 Examples:
   python cuda/tensor_cores/trace.py --out /tmp/v33_trace.json                  # v33, 128×256×384
   python cuda/tensor_cores/trace.py --out /tmp/v32.json --version 32 --shape 64 128 512 --png /tmp/v32.png
-(The chapter's figure: python cuda/tensor_cores/figures.py --out docs/figures --only tc_pipeline.png)
+(The chapter's figure: python cuda/tensor_cores/figures.py --out docs/figures, which draws tc_pipeline.png)
 """
 
 from __future__ import annotations
