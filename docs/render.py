@@ -31,6 +31,14 @@ whole comment lines that change no code, or in Python a function or class by nam
 (`DenseFunction.backward`; a region of the same name wins). Marker lines inside an excerpt are
 left out; the block's language follows the file's suffix.
 
+A number in a sentence is marked where it stands, by name, and written from its record:
+
+    v4 is only <!-- n cuda_v4_over_v3 -->11%<!-- /n --> faster than v3
+
+The names and what each computes (from a record, or from a kernel's source) live beside the
+chapter, in its page_numbers.py (PAGE_NUMBERS lists them); re-measuring and rendering rewrites
+them, and --check flags a page whose numbers are stale.
+
 --words counts each Markdown file's prose (words outside fenced code blocks and HTML comments)
 against its budget.
 
@@ -56,6 +64,10 @@ sys.path.insert(0, str(ROOT))
 import cli  # noqa: E402
 
 MARK = re.compile(r"(<!-- (\w+): (\S+) -->\n)(.*?)(<!-- end \2 -->)", re.S)
+NUMBER = re.compile(r"<!-- n (\w+) -->(.*?)<!-- /n -->", re.S)
+# The modules whose NUMBERS (name -> function giving the text) the number markers name.
+PAGE_NUMBERS = ["cpp/page_numbers.py", "cuda/page_numbers.py", "cuda/tensor_cores/page_numbers.py",
+                "parallel/page_numbers.py"]
 CARD = "{card}"  # in a marker's record name: any card's record of that kind, the newest shown (docs/records.py)
 
 # The fenced block's language, by the source's suffix.
@@ -96,6 +108,31 @@ def renderers() -> dict[str, Callable[[dict], str]]:
             "counters": counters.chapter_table, "counters_tc": counters.tensor_core_table,
             "tf32_error": cli.load_file("cuda/tensor_cores/tf32_error.py").table,
             "triton_gpu": cli.load_file("tiles/bench_gpu.py").table}
+
+
+def numbers() -> dict[str, Callable[[], str]]:
+    """Number marker name -> function that writes it, from every module in PAGE_NUMBERS."""
+    found: dict[str, Callable[[], str]] = {}
+    for path in PAGE_NUMBERS:
+        for name, fn in cli.load_file(path).NUMBERS.items():
+            if name in found:
+                raise cli.UserError(f"number {name!r} is named twice ({path} and another of {PAGE_NUMBERS})")
+            found[name] = fn
+    return found
+
+
+def fill_numbers(text: str, known: dict[str, Callable[[], str]]) -> str:
+    """The text with every number marker's value written afresh."""
+    def fill(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in known:
+            raise cli.UserError(f"number marker {name!r} is defined in none of {', '.join(PAGE_NUMBERS)}")
+        try:
+            value = known[name]()
+        except (OSError, KeyError, ValueError, TypeError, IndexError, ZeroDivisionError) as e:
+            raise cli.UserError(f"number {name!r} cannot be computed: {e!r}") from None
+        return f"<!-- n {name} -->{value}<!-- /n -->"
+    return NUMBER.sub(fill, text)
 
 
 # ---------------------------------------------------------------------------------------
@@ -251,7 +288,8 @@ def render(text: str, page: Path | None = None, root: Path = ROOT) -> str:
         return head + table + note + "\n" + m.group(5)
 
     try:
-        return MARK.sub(fill, text)
+        text = MARK.sub(fill, text)
+        return fill_numbers(text, numbers()) if NUMBER.search(text) else text
     except cli.UserError as e:
         raise cli.UserError(f"{page.relative_to(root) if page.is_relative_to(root) else page}: {e}") from None
 

@@ -198,3 +198,37 @@ def test_a_kind_marker_shows_the_newest_record_of_its_kind_and_names_it(cards):
 def test_a_kind_marker_without_a_record_of_its_kind_is_one_clear_error(cards):
     with pytest.raises(cli.UserError, match=r"no record of kind docs/results/other_{card}\.json"):
         render.render("<!-- demo: docs/results/other_{card}.json -->\n<!-- end demo -->\n", root=cards)
+
+
+# ---------------------------------------------------------------------------------------
+# Numbers in sentences
+# ---------------------------------------------------------------------------------------
+def test_a_number_marker_is_written_from_its_function_and_goes_stale_when_the_value_changes(repo, monkeypatch):
+    value = {"now": "11%"}
+    monkeypatch.setattr(render, "numbers", lambda: {"gain": lambda: value["now"]})
+    md = repo / "README.md"
+    md.write_text("v4 is only <!-- n gain -->9%<!-- /n --> faster than v3.\n")
+    assert render.stale(repo, write=True) == [md.relative_to(repo)]
+    assert md.read_text() == "v4 is only <!-- n gain -->11%<!-- /n --> faster than v3.\n"
+    assert render.stale(repo) == []
+    value["now"] = "12%"  # re-measured: the page is stale until rendered
+    assert render.stale(repo) == [md.relative_to(repo)]
+    assert render.prose_words(md.read_text()) == 7  # the markers are no words
+
+
+@pytest.mark.parametrize("known, says", [
+    ({}, "number marker 'gain' is defined in none of"),
+    ({"gain": lambda: {}["missing"]}, "number 'gain' cannot be computed: KeyError('missing')"),
+])
+def test_a_number_marker_that_cannot_be_written_is_one_clear_error(repo, monkeypatch, known, says):
+    monkeypatch.setattr(render, "numbers", lambda: known)
+    (repo / "README.md").write_text("only <!-- n gain -->11%<!-- /n --> faster\n")
+    with pytest.raises(cli.UserError, match=re.escape(says)):
+        render.stale(repo)
+
+
+def test_every_number_marker_on_the_pages_names_a_number_and_every_number_is_used():
+    known = render.numbers()
+    used = {name for md in render.pages() for name, _ in render.NUMBER.findall(md.read_text())}
+    assert used <= set(known), sorted(used - set(known))
+    assert set(known) <= used, f"defined but on no page: {sorted(set(known) - used)}"
