@@ -1,6 +1,7 @@
-"""The numbers in the sentences of chapters 7 and 8 (the READMEs under parallel/), by the names its number markers
-give them (<!-- n NAME -->value<!-- /n -->, written by python docs/render.py), each computed
-from the record or the source that backs it."""
+"""The numbers in the sentences of chapter 7 (parallel/dp/README.md) and chapter 8
+(parallel/tp/README.md), by the names their number markers give them
+(<!-- n NAME -->value<!-- /n -->, written by python docs/render.py), each computed from the
+record or the source that backs it."""
 
 from __future__ import annotations
 
