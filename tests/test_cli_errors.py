@@ -460,7 +460,8 @@ def help_examples(*invocation: str) -> list[list[str]]:
 INVOCATIONS = [(s,) for s in SCRIPTS] + [
     ("docs/records.py",), ("cuda/figures.py",), ("cuda/emulated.py",), ("tiles/compiler_report.py",),
     ("tiles/bench_gpu.py",), ("cuda/tensor_cores/figures.py",), ("cuda/tensor_cores/tf32_error.py",),
-    ("-m", "parallel.collectives.ionice"), ("-m", "parallel.collectives.figures"),
+    ("-m", "parallel.collectives.ionice"), ("-m", "parallel.collectives.repeat"),
+    ("-m", "parallel.collectives.figures"),
     ("cpp/overhead.py",), ("cuda/static_report.py",), ("ptx/sass_report.py",),
     *[("-m", "parallel.collectives.costmodel", c) for c in ("fit", "show", "plot", "predict")],
     *[("-m", "parallel.tp.report", c) for c in ("bytes", "shards", "timeline")], ("-m", "parallel.dp.trace"),

@@ -177,60 +177,72 @@ def _cpp_loop_everywhere() -> str | None:
 
 
 def allreduce(config: Config, json_path: Path | None) -> dict:
+    record = allreduce_record(config.device, SIZES)
+    return {"output_errors": write_record(record, json_path, allreduce_table(record))}
+
+
+def allreduce_record(device: str, sizes: list[int]) -> dict:
+    """The allreduce benchmark at ``sizes`` on every rank: the record (every rank gets it)."""
     from parallel.collectives import cpp_loop
 
-    rank, n = world()
-    device = config.device if dist.get_backend() == "nccl" else "cpu"
+    n = world()[1]
+    device = device if dist.get_backend() == "nccl" else "cpu"
     warm_up(*peers(None)[2:])  # a fresh gloo pair is slow for its first messages
     without_cpp = "it runs on gloo only" if dist.get_backend() != "gloo" else _cpp_loop_everywhere()
     if without_cpp is None:
         cpp_loop.build()  # in every rank, before any call: auto's segmented ring runs in C++ from here
     results, started = [], time.perf_counter()
-    progress(f"allreduce: {len(SIZES)} sizes, {size_label(SIZES[0])} to {size_label(SIZES[-1])}; "
+    progress(f"allreduce: {len(sizes)} sizes, {size_label(sizes[0])} to {size_label(sizes[-1])}; "
              "the larger take longer (minutes in all)")
-    for i, nbytes in enumerate(SIZES):
-        t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # zeros: the sums stay finite
-        fns = {name: (lambda t=t, a=name: all_reduce(t, algorithm=a, check=False))
-               for name in ALGORITHMS}
-        fns["dist.all_reduce"] = lambda t=t: dist.all_reduce(t)
-        if nbytes >= 4 << 20:  # the ring's piece size (4 MiB) against a smaller and a larger one
-            for piece in (1, 16):
-                fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
-                                                                                             segment_bytes=b)
-            fns.update(_alternatives(t))
-        # the segmented ring's largest segment against others; below 16 MiB the chunks are too
-        # short for the size to change the cut much
-        if nbytes >= 16 << 20:
-            for cpp, others in OTHER_SEGMENTS.items():
-                if cpp and without_cpp is not None:
-                    continue
-                for b in others:
-                    fns[segment_variant(b, cpp)] = lambda t=t, b=b, c=cpp: _segmented_at(t, b, c)
-        if nbytes >= 1 << 20 and without_cpp is None:  # where auto picks among the large-message algorithms
-            fns[CPP_LOOP] = lambda t=t: cpp_loop.segmented_ring(t, check=False)
-        number = calls_per_sample(nbytes)  # same on every rank: they must make the same calls
-        stats = measure(fns, device=device, rounds=_rounds(nbytes), warmup=2, number=number, order="shuffle",
-                        sync=dist.barrier)
-        slowest = {variant: slowest_rank(s.samples) for variant, s in stats.items()}
-        for variant, samples in slowest.items():
-            row = _against_dist(samples, slowest["dist.all_reduce"])
-            algbw = nbytes / row["time_us"] / 1e3  # GB/s
-            if variant in ALTERNATIVES:  # paired with the variant it alters, round by round
-                over_default = [a / d for a, d in zip(samples, slowest[ALTERNATIVES[variant][0]])]
-                row["time_over_default"] = statistics.median(over_default)
-                row["time_over_default_ci"] = list(median_ci(over_default) or ()) or None
-            if variant == CPP_LOOP:  # paired with the Python loop it repeats
-                over_python = [c / p for c, p in zip(samples, slowest["segmented_ring"])]
-                row["time_over_python_loop"] = statistics.median(over_python)
-                row["time_over_python_loop_ci"] = list(median_ci(over_python) or ()) or None
-            results.append({"bytes": nbytes, "variant": variant, **row,
-                            "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (n - 1) / n,
-                            **({"algorithm": choose(nbytes // 4, 4, n, dist.get_backend())}
-                               if variant == "auto" else {})})
-        progress(f"allreduce: {size_label(nbytes)} done ({i + 1}/{len(SIZES)}, {time.perf_counter() - started:.0f} s)")
-    record = {**header("allreduce", config.device), "segment_bytes": algorithms.SEGMENT_BYTES,
-              "without_cpp_loop": without_cpp, "auto_cpp_loop": algorithms._loop_in_cpp(), "results": results}
-    return {"output_errors": write_record(record, json_path, allreduce_table(record))}
+    for i, nbytes in enumerate(sizes):
+        results += _rows_at(nbytes, n, device, without_cpp)
+        progress(f"allreduce: {size_label(nbytes)} done ({i + 1}/{len(sizes)}, {time.perf_counter() - started:.0f} s)")
+    return {**header("allreduce", device), "segment_bytes": algorithms.SEGMENT_BYTES,
+            "without_cpp_loop": without_cpp, "auto_cpp_loop": algorithms._loop_in_cpp(), "results": results}
+
+
+def _rows_at(nbytes: int, n: int, device: str, without_cpp: str | None) -> list[dict]:
+    """Every variant at one size, interleaved round by round: one row each (see allreduce)."""
+    from parallel.collectives import cpp_loop
+
+    t = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # zeros: the sums stay finite
+    fns = {name: (lambda t=t, a=name: all_reduce(t, algorithm=a, check=False)) for name in ALGORITHMS}
+    fns["dist.all_reduce"] = lambda t=t: dist.all_reduce(t)
+    if nbytes >= 4 << 20:  # the ring's piece size (4 MiB) against a smaller and a larger one
+        for piece in (1, 16):
+            fns[f"ring, {piece} MiB pieces"] = lambda t=t, b=piece << 20: ring_all_reduce(t, check=False,
+                                                                                         segment_bytes=b)
+        fns.update(_alternatives(t))
+    # the segmented ring's largest segment against others; below 16 MiB the chunks are too
+    # short for the size to change the cut much
+    if nbytes >= 16 << 20:
+        for cpp, others in OTHER_SEGMENTS.items():
+            if cpp and without_cpp is not None:
+                continue
+            for b in others:
+                fns[segment_variant(b, cpp)] = lambda t=t, b=b, c=cpp: _segmented_at(t, b, c)
+    if nbytes >= 1 << 20 and without_cpp is None:  # where auto picks among the large-message algorithms
+        fns[CPP_LOOP] = lambda t=t: cpp_loop.segmented_ring(t, check=False)
+    number = calls_per_sample(nbytes)  # same on every rank: they must make the same calls
+    stats = measure(fns, device=device, rounds=_rounds(nbytes), warmup=2, number=number, order="shuffle",
+                    sync=dist.barrier)
+    slowest = {variant: slowest_rank(s.samples) for variant, s in stats.items()}
+    rows = []
+    for variant, samples in slowest.items():
+        row = _against_dist(samples, slowest["dist.all_reduce"])
+        algbw = nbytes / row["time_us"] / 1e3  # GB/s
+        if variant in ALTERNATIVES:  # paired with the variant it alters, round by round
+            over_default = [a / d for a, d in zip(samples, slowest[ALTERNATIVES[variant][0]])]
+            row["time_over_default"] = statistics.median(over_default)
+            row["time_over_default_ci"] = list(median_ci(over_default) or ()) or None
+        if variant == CPP_LOOP:  # paired with the Python loop it repeats
+            over_python = [c / p for c, p in zip(samples, slowest["segmented_ring"])]
+            row["time_over_python_loop"] = statistics.median(over_python)
+            row["time_over_python_loop_ci"] = list(median_ci(over_python) or ()) or None
+        rows.append({"bytes": nbytes, "variant": variant, **row,
+                     "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (n - 1) / n,
+                     **({"algorithm": choose(nbytes // 4, 4, n, dist.get_backend())} if variant == "auto" else {})})
+    return rows
 
 
 CPU_SIZES = [1 << 20, 4 << 20, 16 << 20]

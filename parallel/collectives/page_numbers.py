@@ -5,6 +5,34 @@ record or the source that backs it."""
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
+from pathlib import Path
 
-NUMBERS: dict[str, Callable[[], str]] = {}
+RESULTS = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
+
+
+@functools.cache
+def _record(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _repeat_spread() -> str:
+    """The widest spread of the launches' median ratios at one setting (highest − lowest)."""
+    from parallel.collectives import repeat
+
+    settings = repeat.summary(_record("allreduce_repeat_w2.json")).values()
+    return f"{max(s['highest'] - s['lowest'] for s in settings):.2f}"
+
+
+def _repeat_shift() -> str:
+    """What lowering gloo's threads did to the ratio in each pair of launches (the second
+    setting's ratio minus the first's), smallest change to largest."""
+    from parallel.collectives import repeat
+
+    changes = sorted((-d for d in repeat.paired_shifts(_record("allreduce_repeat_w2.json"))), key=abs)
+    return f"{changes[0]:+.2f} to {changes[-1]:+.2f}".replace("-", "−")
+
+
+NUMBERS: dict[str, Callable[[], str]] = {"coll_repeat_spread": _repeat_spread, "coll_repeat_shift": _repeat_shift}
