@@ -4,6 +4,77 @@ from the record or the source that backs it."""
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 
-NUMBERS: dict[str, Callable[[], str]] = {}
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+
+
+@functools.cache
+def _record(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+@functools.cache
+def _overhead_us() -> dict[str, float]:
+    """cpp/overhead.py's record: row name -> median µs per call."""
+    return {r["name"]: r["median_us"] for r in _record("cpp_overhead.json")["rows"]}
+
+
+@functools.cache
+def _rows() -> tuple[str, str, str]:
+    """The names overhead.py gives Function.apply's row, the C++ apply's under it, the binding's."""
+    import cli
+
+    overhead = cli.load_file("cpp/overhead.py")
+    return overhead.APPLY, overhead.UNDER, overhead.BINDING
+
+
+def _dense_cpp(pattern: str) -> str:
+    """The first group of `pattern` in dense.cpp: a constant the kernels use."""
+    m = re.search(pattern, (ROOT / "cpp" / "dense.cpp").read_text())
+    if m is None:
+        raise ValueError(f"cpp/dense.cpp has no match for {pattern!r}")
+    return m[1]
+
+
+def overhead_features() -> str:
+    """The overhead record's I = O (the page writes them as one)."""
+    shape = _record("cpp_overhead.json")["shape"]
+    if shape["in"] != shape["out"]:
+        raise ValueError(f"cpp_overhead.json's shape has I != O ({shape}); the page writes I=O")
+    return str(shape["in"])
+
+
+def apply_over_under() -> str:
+    """What Function.apply costs over the C++ apply under it, µs (medians' difference)."""
+    apply, under, _ = _rows()
+    return f"{_overhead_us()[apply] - _overhead_us()[under]:.1f}"
+
+
+def binding_vs_forward() -> str:
+    """Whether the inspect binding alone takes more or less than the reference's whole forward."""
+    binding = _overhead_us()[_rows()[2]]
+    return "more" if binding > _overhead_us()["reference: forward"] else "less"
+
+
+NUMBERS: dict[str, Callable[[], str]] = {
+    "cpp_overhead_batch": lambda: str(_record("cpp_overhead.json")["shape"]["batch"]),
+    "cpp_overhead_features": overhead_features,
+    "cpp_apply_over_under": apply_over_under,
+    "cpp_binding_us": lambda: f"{_overhead_us()[_rows()[2]]:.1f}",
+    "cpp_binding_vs_forward": binding_vs_forward,
+    "cpp_reference_forward_us": lambda: f"{_overhead_us()['reference: forward']:.1f}",
+    # the cores of the machine the CPU records were taken on (exercise 1's answer)
+    "cpp_record_cpus": lambda: str(_record("cpu_sweep.json")["cpus"]),
+    # the kernels' constants: the blocked paths' limit on input features and block size, the
+    # few-rows path's limit, the rows a column sum keeps in float
+    "cpp_blocked_max_in": lambda: _dense_cpp(r"\bin_f <= (\d+)"),
+    "cpp_block_kib": lambda: _dense_cpp(r"\((\d+) << 10\)"),
+    "cpp_few_rows": lambda: _dense_cpp(r"constexpr int64_t kFewRows = (\d+);"),
+    "cpp_sum_rows": lambda: _dense_cpp(r"constexpr int64_t kSumRows = (\d+);"),
+}
