@@ -5,6 +5,67 @@ record or the source that backs it."""
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 
-NUMBERS: dict[str, Callable[[], str]] = {}
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+
+
+@functools.cache
+def _record(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _mib(nbytes: int) -> str:
+    if nbytes % (1 << 20):
+        raise ValueError(f"{nbytes} bytes is not a whole number of MiB")
+    return f"{nbytes >> 20} MiB"
+
+
+def segment_mib() -> str:
+    """The size of the pieces ring.py cuts each chunk into, by default."""
+    from parallel.dp import ring
+
+    return _mib(ring.DEFAULT_SEGMENT_BYTES)
+
+
+def tp_parameters_per_rank(layout: str) -> str:
+    """parameters_per_rank of `layout`'s row of the bytes-per-step record."""
+    row = next(r for r in _record("tp_bytes.json")["results"] if r["layout"] == layout)
+    return f"{row['parameters_per_rank']:,}"
+
+
+def _tp_goal(prefix: str) -> tuple[float, bool]:
+    """The threshold and the verdict of the tp record's goal whose key starts with `prefix`
+    (the key carries the threshold: overlapped_at_most_0.85_of_unoverlapped)."""
+    key, met = next((k, v) for k, v in _record("tp_gloo_w2.json")["goals"].items() if k.startswith(prefix))
+    return float(re.search(r"_(\d+\.\d+)(?:_|$)", key)[1]), met
+
+
+def tp_split_steps() -> str:
+    """The steps recorded, beyond the timed ones, to split a step into communication and computation."""
+    m = re.search(r"medians of (\d+) recorded steps", _record("tp_gloo_w2.json")["how"])
+    if m is None:
+        raise ValueError("tp_gloo_w2.json's 'how' no longer says how many steps were recorded")
+    return m[1]
+
+
+NUMBERS: dict[str, Callable[[], str]] = {
+    # chapter 7
+    "dp_segment_mib": segment_mib,
+    # chapter 8: the bytes-per-step record
+    "tp_dp_parameters_per_rank": lambda: tp_parameters_per_rank("DP"),
+    "tp_tp_parameters_per_rank": lambda: tp_parameters_per_rank("TP"),
+    "tp_bytes_ranks": lambda: str(_record("tp_bytes.json")["model"]["world_size"]),
+    # chapter 8: the tp benchmark's record
+    "tp_bench_ranks": lambda: str(_record("tp_gloo_w2.json")["world_size"]),
+    "tp_split_steps": tp_split_steps,
+    "tp_comm_share_goal": lambda: f"{_tp_goal('comm_share_at_least')[0]:.0%}",
+    "tp_overlap_goal": lambda: f"{_tp_goal('overlapped_at_most')[0]:.2f}",
+    "tp_overlap_goal_verdict": lambda: "met" if _tp_goal("overlapped_at_most")[1] else "missed",
+    "tp_collective_mib": lambda: _mib(_record("tp_gloo_w2.json")["bytes_per_collective"]),
+}
