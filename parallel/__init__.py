@@ -44,12 +44,11 @@ def __getattr__(name: str):
 def renderers() -> dict:
     """Marker kind -> Markdown renderer, for docs/render.py: every table the three chapters show."""
     from parallel.collectives import bench as collectives_bench
-    from parallel.collectives import costmodel, ionice, repeat
+    from parallel.collectives import costmodel
     from parallel.common import runs
     from parallel.dp import bench as dp_bench
     from parallel.tp import bench as tp_bench
     from parallel.tp import report as tp_report
 
     return {"run": runs.table, **dp_bench.RENDERERS, **collectives_bench.RENDERERS, **tp_bench.RENDERERS,
-            "tpbytes": tp_report.bytes_table, **costmodel.RENDERERS, "ionice": ionice.table,
-            "repeat": repeat.table}
+            "tpbytes": tp_report.bytes_table, **costmodel.RENDERERS}

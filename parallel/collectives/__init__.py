@@ -4,4 +4,4 @@ segmented ring, and ``auto``, which picks by size), costmodel.py (the α-β-γ m
 fitted on this machine: alphabeta_gloo.json), cpp_loop.py with segmented_ring.cpp (the same
 loop without the interpreter), zero.py (Adam's state sharded over the ranks,
 ZeroRedundancyOptimizer beside it, and ZeRO, the training loop's strategy); bench.py holds the
-benchmarks, ionice.py the gloo-thread experiment, figures.py draws the chapter's figures."""
+benchmarks, ionice.py and repeat.py the gloo-thread experiments, figures.py draws the chapter's figures."""

@@ -17,7 +17,6 @@ Examples:
   python -m parallel.collectives.ionice --world-size 2 --pairs 2 --rounds 200 --settings 19,idle
   python -m parallel.collectives.ionice --world-size 4 --json /tmp/ionice_w4.json
   python -m parallel.collectives.ionice --world-size 2 --pairs 2 --rounds 50 --settings 0,batch --busy 2
-(docs/results/ionice_gloo_w*.json record the commands that wrote them.)
 """
 
 from __future__ import annotations
