@@ -5,18 +5,15 @@ that drew it; the step benchmark against DDP (parallel/dp/bench.py) with its pai
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
-from conftest import ROOT, run_script
+from conftest import load_script, run_script
+from parallel.dp import figures, simple
 
-sys.path.insert(0, str(ROOT / "docs"))
-import records  # noqa: E402  (docs/records.py: reads the command a picture carries)
-
-from parallel.dp import figures, simple  # noqa: E402
+records = load_script("docs/records.py")  # reads the command a picture carries
 
 needs_matplotlib = pytest.mark.skipif(__import__("importlib").util.find_spec("matplotlib") is None,
                                       reason="matplotlib (optional) not installed")

@@ -147,8 +147,8 @@ def test_run_refuses_before_starting_anything(folder):
     with pytest.raises(cli.UserError, match="exist .*one.json.*add --overwrite"):
         records.run(chosen, overwrite=False, dry_run=False)
     _write(folder, "two.json", f"python benchmark.py --json {rel}/two.json --plot {rel}/two.png")
-    code = ("import sys; sys.modules['matplotlib'] = None; sys.path.insert(0, 'docs');"
-            f"import records, cli; r = [x for x in records.load(records.Path({rel!r})) if x.name == 'two.json'];"
+    code = ("import sys; sys.modules['matplotlib'] = None; import cli; records = cli.load_file('docs/records.py');"
+            f"r = [x for x in records.load(records.Path({rel!r})) if x.name == 'two.json'];"
             "cli.run(lambda: records.run(r, overwrite=True, dry_run=False))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "need matplotlib" in result.stderr, result.stderr

@@ -727,7 +727,6 @@ if STRAY:  # "triton" found only in STRAY's folder: an empty triton/ there, a na
     sys.meta_path.insert(0, Stray)
 else:  # no Triton at all
     sys.modules["triton"] = None
-sys.path.insert(0, {root!r})
 from torch.utils._triton import has_triton_package
 print(has_triton_package())
 import modes
@@ -747,7 +746,7 @@ def test_the_repository_root_holds_nothing_importable_as_triton():
 @pytest.mark.parametrize("stray_folder", [False, True])
 def test_without_triton_the_mode_says_what_to_install(tmp_path, stray_folder):
     (tmp_path / "triton").mkdir()
-    result = run_script("-c", WITHOUT_TRITON.format(stray=str(tmp_path) if stray_folder else "", root=str(ROOT)))
+    result = run_script("-c", WITHOUT_TRITON.format(stray=str(tmp_path) if stray_folder else ""))
     assert result.returncode == 0, result.stderr
     torch_sees, reason, error = result.stdout.strip().splitlines()
     # torch takes any importable "triton" for Triton (and then fails inside torch.compile): the
@@ -885,13 +884,10 @@ def test_the_record_shows_the_compiled_bfloat16_dot():
 
 
 WORKAROUND_COMPILED = """
-import json, os, sys
-sys.path.insert(0, {root!r})
+import json, os
 os.environ["TRITON_INTERPRET"] = "0"  # before kernels.py is loaded: @triton.jit compiles
-import importlib.util
-spec = importlib.util.spec_from_file_location("compiler_report", {root!r} + "/tiles/compiler_report.py")
-report = sys.modules["compiler_report"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+import cli  # the working directory is the repository's root
+report = cli.load_file("tiles/compiler_report.py")
 kernels = report.compiled_kernels()
 config = {{"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}}
 print(json.dumps({{flag: report.dot_types(report.compile_kernel(kernels, "forward_kernel", "bf16", "ieee",
@@ -907,7 +903,7 @@ def test_the_workaround_would_make_the_compiled_dot_float32():
     bfloat16, on the tensor cores (warp_group_dot, Hopper's wgmma); True would widen the tiles
     first and make it an IEEE float32 tt.dot, off them: the flag must stay off the compiled path,
     and the stage keeps it off (test_every_launch_says_how_the_kernels_run)."""
-    result = run_script("-c", WORKAROUND_COMPILED.format(root=str(ROOT)), env={"TRITON_INTERPRET": "0"})
+    result = run_script("-c", WORKAROUND_COMPILED.format(), env={"TRITON_INTERPRET": "0"})
     assert result.returncode == 0, result.stderr[-3000:]
     dots = json.loads(result.stdout.splitlines()[-1])
     assert dots == {"false": {"ttng.warp_group_dot bf16 × bf16 → f32": 1},
