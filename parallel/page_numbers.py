@@ -46,6 +46,14 @@ def _tp_goal(prefix: str) -> tuple[float, bool]:
     return float(re.search(r"_(\d+\.\d+)(?:_|$)", key)[1]), met
 
 
+def tp_formula_bytes(tp: int, world: int, field: str) -> str:
+    """report.py's formula for one layout: the bytes a rank sends in a step (or its parameters),
+    for exercise 3's answer, which predicts world sizes the record does not hold."""
+    from parallel.tp import report
+
+    return f"{round(report.formula(tp, world)[field]):,}"
+
+
 def tp_split_steps() -> str:
     """The steps recorded, beyond the timed ones, to split a step into communication and computation."""
     m = re.search(r"medians of (\d+) recorded steps", _record("tp_gloo_w2.json")["how"])
@@ -61,6 +69,16 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tp_dp_parameters_per_rank": lambda: tp_parameters_per_rank("DP"),
     "tp_tp_parameters_per_rank": lambda: tp_parameters_per_rank("TP"),
     "tp_bytes_ranks": lambda: str(_record("tp_bytes.json")["model"]["world_size"]),
+    # chapter 8, exercise 3: the formula's bytes per rank on 8 ranks, by layout dp × tp
+    "tp_w8_8x1_total": lambda: tp_formula_bytes(1, 8, "total"),
+    "tp_w8_4x2_gradients": lambda: tp_formula_bytes(2, 8, "gradients"),
+    "tp_w8_4x2_activations": lambda: tp_formula_bytes(2, 8, "activations"),
+    "tp_w8_4x2_total": lambda: tp_formula_bytes(2, 8, "total"),
+    "tp_w8_2x4_gradients": lambda: tp_formula_bytes(4, 8, "gradients"),
+    "tp_w8_2x4_activations": lambda: tp_formula_bytes(4, 8, "activations"),
+    "tp_w8_2x4_total": lambda: tp_formula_bytes(4, 8, "total"),
+    "tp_w8_1x8_total": lambda: tp_formula_bytes(8, 8, "total"),
+    "tp_w8_1x8_parameters": lambda: tp_formula_bytes(8, 8, "parameters_per_rank"),
     # chapter 8: the tp benchmark's record
     "tp_bench_ranks": lambda: str(_record("tp_gloo_w2.json")["world_size"]),
     "tp_split_steps": tp_split_steps,
