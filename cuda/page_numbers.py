@@ -139,6 +139,11 @@ def loop(v: int) -> dict:
     return static()[nt(v)]["inner_loop"]
 
 
+def warps_per_sm(v: int) -> int:
+    """The warps resident on an SM: the blocks that fit, times a block's warps."""
+    return static()[nt(v)]["threads"] * static()[nt(v)]["blocks_per_sm"] // 32
+
+
 def issue_ms(v: int) -> float:
     """The issue bound: the loop's instructions per FFMA, less about 4 per 32-bit global load of
     the partial-tile path that full tiles never take, at 4 instructions a clock."""
@@ -213,6 +218,9 @@ def _per_version() -> dict[str, Callable[[], str]]:
 
 NUMBERS: dict[str, Callable[[], str]] = {
     **_per_version(),
+    # the GPU check: every timed version against the float64 reference
+    "cuda_checked_up_to": lambda: str(max(r["version"] for r in timing()["check"]["rows"])),
+    "cuda_check_worst_error": lambda: sci(max(max(r["rel_errors"].values()) for r in timing()["check"]["rows"])),
     # the arithmetic behind the predictions
     "cuda_warp_ffma": lambda: sci(WARP_FFMA, 3),
     "cuda_ffma_ms": lambda: f"{ffma_ms():.2f}",
@@ -232,7 +240,14 @@ NUMBERS: dict[str, Callable[[], str]] = {
     # v4-v6: register blocking, vector loads; ncu at 2048³
     "cuda_v4_shared_wavefronts": lambda: sci(c(4, WF_LD)),
     "cuda_v4_threads": lambda: str(static()[nt(4)]["threads"]),
-    "cuda_v4_warps_per_sm": lambda: str(static()[nt(4)]["threads"] * static()[nt(4)]["blocks_per_sm"] // 32),
+    "cuda_v1_warps_per_sm": lambda: str(warps_per_sm(1)),
+    "cuda_v3_threads": lambda: f"{static()[nt(3)]['threads']:,}",
+    "cuda_v3_warps_per_sm": lambda: str(warps_per_sm(3)),
+    "cuda_v3_lds128": lambda: str(loop(3)["lds"]["128"]),
+    "cuda_v3_lds32": lambda: str(loop(3)["lds"]["32"]),
+    "cuda_v4_warps_per_sm": lambda: str(warps_per_sm(4)),
+    "cuda_v5_warps_per_sm": lambda: str(warps_per_sm(5)),
+    "cuda_v6_warps_per_sm": lambda: str(warps_per_sm(6)),
     "cuda_v4_over_v3": lambda: gain(3, 4),
     "cuda_v3_occupancy": lambda: pct(3, OCCUPANCY),
     "cuda_v4_occupancy": lambda: pct(4, OCCUPANCY),
@@ -254,6 +269,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "cuda_v7_shared_load_change": lambda: f"{round(100 * (c(7, WF_LD) / c(6, WF_LD) - 1))}%".replace("-", "−"),
     "cuda_v6_loop_instructions": lambda: f"{loop(6)['instructions']:,}",
     "cuda_v7_loop_instructions": lambda: f"{loop(7)['instructions']:,}",
+    "cuda_v8_flop_per_byte": lambda: f"{static()[nt(8)]['napkin']['flop_per_byte']:.1f}",
     "cuda_v8_loop_instructions": lambda: f"{loop(8)['instructions']:,}",
     "cuda_v8_loop_ffma": lambda: str(loop(8)["fma"]),
     "cuda_v7_loop_ldg32": lambda: str(loop(7)["ldg"]["32"]),
@@ -273,6 +289,9 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "cuda_small_reference_us": lambda: f"{goal('forward, B=32')['reference_us']:.0f}",
     "cuda_v8_excess_stores": lambda: sci(c(8, X_ST)),
     "cuda_v8_shared_per_ffma": lambda: f"{shared_per_ffma(8):.3f}",
+    "cuda_v10_extra_shared_bytes": lambda: str(static()[nt(10)]["shared_bytes"] - static()[nt(8)]["shared_bytes"]),
+    "cuda_v11_threads": lambda: str(static()[nt(11)]["threads"]),
+    "cuda_v11_warps_per_sm": lambda: str(warps_per_sm(11)),
     "cuda_v10_shared_per_ffma": lambda: f"{shared_per_ffma(10):.3f}",
     "cuda_v10_issue_ms": lambda: f"{issue_ms(10):.1f}",
     "cuda_v11_issue_ms": lambda: f"{issue_ms(11):.1f}",

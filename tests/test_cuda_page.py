@@ -44,11 +44,14 @@ def test_every_version_has_its_code_and_once_timed_its_time_from_the_record():
 
 def test_what_the_worklog_says_in_words_holds_on_the_timing_and_static_records():
     assert 1.9 < pn.us(5) / pn.us(6) < 2.0  # v6: "twice v5"
+    check = pn.timing()["check"]
+    assert not check["failed"] and all(r["ok"] for r in check["rows"])  # "v1-v9 passed"
     # the goals' third row is version 0 at B = 32, which float32 gives to v9
     assert "{kSmallBatch, kF32, 9}" in (ROOT / "cuda" / "gemm_choice.h").read_text()
     static = pn.static()
     blocks = {v: static[nt(v)]["blocks_per_sm"] for v in (4, 5, 6, 8)}
     assert blocks == {4: 1, 5: 1, 6: 2, 8: 2} and static["dense_gemm_v9_nn_f32"]["blocks_per_sm"] == 1
+    assert len({round(static[nt(v)]["napkin"]["flop_per_byte"], 1) for v in (5, 6, 7, 8)}) == 1  # "v5 to v8 share"
     assert (pn.loop(7)["bar"], pn.loop(8)["bar"]) == (2, 1)  # one barrier per k-step instead of two
     assert pn.static()[nt(12)]["napkin"]["slices"] == pn.v12_slicing()["slices"]
     assert static[nt(12)]["blocks_per_sm"] == 4  # "all resident at once"
