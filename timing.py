@@ -123,8 +123,8 @@ def pin_threads(threads: int | None) -> list[int] | None:
 # What glibc's malloc does with a freed block decides whether the next allocation of that size
 # costs nothing or a page fault per 4 KiB page. By default it hands large blocks back to the
 # OS: always above 32 MiB, and below that depending on thresholds that move as the program
-# runs, so the cost depends on what the process allocated before (docs/README.md: compare
-# docs/results/cpu_sweep_glibc.json, written with --malloc default, with cpu_sweep.json).
+# runs, so the cost depends on what the process allocated before (docs/README.md; compare a
+# sweep with --malloc default against one without).
 # "retain" keeps freed memory in the process, as PyTorch's CUDA caching allocator, jemalloc
 # and tcmalloc do: every variant then pays for its work, not for the allocator's history.
 MALLOC_CHOICES = ("retain", "default")
