@@ -336,7 +336,8 @@ def prose(text: str) -> str:
                 kept.append(line)
         elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and line.strip() == m.group(1):
             fence = None
-    return re.sub(r"<!--.*?-->", " ", "\n".join(kept), flags=re.S)
+    text = re.sub(r"<!-- (?:n \w+|/n) -->", "", "\n".join(kept))  # a number's markers split no word
+    return re.sub(r"<!--.*?-->", " ", text, flags=re.S)
 
 
 def prose_words(text: str) -> int:

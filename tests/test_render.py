@@ -214,6 +214,7 @@ def test_a_number_marker_is_written_from_its_function_and_goes_stale_when_the_va
     value["now"] = "12%"  # re-measured: the page is stale until rendered
     assert render.stale(repo) == [md.relative_to(repo)]
     assert render.prose_words(md.read_text()) == 7  # the markers are no words
+    assert render.prose_words("B=<!-- n b -->1<!-- /n -->, I=<!-- n i -->64<!-- /n -->-wide") == 2  # nor split one
 
 
 @pytest.mark.parametrize("known, says", [
