@@ -35,4 +35,17 @@ def _repeat_shift() -> str:
     return f"{changes[0]:+.2f} to {changes[-1]:+.2f}".replace("-", "−")
 
 
-NUMBERS: dict[str, Callable[[], str]] = {"coll_repeat_spread": _repeat_spread, "coll_repeat_shift": _repeat_shift}
+def _links():
+    from parallel.collectives.costmodel import INFINIBAND, NVLINK
+
+    return NVLINK, INFINIBAND
+
+
+NUMBERS: dict[str, Callable[[], str]] = {
+    "coll_repeat_spread": _repeat_spread, "coll_repeat_shift": _repeat_shift,
+    # the projection's links (costmodel.NVLINK, costmodel.INFINIBAND): bandwidth and NCCL's α
+    "coll_nvlink_gbs": lambda: f"{1 / _links()[0].beta / 1e9:.0f}",
+    "coll_ib_gbits": lambda: f"{8 / _links()[1].beta / 1e9:.0f}",
+    "coll_nvlink_alpha": lambda: f"{_links()[0].alpha * 1e6:.1f}",
+    "coll_ib_alpha": lambda: f"{_links()[1].alpha * 1e6:.1f}",
+}
