@@ -82,6 +82,7 @@ TERMS: dict[str, tuple[str, str]] = {
     "ptxas": (r"\bptxas\b", "cuda/README.md"),
     "DMMA": (r"\bDMMA\b", "tiles/README.md"),
     "DFMA": (r"\bDFMA\b", "tiles/README.md"),
+    "PTX ISA": (r"\bPTX ISA\b", "ptx/README.md"),
     "state space": (r"(?i)\bstate spaces?\b", "ptx/README.md"),
     "virtual register": (r"(?i)\bvirtual registers?\b", "ptx/README.md"),
     "predicate": (r"(?i)\bpredicat", "ptx/README.md"),
