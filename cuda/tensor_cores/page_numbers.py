@@ -18,7 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 RESULTS = ROOT / "docs" / "results"
 HERE = ROOT / "cuda" / "tensor_cores"
 BIG = 4096  # the chapter's shape, 4096³, and its largest K
-BATCH = 32  # v35's small batch (the goals' "forward, B=32")
 LOAD_INSTRUCTIONS = 4  # chapter 3's rule: about 4 instructions per scalar global load (the partial tiles' path)
 ISSUE_A_CLOCK = 4  # warp instructions an SM issues a clock (4 sub-partitions)
 WAVEFRONT_BYTES = 128  # shared memory serves one wavefront of 128 bytes a clock an SM
@@ -26,6 +25,7 @@ MMA_SYNC_SHARE = 0.5  # roof.cuh's prediction for mma.sync: about half the wgmma
 CUBLAS_OF_WGMMA = (0.7, 0.8)  # the page's assumption: cuBLAS bfloat16 reaches 0.7-0.8 of wgmma's roof
 ASSUMED_TFLOPS = 700  # the GEMM beside the reference's sigmoid, at the page's assumed speed
 V34_SPLIT_INSTRUCTIONS = (10, 25)  # v34's split: instructions an element, the page's range
+V35_OVER_BOUND = (1.3, 1.8)  # v35's predicted time over the W-read bound (partials, a second launch)
 KIB, MIB = 1024, 2 ** 20
 
 
@@ -103,6 +103,12 @@ def _static(version: int, dtype: str = "bf16") -> dict:
     return k
 
 
+def _tile(version: int, dtype: str = "bf16", warp: bool = False) -> str:
+    """A version's block tile (or a warp's, a warpgroup's) as the page writes it, "128×128"."""
+    t = _static(version, dtype)["tile"]
+    return f"{t['wm']}×{t['wn']}" if warp else f"{t['bm']}×{t['bn']}"
+
+
 def _loop(version: int, dtype: str = "bf16") -> dict:
     return _static(version, dtype)["inner_loop"]
 
@@ -176,7 +182,7 @@ def _sci(x: float, digits: int = 2) -> str:
 
 def _word(n: int) -> str:
     """A count the page writes as a word."""
-    return {1: "one", 2: "two", 3: "three", 4: "four"}[n]
+    return ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"][n]
 
 
 def _int(x: float) -> str:
@@ -385,6 +391,11 @@ def _v35_blocks() -> int:
     return (at["out"] // h["kV35BN"]) * (at["batch"] // h["kV35BM"]) * _v35_slices()
 
 
+def _batch() -> int:
+    """The small batch of chapter 3's goal ("forward, B=32") and of v35's slices."""
+    return _h100()["goals"]["goals"]["forward, B=32"]["shape"][0]
+
+
 def _small_reference_us() -> float:
     return _h100()["goals"]["goals"]["forward, B=32"]["reference_us"]
 
@@ -431,12 +442,16 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_wavefronts_allowed": lambda: f"{_wavefronts_allowed():g}",
     "tc_mma_4096": lambda: _int(_mma_4096()),
     # v21
+    "tc_v21_warp_tile": lambda: _tile(21, warp=True),
     "tc_v21_bound": lambda: f"{_issue_slots() / _issue_bound(21)[0]:.2f}",
     "tc_v21_per_mma": lambda: f"{_issue_bound(21)[0]:g}",
     "tc_v21_loads": lambda: f"{_loop(21)['ldg']['16'] / _loop(21)['mma']:g}",
     "tc_v21_requests": lambda: _sci(_v21_requests()),
     "tc_v21_sectors": _v21_sectors,
     # v22 and v23: the bank conflicts
+    "tc_v22_warps": lambda: _word(_static(22)["napkin"]["tensor_cores"]["warps"]).capitalize(),
+    "tc_v22_tile": lambda: _tile(22),
+    "tc_v22_k_step": lambda: str(_static(22)["tile"]["bk"]),
     "tc_v22_bound": lambda: f"{_wavefronts_allowed() / _per_mma(22, 'ld', 'st'):.2f}",
     "tc_v22_each": lambda: f"{_wavefronts(22)['ld'] / _wavefronts(22)['ldsm']:g}",
     "tc_v23_each": lambda: f"{_wavefronts(23)['ld'] / _wavefronts(23)['ldsm']:g}",
@@ -462,6 +477,9 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_ratio_low": lambda: f"{_ratios()[0]:.1f}",
     "tc_ratio_high": lambda: f"{_ratios()[1]:.1f}",
     # v24
+    "tc_v24_warps": lambda: _word(_static(24)["napkin"]["tensor_cores"]["warps"]).capitalize(),
+    "tc_v24_warp_tile": lambda: _tile(24, warp=True),
+    "tc_v24_tile": lambda: _tile(24),
     "tc_v24_bk": lambda: str(_header("v24_pipeline.cuh")["kV24BK"]),
     "tc_v24_stages": lambda: str(_header("v24_pipeline.cuh")["kV24Stages"]),
     "tc_v24_predicted": lambda: _range(*_v24_predicted(), 1),
@@ -486,6 +504,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_split_products": lambda: f"{_gemm_errors(BIG)['split']['ratio']:.2f}",
     "tc_cublas_f32_tflops": lambda: f"{_cublas_f32_tflops():.1f}",
     "tc_v8_ratio": lambda: f"{_chapter_3_ratios()[1]:.2f}",
+    "tc_v26_products": lambda: _word(_static(26, "f32")["napkin"]["tensor_cores"]["products"]),
     "tc_v25_speed": lambda: _range(*_tf32_speeds(25), 1),
     "tc_v25_instructions": lambda: str(_loop(25, "f32")["instructions"]),
     "tc_v25_mma": lambda: str(_loop(25, "f32")["mma"]),
@@ -498,6 +517,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v26_blocks": lambda: _word(_static(26, "f32")["blocks_per_sm"]),
     "tc_truncating_over_v8": _truncating_over_v8,
     # v31-v33
+    "tc_v31_tile": lambda: _tile(31),
     "tc_v31_tensor_clocks": lambda: f"{_v31()['tensor']:g}",
     "tc_v31_stage_kib": lambda: f"{_v31()['stage'] / KIB:g}",
     "tc_v31_shared_clocks": lambda: f"{_v31()['shared']:g}",
@@ -511,6 +531,8 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v32_blocks": lambda: _word(_static(32)["blocks_per_sm"]),
     "tc_v33_consumers": lambda: _word(_static(33)["threads"] // 128 - 1),  # all warpgroups but the producer
     "tc_v33_accumulators": lambda: str(_header("v33_warp_specialized.cuh")["kV33BN"] // 2),  # 64×256 / 128 threads
+    "tc_v33_warp_tile": lambda: _tile(33, warp=True),
+    "tc_v33_tile": lambda: _tile(33),
     "tc_v33_dec": lambda: str(_setmaxnreg("dec")),
     "tc_v33_inc": lambda: str(_setmaxnreg("inc")),
     "tc_v33_registers": lambda: _int(_v33_registers()),
@@ -530,6 +552,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v34_shared": lambda: _int(_static(34, "f32")["dynamic_shared_bytes"]),
     "tc_v34_clocks": lambda: "-".join(f"{round(c, -1):,.0f}" for c in _v34()["clocks"]),
     # v35 and the small batch
+    "tc_small_batch": lambda: str(_batch()),
     "tc_w_mib": lambda: f"{_w_bytes() / MIB:g}",
     "tc_w_h100_us": lambda: f"{_us(_w_bytes(), 'H100'):.1f}",
     "tc_w_h200_us": lambda: f"{_us(_w_bytes(), 'H200'):.1f}",
@@ -539,7 +562,11 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v35_blocks": lambda: str(_v35_blocks()),
     "tc_v35_places": lambda: str(2 * _static(35)["napkin"]["slices_at"]["sm_count"]),
     "tc_v35_sms": lambda: str(_static(35)["napkin"]["slices_at"]["sm_count"]),
-    "tc_v35_partials_mib": lambda: f"{_v35_slices() * BATCH * BIG * 4 / MIB:g}",
+    "tc_v35_w_rows": lambda: str(_static(35)["tile"]["bn"]),  # Cᵀ's rows: W's
+    "tc_v35_x_rows": lambda: str(_static(35)["tile"]["bm"]),
+    "tc_v35_predicted_us": lambda: "-".join(f"{_us(_w_bytes(), 'H100') * r:.0f}" for r in V35_OVER_BOUND),
+    "tc_v35_over_bound": lambda: _range(*V35_OVER_BOUND, 1),
+    "tc_v35_partials_mib": lambda: f"{_v35_slices() * _batch() * BIG * 4 / MIB:g}",
     "tc_small_reference_us": lambda: f"{_small_reference_us():.0f}",
     "tc_small_of_bound": lambda: f"{_small_reference_us() / _us(BIG * BIG * 4, 'H100'):.1f}",
     # what the stage runs
