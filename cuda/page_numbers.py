@@ -24,7 +24,6 @@ RESULTS = ROOT / "docs" / "results"
 SHAPE = 4096  # the worklog's forward: 4096³
 WARP_FFMA = SHAPE ** 3 / 32
 FFMA_PER_CLOCK = 4  # warp FFMAs an SM issues a clock (4 sub-partitions); one shared wavefront a clock
-HBM = 3.35e12  # the H100's bandwidth, bytes a second, for the backward's prediction (cuda/figures.py)
 # The metrics the counted and ncu's figures name
 LD_REQ, LD_SEC = "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"
 ST_REQ, ST_SEC = "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"
@@ -160,9 +159,14 @@ def gain(slower: int, faster: int) -> str:
 
 
 @cache
-def roofline() -> dict[int, dict]:
+def roofline_of() -> dict:
+    """What cuda_roofline.png draws from the timing and static records: the card's roofs, the points."""
     figures = cli.load_file("cuda/figures.py")
-    return {p["version"]: p for p in figures.roofline(timing(), _json(figures.STATIC))["points"]}
+    return figures.roofline(timing(), _json(figures.STATIC))
+
+
+def roofline() -> dict[int, dict]:
+    return {p["version"]: p for p in roofline_of()["points"]}
 
 
 def dram_worst() -> int:
@@ -313,8 +317,8 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "cuda_v8_issue_ratio": lambda: f"{us(8) / 1e3 / issue_ms(8):.2f}",
     "cuda_forward_goal": lambda: f"{goal('forward')['goal']:.2f}",
     "cuda_forward_goal_ms": lambda: f"{goal('forward')['reference_us'] / goal('forward')['goal'] / 1e3:.2f}",
-    # the backward's kernels: g and y read, dz written, 4 bytes each, at the H100's bandwidth
-    "cuda_grad_predicted_us": lambda: f"{3 * SHAPE * SHAPE * 4 / HBM * 1e6:.0f}",
+    # the backward's kernels: g and y read, dz written, 4 bytes each, at the timed card's bandwidth
+    "cuda_grad_predicted_us": lambda: f"{3 * SHAPE * SHAPE * 4 / roofline_of()['bandwidth'] * 1e6:.0f}",
     "cuda_grad_sectors_per_request": grad_sectors_per_request,
     # the static figures: the one entry that spills
     "cuda_v4_sm80_spill_bytes": lambda: str(_json("cuda_static_sm90.json")["archs"]["sm_80"]["entries"][nt(4)]
