@@ -16,7 +16,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 RESULTS = ROOT / "docs" / "results"
-HERE = ROOT / "cuda" / "tensor_cores"
 BIG = 4096  # the chapter's shape, 4096³, and its largest K
 LOAD_INSTRUCTIONS = 4  # chapter 3's rule: about 4 instructions per scalar global load (the partial tiles' path)
 ISSUE_A_CLOCK = 4  # warp instructions an SM issues a clock (4 sub-partitions)
@@ -107,6 +106,11 @@ def _tile(version: int, dtype: str = "bf16", warp: bool = False) -> str:
     """A version's block tile (or a warp's, a warpgroup's) as the page writes it, "128×128"."""
     t = _static(version, dtype)["tile"]
     return f"{t['wm']}×{t['wn']}" if warp else f"{t['bm']}×{t['bn']}"
+
+
+def _products(version: int) -> int:
+    """mma's a split-TF32 version issues for one product (1 plain, 3 split)."""
+    return _static(version, "f32")["napkin"]["tensor_cores"]["products"]
 
 
 def _loop(version: int, dtype: str = "bf16") -> dict:
@@ -500,11 +504,11 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v26_rounded_of_v8": lambda: f"{_v26_of_v8('exact'):.2f}",
     "tc_v26_fails_from": _v26_fails_from,
     "tc_v26_cut": lambda: f"{_v26_by('h100'):.0f}",
-    "tc_v26_roundings": lambda: _int(3 * BIG // 8),  # three mma's per k-step of 8
+    "tc_v26_roundings": lambda: _int(_products(26) * BIG // 8),  # its products' mma's per k-step of 8
     "tc_split_products": lambda: f"{_gemm_errors(BIG)['split']['ratio']:.2f}",
     "tc_cublas_f32_tflops": lambda: f"{_cublas_f32_tflops():.1f}",
     "tc_v8_ratio": lambda: f"{_chapter_3_ratios()[1]:.2f}",
-    "tc_v26_products": lambda: _word(_static(26, "f32")["napkin"]["tensor_cores"]["products"]),
+    "tc_v26_products": lambda: _word(_products(26)),
     "tc_v25_speed": lambda: _range(*_tf32_speeds(25), 1),
     "tc_v25_instructions": lambda: str(_loop(25, "f32")["instructions"]),
     "tc_v25_mma": lambda: str(_loop(25, "f32")["mma"]),
