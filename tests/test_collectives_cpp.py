@@ -156,7 +156,7 @@ def one_rank_loaded() -> tuple[int, bytes, bytes]:
     t, _ = all_reduce_case(1001, torch.float32, "avg", 100)
     auto = collectives.all_reduce(t.clone(), "avg")
     python = collectives.all_reduce(t.clone(), "avg", "segmented_ring")
-    return int(collectives._loop_in_cpp()), auto.numpy().tobytes(), python.numpy().tobytes()
+    return int(collectives.loop_in_cpp()), auto.numpy().tobytes(), python.numpy().tobytes()
 
 
 @NEEDS_BUILD

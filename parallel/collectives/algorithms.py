@@ -88,7 +88,7 @@ __all__ = ["ALGORITHMS", "RingError", "all_reduce", "choose"]
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     rank: int
     size: int
     p: int                  # the largest power of two <= size
@@ -103,14 +103,14 @@ class _Plan:
 _plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _plan(group: dist.ProcessGroup | None) -> _Plan:
+def group_plan(group: dist.ProcessGroup | None) -> Plan:
     pg = group if group is not None else dist.group.WORLD
     plan = _plans.get(pg)
     if plan is not None:
         return plan
     size = dist.get_world_size(group)
     glob = tuple(range(size)) if group is None else tuple(dist.get_global_rank(group, r) for r in range(size))
-    plan = _plans[pg] = _Plan(dist.get_rank(group), size, 1 << (size.bit_length() - 1), glob,
+    plan = _plans[pg] = Plan(dist.get_rank(group), size, 1 << (size.bit_length() - 1), glob,
                               dist.get_backend(group))
     return plan
 
@@ -145,7 +145,7 @@ def choose(numel: int, element_size: int, world_size: int, backend: str = "gloo"
     return choice
 
 
-def _fold_in(flat: Tensor, plan: _Plan, group) -> bool:
+def _fold_in(flat: Tensor, plan: Plan, group) -> bool:
     """Extra ranks hand their tensor to a partner. Returns whether this rank sits the exchanges out."""
     extra = plan.size - plan.p
     if plan.rank >= plan.p:  # an extra rank: send, then wait for the result in _fold_out
@@ -159,7 +159,7 @@ def _fold_in(flat: Tensor, plan: _Plan, group) -> bool:
     return False
 
 
-def _fold_out(flat: Tensor, plan: _Plan, group) -> None:
+def _fold_out(flat: Tensor, plan: Plan, group) -> None:
     extra = plan.size - plan.p
     if plan.rank >= plan.p:
         partner = plan.glob[plan.rank - plan.p]
@@ -169,7 +169,7 @@ def _fold_out(flat: Tensor, plan: _Plan, group) -> None:
         wait(exchange(flat, None, partner, partner, group))
 
 
-def _doubling(flat: Tensor, plan: _Plan, group) -> None:
+def doubling(flat: Tensor, plan: Plan, group) -> None:
     buf = scratch(flat.numel(), flat)
     d = 1
     while d < plan.p:
@@ -179,7 +179,7 @@ def _doubling(flat: Tensor, plan: _Plan, group) -> None:
         d <<= 1
 
 
-def _halving_doubling(flat: Tensor, plan: _Plan, op: str, group) -> None:
+def halving_doubling(flat: Tensor, plan: Plan, op: str, group) -> None:
     p, r, numel = plan.p, plan.rank, flat.numel()
     q, rem = divmod(numel, p)
 
@@ -224,7 +224,7 @@ def _sum_in_rank_order(terms: list[Tensor], out: Tensor, rank: int) -> None:
     torch.add(acc, terms[-1], out=out)
 
 
-def _one_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
+def one_shot(flat: Tensor, plan: Plan, op: str, group) -> None:
     r, n, numel = plan.rank, plan.size, flat.numel()
     buf = scratch((n - 1) * numel, flat).view(n - 1, numel)
     others = [(r + i) % n for i in range(1, n)]  # peers in a rotated order: not all to rank 0 first
@@ -235,7 +235,7 @@ def _one_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
         flat.div_(n)
 
 
-def _two_shot(flat: Tensor, plan: _Plan, op: str, group) -> None:
+def two_shot(flat: Tensor, plan: Plan, op: str, group) -> None:
     r, n = plan.rank, plan.size
     blocks = torch.tensor_split(flat, n)  # sizes differ by at most one element
     mine = blocks[r]
@@ -276,13 +276,13 @@ def _segments_per_chunk(longest_chunk_bytes: int) -> int:
     return max(2, -(-longest_chunk_bytes // SEGMENT_BYTES))
 
 
-def _loop_in_cpp() -> bool:
+def loop_in_cpp() -> bool:
     """Whether this process has loaded parallel/collectives/segmented_ring.cpp (parallel.collectives.cpp_loop.build()):
     then ``auto``'s segmented ring runs its loop there. Nothing here builds it."""
     return hasattr(torch.ops.dense_collectives, "segmented_ring_")
 
 
-def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group, cpp: bool = False) -> None:
+def segmented_ring(flat: Tensor, plan: Plan, op: str, group, cpp: bool = False) -> None:
     r, n = plan.rank, plan.size
     right, left = plan.glob[(r + 1) % n], plan.glob[(r - 1) % n]
     chunks = torch.tensor_split(flat, n)  # the ring's chunks; every chunk in the same number of segments
@@ -329,7 +329,7 @@ def _segmented_ring(flat: Tensor, plan: _Plan, op: str, group, cpp: bool = False
     _in_pairs(len(steps), gather_post, lambda receives, sends: (wait(receives), wait(sends)))
 
 
-def _validate(tensor: Tensor, op: str, algorithm: str) -> None:
+def validate(tensor: Tensor, op: str, algorithm: str) -> None:
     """The caller's mistakes, found before any process group is asked anything."""
     if not isinstance(tensor, Tensor):
         raise TypeError(f"all_reduce needs a torch.Tensor, got {type(tensor).__name__}")
@@ -341,7 +341,7 @@ def _validate(tensor: Tensor, op: str, algorithm: str) -> None:
         raise TypeError(f"op 'avg' needs a floating-point tensor, got {tensor.dtype}; use 'sum'")
 
 
-def _check_device(tensor: Tensor, backend: str) -> None:
+def check_device(tensor: Tensor, backend: str) -> None:
     if backend == "gloo" and tensor.device.type != "cpu":
         raise ValueError(f"the gloo backend sends CPU tensors only; this tensor is on {tensor.device}")
     if backend == "nccl" and tensor.device.type != "cuda":
@@ -360,13 +360,13 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
     ``check=True`` first makes the ranks agree on numel, dtype and op (a RingError on every
     rank if they differ); callers that agreed once already pass ``check=False``.
     """
-    _validate(tensor, op, algorithm)
-    plan = _plan(group)
-    _check_device(tensor, plan.backend)
+    validate(tensor, op, algorithm)
+    plan = group_plan(group)
+    check_device(tensor, plan.backend)
     cpp = False
     if algorithm == "auto":
         algorithm = choose(tensor.numel(), tensor.element_size(), plan.size, plan.backend)
-        cpp = algorithm == "segmented_ring" and tensor.device.type == "cpu" and _loop_in_cpp()
+        cpp = algorithm == "segmented_ring" and tensor.device.type == "cpu" and loop_in_cpp()
     if algorithm == "ring":
         return ring_all_reduce(tensor, op, group, check=check)
     if check:
@@ -375,19 +375,19 @@ def all_reduce(tensor: Tensor, op: str = "sum", algorithm: str = "auto", group: 
         return tensor
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     if algorithm == "one_shot":
-        _one_shot(flat, plan, op, group)
+        one_shot(flat, plan, op, group)
     elif algorithm == "two_shot":
-        _two_shot(flat, plan, op, group)
+        two_shot(flat, plan, op, group)
     elif algorithm == "segmented_ring":
-        _segmented_ring(flat, plan, op, group, cpp)
+        segmented_ring(flat, plan, op, group, cpp)
     else:  # the exchanges need a power of two: extra ranks fold in first and get the result last
         if not _fold_in(flat, plan, group):
             if algorithm == "doubling":
-                _doubling(flat, plan, group)
+                doubling(flat, plan, group)
                 if op == "avg":
                     flat.div_(plan.size)
             else:
-                _halving_doubling(flat, plan, op, group)
+                halving_doubling(flat, plan, op, group)
         _fold_out(flat, plan, group)
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))

@@ -198,7 +198,7 @@ def allreduce_record(device: str, sizes: list[int]) -> dict:
         results += _rows_at(nbytes, n, device, without_cpp)
         progress(f"allreduce: {size_label(nbytes)} done ({i + 1}/{len(sizes)}, {time.perf_counter() - started:.0f} s)")
     return {**header("allreduce", device), "segment_bytes": algorithms.SEGMENT_BYTES,
-            "without_cpp_loop": without_cpp, "auto_cpp_loop": algorithms._loop_in_cpp(), "results": results}
+            "without_cpp_loop": without_cpp, "auto_cpp_loop": algorithms.loop_in_cpp(), "results": results}
 
 
 def _rows_at(nbytes: int, n: int, device: str, without_cpp: str | None) -> list[dict]:
@@ -537,7 +537,7 @@ def overhead(config: Config, json_path: str | None) -> None:
             lambda: torch.empty(nbytes // 4 // n),
         "add_ of one received piece": lambda: t[: nbytes // 4 // n].add_(recv[: nbytes // 4 // n]),
         "cached plan + buffer lookup + choice (all_reduce, per call)":
-            lambda: (algorithms._plan(None), p2p.scratch(nbytes // 4, t),
+            lambda: (algorithms.group_plan(None), p2p.scratch(nbytes // 4, t),
                      algorithms.choose(nbytes // 4, 4, n)),
     }, rounds=10, warmup=2)
     results = [{"variant": k, "time_us": v, "messages": calls[k][1],

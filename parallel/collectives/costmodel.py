@@ -137,7 +137,7 @@ SEGMENT_BYTES = 1 << 20  # parallel.collectives.algorithms.SEGMENT_BYTES (a test
 
 def ring_segments(n: int, nbytes: float) -> tuple[int, float]:
     """(segments a chunk, bytes a segment) of the segmented ring: at least two, at most
-    SEGMENT_BYTES each (parallel.collectives.algorithms._segmented_ring)."""
+    SEGMENT_BYTES each (parallel.collectives.algorithms.segmented_ring)."""
     chunk = nbytes / n
     s = max(2, math.ceil(chunk / SEGMENT_BYTES))
     return s, chunk / s

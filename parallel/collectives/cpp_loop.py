@@ -51,9 +51,9 @@ def segmented_ring(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | N
     ``all_reduce(tensor, op, "segmented_ring", group)`` does, with the loop in C++.
     ``check=True`` first makes the ranks agree on numel, dtype and op (a RingError on every rank
     if they differ), as all_reduce does; the benchmarks pass ``check=False``."""
-    algorithms._validate(tensor, op, "segmented_ring")
-    plan = algorithms._plan(group)
-    algorithms._check_device(tensor, plan.backend)
+    algorithms.validate(tensor, op, "segmented_ring")
+    plan = algorithms.group_plan(group)
+    algorithms.check_device(tensor, plan.backend)
     if tensor.device.type != "cpu":
         raise ValueError(f"the C++ segmented ring takes CPU tensors only; this tensor is on {tensor.device}")
     if not tensor.is_contiguous():
@@ -63,5 +63,5 @@ def segmented_ring(tensor: Tensor, op: str = "sum", group: dist.ProcessGroup | N
     if plan.size == 1 or tensor.numel() == 0:
         return tensor
     build()
-    algorithms._segmented_ring(tensor.view(-1), plan, op, group, cpp=True)
+    algorithms.segmented_ring(tensor.view(-1), plan, op, group, cpp=True)
     return tensor

@@ -36,7 +36,7 @@ Stage = tuple[str, list[list[frozenset[int] | None]]]
 
 
 def doubling(p: int = RANKS) -> list[Stage]:
-    """Recursive doubling over p = 2^k ranks, as algorithms._doubling runs it."""
+    """Recursive doubling over p = 2^k ranks, as algorithms.doubling runs it."""
     held = [[frozenset({r})] * p for r in range(p)]
     stages: list[Stage] = [("start: each rank its own tensor", held)]
     d = 1
@@ -48,7 +48,7 @@ def doubling(p: int = RANKS) -> list[Stage]:
 
 
 def halving_doubling(p: int = RANKS) -> list[Stage]:
-    """Halving-doubling over p = 2^k ranks, as algorithms._halving_doubling runs it (blocks, not
+    """Halving-doubling over p = 2^k ranks, as algorithms.halving_doubling runs it (blocks, not
     elements: p blocks of N/p bytes)."""
     held: list[list[frozenset[int] | None]] = [[frozenset({r})] * p for r in range(p)]
     owned = [(0, p)] * p
