@@ -85,7 +85,7 @@ def _no_gpu_reason() -> str | None:
     return None
 
 
-def _compiler_reason(ext_name: str, cuda: bool = False) -> str | None:
+def compiler_reason(ext_name: str, cuda: bool = False) -> str | None:
     """None if the extension is installed or can be JIT-built here (a GPU is not asked for)."""
     if importlib.util.find_spec(ext_name) is not None:
         return None
@@ -124,13 +124,13 @@ def _triton_reason() -> str | None:
 
 
 def _cpp_reason() -> str | None:
-    return _compiler_reason("dense_cpp_ext")
+    return compiler_reason("dense_cpp_ext")
 
 
 def _gpu_build_reason(mode: str) -> str | None:
     if torch.version.cuda is None:
         return f"needs a CUDA build of torch; this torch is {torch.__version__}"
-    return _compiler_reason(f"dense_{mode}_ext", cuda=True)
+    return compiler_reason(f"dense_{mode}_ext", cuda=True)
 
 
 def _gpu_stage_reason(mode: str) -> str | None:
@@ -481,7 +481,7 @@ def load_extension(name: str, sources: Sequence[Path], extra_ldflags: Sequence[s
             print(f"building the {name} extension in {build_dir.relative_to(ROOT)}{with_toolkit} "
                   "(about a minute the first time)...", file=sys.stderr, flush=True)
         with _build_guard(build_dir):
-            _jit_build(name, sources, build_dir, [*CXX_FLAGS, *(cuda.cxx_flags if cuda else ())], extra_ldflags,
+            jit_build(name, sources, build_dir, [*CXX_FLAGS, *(cuda.cxx_flags if cuda else ())], extra_ldflags,
                        jit_kwargs)
         kind = "jit"
     _build_kind[name] = kind
@@ -492,7 +492,7 @@ class BuildError(RuntimeError):
     """A stage's C++/CUDA extension failed to compile or link; the message has the first errors."""
 
 
-def _jit_build(name: str, sources: Sequence[Path], build_dir: Path, cflags: Sequence[str],
+def jit_build(name: str, sources: Sequence[Path], build_dir: Path, cflags: Sequence[str],
                extra_ldflags: Sequence[str], jit_kwargs: dict) -> None:
     from torch.utils import cpp_extension
 

@@ -76,7 +76,7 @@ def time_build(arch: str) -> dict:
         raise cli.UserError(f"--time-build needs a CUDA build of torch (this one is {torch.__version__}) and nvcc")
     scratch = ROOT / "build" / "time-build"
     shutil.rmtree(scratch, ignore_errors=True)
-    original_build, original_ninja = modes._jit_build, cpp_extension._run_ninja_build
+    original_build, original_ninja = modes.jit_build, cpp_extension._run_ninja_build
     stages: dict[str, dict] = {}
 
     def fresh(name, sources, build_dir, *rest):  # the loader's own call, into a folder of its own
@@ -87,13 +87,13 @@ def time_build(arch: str) -> dict:
         original_build(name, sources, where, *rest)
 
     load = os.getloadavg()[0]
-    modes._jit_build = fresh
+    modes.jit_build = fresh
     try:
         for mode in ("cpp", "cuda", "ptx"):
             print(f"building the {mode} stage from scratch, one compiler at a time...", file=sys.stderr, flush=True)
             modes.build(mode)
     finally:
-        modes._jit_build, cpp_extension._run_ninja_build = original_build, original_ninja
+        modes.jit_build, cpp_extension._run_ninja_build = original_build, original_ninja
     emulated = cli.load_file("cuda/emulated.py")
     print("building the CPU emulation's library...", file=sys.stderr, flush=True)
     command = [os.environ.get("CXX", "c++"), *emulated.CXX_FLAGS, "cuda/emulate/emulate.cpp", "-o",

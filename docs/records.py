@@ -56,7 +56,7 @@ def card_tag(device: str) -> str | None:
 def kind(name: str, record: dict | None) -> str:
     """The record's kind: its file name with its card, the one its own device names, as "{card}"
     (cuda_gpu_h200.json -> cuda_gpu_{card}.json); any other record is a kind of its own."""
-    device = _device(record) if isinstance(record, dict) else None
+    device = device_of(record) if isinstance(record, dict) else None
     tag = card_tag(device) if device and not device.startswith("cpu") else None
     if tag is None:
         return name
@@ -132,7 +132,7 @@ def _files_in(command: str, folder: Path) -> tuple[list[str], list[str]]:
     return outputs, inputs
 
 
-def _device(record: dict) -> str | None:
+def device_of(record: dict) -> str | None:
     device = record.get("device")
     if isinstance(device, dict):  # a static report names the GPU it was compiled for
         device = device.get("name")
@@ -170,7 +170,7 @@ def load(folder: Path = RESULTS) -> list[Record]:
         command = data.get("command") if isinstance(data, dict) else None
         outputs, inputs = _files_in(command, folder) if command else ([], [])
         inputs += [Path(p).name for p in data.get("reads", []) if Path(p).name not in inputs]
-        records.append(Record(path.name, folder, command, _device(data), data.get("date"), outputs, inputs))
+        records.append(Record(path.name, folder, command, device_of(data), data.get("date"), outputs, inputs))
         drawn.update(outputs)
     for path in sorted(p for p in folder.iterdir() if p.suffix in PICTURES and p.name not in drawn):
         command = picture_command(path)

@@ -278,7 +278,7 @@ def render(text: str, page: Path | None = None, root: Path = ROOT) -> str:
                                     f"{source.name.replace(CARD, 'h100')}); run the command that writes one")
             source = source.parent / found[0][0]
             shown = source.relative_to(root).as_posix() if source.is_relative_to(root) else str(source)
-            note = f"\n\nThe newest record of its kind, on {records._device(found[0][1])}: `{shown}`."
+            note = f"\n\nThe newest record of its kind, on {records.device_of(found[0][1])}: `{shown}`."
         elif not source.exists():
             raise cli.UserError(f"{path} is named by a marker but does not exist; run the command that writes it")
         try:

@@ -34,7 +34,7 @@ def unavailable() -> str | None:
     else why not."""
     import modes
 
-    return modes._compiler_reason(NAME)
+    return modes.compiler_reason(NAME)
 
 
 def build() -> str:
