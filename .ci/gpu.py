@@ -273,7 +273,7 @@ def unmeasured_sources(sources: list[str], path: str | None = None) -> list[str]
     return [s for s in sources if s not in timed]
 
 
-def _stage_sources() -> list[str]:
+def stage_sources() -> list[str]:
     """modes.cuda_stage_sources(), from a process that imports torch (this one need not)."""
     code = "import json, modes; print(json.dumps([p.as_posix() for p in modes.cuda_stage_sources()]))"
     got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

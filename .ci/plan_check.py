@@ -179,7 +179,7 @@ def dry_run(plan: ModuleType, names: list[str]) -> bool:
     every = plan.parts()
     problems = lease_problems(plan)
     try:
-        missing = plan.unmeasured_sources(plan._stage_sources())
+        missing = plan.unmeasured_sources(plan.stage_sources())
     except (ValueError, subprocess.TimeoutExpired) as e:
         missing = [f"? ({e})"]
     if missing:
