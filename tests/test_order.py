@@ -57,6 +57,7 @@ TERMS: dict[str, tuple[str, str]] = {
     "SASS": (r"\bSASS\b", "cuda/README.md"),
     "PTX": (r"\bPTX\b", "cuda/README.md"),
     "FFMA": (r"\bFFMAs?\b", "cuda/README.md"),
+    "issue slot": (r"(?i)\bissue slots?\b", "cuda/README.md"),
     "LDG": (r"\bLDG\b", "cuda/README.md"),
     "LDS": (r"\bLDS\b", "cuda/README.md"),
     "STS": (r"\bSTS\b", "cuda/README.md"),
