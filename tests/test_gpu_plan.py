@@ -54,14 +54,12 @@ def test_the_lease_is_one_call_of_at_most_9_minutes_and_a_second_only_if_it_ends
 
 
 def test_the_ci_readme_says_what_the_plan_does():
-    """.ci/README.md's section on .ci/gpu: how to see and check the plan, where the build's limit
-    comes from, and the lease's order of value as the lease selection has it; no README names a
-    selection the plan does not have."""
+    """.ci/README.md's section on .ci/gpu: how to see and check the plan and where the build's limit
+    comes from; the lease selection's order of value; no README names a selection the plan does not
+    have."""
     text = fold((ROOT / ".ci" / "README.md").read_text())
     assert "`bash .ci/gpu --list`" in text and "`bash .ci/gpu --dry-run lease`" in text
     assert f"[`{plan.BUILD_RECORD}`](../{plan.BUILD_RECORD})" in text
-    assert ("build, the exact check of each version never run on a GPU (each in a process of its own), then the "
-            "timings of the goals, then sanitizers and the profiler as time allows") in text
     assert [p.name for p in selection("lease")][1:] == ["build", "exact", "kernels", "memcheck", "racecheck",
                                                         "synccheck", "ncu"]
     for readme in (ROOT / "README.md", ROOT / ".ci" / "README.md"):
