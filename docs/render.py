@@ -66,7 +66,8 @@ import cli  # noqa: E402
 MARK = re.compile(r"(<!-- (\w+): (\S+) -->\n)(.*?)(<!-- end \2 -->)", re.S)
 NUMBER = re.compile(r"<!-- n (\w+) -->(.*?)<!-- /n -->", re.S)
 # The modules whose NUMBERS (name -> function giving the text) the number markers name.
-PAGE_NUMBERS = ["cpp/page_numbers.py", "cuda/page_numbers.py", "cuda/tensor_cores/page_numbers.py",
+PAGE_NUMBERS = ["docs/page_numbers.py", "py/page_numbers.py", "cpp/page_numbers.py", "cuda/page_numbers.py",
+                "ptx/page_numbers.py", "cuda/tensor_cores/page_numbers.py", "tiles/page_numbers.py",
                 "parallel/page_numbers.py", "parallel/collectives/page_numbers.py"]
 CARD = "{card}"  # in a marker's record name: any card's record of that kind, the newest shown (docs/records.py)
 
