@@ -37,16 +37,16 @@ def test_the_tf32_records_verdicts():
     the truncating one's at the largest K."""
     rec = _record("tf32_error_cpu.json")
     assert all(r.get("same_bits_as") == "v26" for r in rec["results"] if r["variant"] == "v34")
-    e = numbers._gemm_errors(max(rec["shape"]["in"]))
+    e = numbers.gemm_errors(max(rec["shape"]["in"]))
     assert not e["tf32"]["passed"]
     v26 = e["v26"]
-    assert v26["accumulation"] == "h100" and v26["ratio"] == max(numbers._v26_by(m) for m in ("exact", "h100"))
+    assert v26["accumulation"] == "h100" and v26["ratio"] == max(numbers.v26_by(m) for m in ("exact", "h100"))
 
 
 def test_the_bank_conflicts_are_the_same_requests_in_more_wavefronts():
     """v22 and v23 make the same ldmatrix requests; v23's take no excessive wavefronts, v22's all
     beyond 4 a request."""
-    v22, v23 = numbers._counted(22), numbers._counted(23)
+    v22, v23 = numbers.counted(22), numbers.counted(23)
     requests = "smsp__inst_executed_op_ldsm.sum"
     ld, excess = "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum", "excessive_wavefronts_mem_shared_op_ld"
     assert v22[requests] == v23[requests]
@@ -56,11 +56,11 @@ def test_the_bank_conflicts_are_the_same_requests_in_more_wavefronts():
 def test_the_headers_and_the_static_report_agree():
     """v24's shared memory is its stages of A and B tiles; v33's setmaxnreg split fits the SM's
     registers; v35's slices keep its blocks within two an SM and above one."""
-    h = numbers._header("v24_pipeline.cuh")
-    assert numbers._static(24)["shared_bytes"] == h["kV24Stages"] * (h["kV24BM"] + h["kV24BN"]) * h["kV24BK"] * 2
-    assert numbers._v33_registers() <= 65_536
-    sms = numbers._static(35)["napkin"]["slices_at"]["sm_count"]
-    assert sms < numbers._v35_blocks() <= 2 * sms
+    h = numbers.header_constants("v24_pipeline.cuh")
+    assert numbers.static(24)["shared_bytes"] == h["kV24Stages"] * (h["kV24BM"] + h["kV24BN"]) * h["kV24BK"] * 2
+    assert numbers.v33_registers() <= 65_536
+    sms = numbers.static(35)["napkin"]["slices_at"]["sm_count"]
+    assert sms < numbers.v35_blocks() <= 2 * sms
 
 
 def test_the_defaults_run_no_tensor_core_version():
@@ -68,8 +68,8 @@ def test_the_defaults_run_no_tensor_core_version():
     same versions."""
     for dtype in ("kBF16", "kF16"):
         for shape in ("kFillsGpu", "kSmallBatch"):
-            assert numbers._choices("kChoices")[shape, dtype] == ["kAten"]
-            assert numbers._choices("kPredictedChoices")[shape, dtype] == \
-                numbers._choices("kPredictedChoices")[shape, "kBF16"]
-    defaults = [v for vs in numbers._choices("kChoices").values() for v in vs]
+            assert numbers.choices("kChoices")[shape, dtype] == ["kAten"]
+            assert numbers.choices("kPredictedChoices")[shape, dtype] == \
+                numbers.choices("kPredictedChoices")[shape, "kBF16"]
+    defaults = [v for vs in numbers.choices("kChoices").values() for v in vs]
     assert not [v for v in defaults if v.isdigit() and int(v) >= 21], defaults

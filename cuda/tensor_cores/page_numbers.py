@@ -42,7 +42,7 @@ def _text(path: str) -> str:
 
 
 @cache
-def _header(name: str) -> dict[str, int]:
+def header_constants(name: str) -> dict[str, int]:
     """A kernel header's integer constants (`kV24BK = 32`), by name."""
     return {k: int(v) for k, v in re.findall(r"\b(k\w+) = (\d+)\b", _text(f"cuda/tensor_cores/{name}"))}
 
@@ -95,7 +95,7 @@ def _mma_clocks() -> float:
     return _mma_macs() / (_sm_macs() * MMA_SYNC_SHARE)
 
 
-def _static(version: int, dtype: str = "bf16") -> dict:
+def static(version: int, dtype: str = "bf16") -> dict:
     """The sm_90a record of a version's nt kernel (cuda_static_sm90.json's "kernels")."""
     (k,) = [k for k in _record("cuda_static_sm90.json")["kernels"]
             if k["version"] == version and k["dtype"] == dtype and k["layout"] == "nt"]
@@ -104,17 +104,17 @@ def _static(version: int, dtype: str = "bf16") -> dict:
 
 def _tile(version: int, dtype: str = "bf16", warp: bool = False) -> str:
     """A version's block tile (or a warp's, a warpgroup's) as the page writes it, "128×128"."""
-    t = _static(version, dtype)["tile"]
+    t = static(version, dtype)["tile"]
     return f"{t['wm']}×{t['wn']}" if warp else f"{t['bm']}×{t['bn']}"
 
 
 def _products(version: int) -> int:
     """mma's a split-TF32 version issues for one product (1 plain, 3 split)."""
-    return _static(version, "f32")["napkin"]["tensor_cores"]["products"]
+    return static(version, "f32")["napkin"]["tensor_cores"]["products"]
 
 
 def _loop(version: int, dtype: str = "bf16") -> dict:
-    return _static(version, dtype)["inner_loop"]
+    return static(version, dtype)["inner_loop"]
 
 
 def _without_path(version: int, dtype: str = "bf16") -> int:
@@ -129,14 +129,14 @@ def _issue_bound(version: int) -> tuple[float, float]:
     return loop["instructions"] / loop["mma"], _without_path(version) / loop["mma"]
 
 
-def _counted(version: int) -> dict:
+def counted(version: int) -> dict:
     """A version's bfloat16 forward in the counters' record at 4096³."""
     return {k["kernel"]: k["metrics"] for k in _record("counters.json")["kernels"] if k["shape"] == [BIG] * 3}[
         f"dense_gemm_v{version}_nt_bf16"]
 
 
 def _wavefronts(version: int) -> dict[str, float]:
-    c = _counted(version)
+    c = counted(version)
     return {"ld": c["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"],
             "st": c["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum"],
             "ldgsts": c["l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum"],
@@ -223,11 +223,11 @@ def _fragment(rows: int, cols: int) -> str:
 # Part 1's predictions
 # ---------------------------------------------------------------------------------------
 def _v21_requests() -> float:
-    return _counted(21)["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"]
+    return counted(21)["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"]
 
 
 def _v21_sectors() -> str:
-    return f"{_counted(21)['l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum'] / _v21_requests():.0f}"
+    return f"{counted(21)['l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum'] / _v21_requests():.0f}"
 
 
 def _per_mma(version: int, *kinds: str) -> float:
@@ -277,25 +277,26 @@ def _part_1_of_cublas() -> str:
 # ---------------------------------------------------------------------------------------
 # TF32 and split-TF32
 # ---------------------------------------------------------------------------------------
-def _gemm_errors(k: int) -> dict[str, dict]:
+def gemm_errors(k: int) -> dict[str, dict]:
+    """The forward GEMM's errors at K = k in the TF32 record, by variant."""
     return {r["variant"]: r for r in _record("tf32_error_cpu.json")["results"]
             if r["in"] == k and r["tensor"] == "forward GEMM"}
 
 
-def _v26_by(model: str) -> float:
+def v26_by(model: str) -> float:
     """v26's error at K = 4096 summed by one accumulation model, over torch's CPU float32's."""
-    e = _gemm_errors(BIG)["v26"]
+    e = gemm_errors(BIG)["v26"]
     return e["error_by_accumulation"][model] / e["float32_error"]
 
 
 def _v26_of_v8(model: str) -> float:
     """v26's error at K = 4096 summed by one accumulation model, over chapter 3's v8's."""
-    e = _gemm_errors(BIG)
+    e = gemm_errors(BIG)
     return e["v26"]["error_by_accumulation"][model] / e["v8"]["error"]
 
 
 def _v26_fails_from() -> str:
-    return str(min(k for k in _record("tf32_error_cpu.json")["shape"]["in"] if not _gemm_errors(k)["v26"]["passed"]))
+    return str(min(k for k in _record("tf32_error_cpu.json")["shape"]["in"] if not gemm_errors(k)["v26"]["passed"]))
 
 
 def _cublas_f32_tflops() -> float:
@@ -324,7 +325,7 @@ def _tf32_speeds(version: int) -> tuple[float, float]:
 
 
 def _truncating_over_v8() -> str:
-    e = _gemm_errors(BIG)
+    e = gemm_errors(BIG)
     return str(round(e["v26"]["error"] / e["v8"]["error"]))
 
 
@@ -332,7 +333,7 @@ def _truncating_over_v8() -> str:
 # Part 2
 # ---------------------------------------------------------------------------------------
 def _v31() -> dict[str, float]:
-    h = _header("v31_wgmma.cuh")
+    h = header_constants("v31_wgmma.cuh")
     loop = _loop(31)
     tensor = loop["mma"] * h["kV31BM"] * h["kV31BN"] * 16 / _sm_macs()
     stage = (h["kV31BM"] + h["kV31BN"]) * h["kV31BK"] * 2
@@ -343,7 +344,7 @@ def _v31() -> dict[str, float]:
 
 
 def _v33() -> dict[str, float]:
-    h = _header("v33_warp_specialized.cuh")
+    h = header_constants("v33_warp_specialized.cuh")
     stage = (h["kV33BM"] + h["kV33BN"]) * 64 * 2
     consumers = h["kV33BM"] // 64
     reads = consumers * (64 + h["kV33BN"]) * 64 * 2
@@ -356,13 +357,14 @@ def _setmaxnreg(which: str) -> int:
     return int(re.search(rf"setmaxnreg_{which}<(\d+)>\(\)", header).group(1))
 
 
-def _v33_registers() -> int:
-    threads = _static(33)["threads"]
+def v33_registers() -> int:
+    """Registers v33's warpgroups hold after setmaxnreg: the producer's 128 threads, the consumers'."""
+    threads = static(33)["threads"]
     return 128 * _setmaxnreg("dec") + (threads - 128) * _setmaxnreg("inc")
 
 
 def _v34() -> dict[str, float]:
-    h = _header("v34_split_tf32_wgmma.cuh")
+    h = header_constants("v34_split_tf32_wgmma.cuh")
     mma = _loop(34, "f32")["mma"]
     tensor = mma * h["kV34BM"] * h["kV34BN"] * 8 / (_sm_macs() / 2)  # TF32 at half bfloat16's multiply-adds
     elements = (h["kV34BM"] + h["kV34BN"]) * h["kV34BK"] // 128
@@ -387,11 +389,12 @@ def _us(nbytes: float, card: str) -> float:
 
 
 def _v35_slices() -> int:
-    return _static(35)["napkin"]["slices"]
+    return static(35)["napkin"]["slices"]
 
 
-def _v35_blocks() -> int:
-    h, at = _header("v35_small_batch.cuh"), _static(35)["napkin"]["slices_at"]
+def v35_blocks() -> int:
+    """v35's blocks at B = 32, 4096 out: its tiles times its slices."""
+    h, at = header_constants("v35_small_batch.cuh"), static(35)["napkin"]["slices_at"]
     return (at["out"] // h["kV35BN"]) * (at["batch"] // h["kV35BM"]) * _v35_slices()
 
 
@@ -408,7 +411,8 @@ def _small_reference_us() -> float:
 # What the stage runs: gemm_choice.h's tables
 # ---------------------------------------------------------------------------------------
 @cache
-def _choices(table: str) -> dict[tuple[str, str], list[str]]:
+def choices(table: str) -> dict[tuple[str, str], list[str]]:
+    """A table of cuda/gemm_choice.h (kChoices, kPredictedChoices): (shape, dtype) -> its versions in order."""
     text = _text("cuda/gemm_choice.h")
     block = text[text.index(f"constexpr Choice {table}[] = {{"):]
     by: dict[tuple[str, str], list[str]] = {}
@@ -418,7 +422,7 @@ def _choices(table: str) -> dict[tuple[str, str], list[str]]:
 
 
 def _choice(table: str, shape: str, dtype: str, at: int) -> str:
-    return _choices(table)[shape, dtype][at]
+    return choices(table)[shape, dtype][at]
 
 
 NUMBERS: dict[str, Callable[[], str]] = {
@@ -453,9 +457,9 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v21_requests": lambda: _sci(_v21_requests()),
     "tc_v21_sectors": _v21_sectors,
     # v22 and v23: the bank conflicts
-    "tc_v22_warps": lambda: _word(_static(22)["napkin"]["tensor_cores"]["warps"]).capitalize(),
+    "tc_v22_warps": lambda: _word(static(22)["napkin"]["tensor_cores"]["warps"]).capitalize(),
     "tc_v22_tile": lambda: _tile(22),
-    "tc_v22_k_step": lambda: str(_static(22)["tile"]["bk"]),
+    "tc_v22_k_step": lambda: str(static(22)["tile"]["bk"]),
     "tc_v22_bound": lambda: f"{_wavefronts_allowed() / _per_mma(22, 'ld', 'st'):.2f}",
     "tc_v22_each": lambda: f"{_wavefronts(22)['ld'] / _wavefronts(22)['ldsm']:g}",
     "tc_v23_each": lambda: f"{_wavefronts(23)['ld'] / _wavefronts(23)['ldsm']:g}",
@@ -467,9 +471,9 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v23_wavefronts": lambda: _sci(_wavefronts(23)["ld"]),
     "tc_v22_per_matrix": lambda: f"{_wavefronts(22)['ld'] / _wavefronts(22)['ldsm'] / 4:g}",
     "tc_v23_per_matrix": lambda: f"{_wavefronts(23)['ld'] / _wavefronts(23)['ldsm'] / 4:g}",
-    "tc_swizzle_registers": lambda: str(_static(23)["registers"] - _static(22)["registers"]),
-    "tc_v23_registers": lambda: str(_static(23)["registers"]),
-    "tc_v23_blocks": lambda: str(_static(23)["blocks_per_sm"]),
+    "tc_swizzle_registers": lambda: str(static(23)["registers"] - static(22)["registers"]),
+    "tc_v23_registers": lambda: str(static(23)["registers"]),
+    "tc_v23_blocks": lambda: str(static(23)["blocks_per_sm"]),
     "tc_v23_predicted": _v23_predicted,
     "tc_v23_per_mma": lambda: f"{_per_mma(23, 'ld', 'st'):g}",
     "tc_v23_shared_bound": lambda: f"{_v23_bounds()[0]:.2f}",
@@ -481,11 +485,11 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_ratio_low": lambda: f"{_ratios()[0]:.1f}",
     "tc_ratio_high": lambda: f"{_ratios()[1]:.1f}",
     # v24
-    "tc_v24_warps": lambda: _word(_static(24)["napkin"]["tensor_cores"]["warps"]).capitalize(),
+    "tc_v24_warps": lambda: _word(static(24)["napkin"]["tensor_cores"]["warps"]).capitalize(),
     "tc_v24_warp_tile": lambda: _tile(24, warp=True),
     "tc_v24_tile": lambda: _tile(24),
-    "tc_v24_bk": lambda: str(_header("v24_pipeline.cuh")["kV24BK"]),
-    "tc_v24_stages": lambda: str(_header("v24_pipeline.cuh")["kV24Stages"]),
+    "tc_v24_bk": lambda: str(header_constants("v24_pipeline.cuh")["kV24BK"]),
+    "tc_v24_stages": lambda: str(header_constants("v24_pipeline.cuh")["kV24Stages"]),
     "tc_v24_predicted": lambda: _range(*_v24_predicted(), 1),
     "tc_v24_goal": lambda: f"{_py_constants('cuda/gpu_tensor_cores.py')['ROOF_GOALS']['v24'][1]:g}",
     "tc_v24_ldmatrix_per_mma": lambda: f"{_per_mma(24, 'ld'):g}",
@@ -499,13 +503,13 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v24_bound": lambda: f"{_v24_bound():.2f}",
     "tc_v24_at_chapter_3": lambda: _range(*_v24_at_chapter_3(), 2),
     # TF32 and split-TF32
-    "tc_tf32_fails_by": lambda: f"{_gemm_errors(BIG)['tf32']['ratio']:.0f}",
-    "tc_v26_rounded": lambda: f"{_v26_by('exact'):.2f}",
+    "tc_tf32_fails_by": lambda: f"{gemm_errors(BIG)['tf32']['ratio']:.0f}",
+    "tc_v26_rounded": lambda: f"{v26_by('exact'):.2f}",
     "tc_v26_rounded_of_v8": lambda: f"{_v26_of_v8('exact'):.2f}",
     "tc_v26_fails_from": _v26_fails_from,
-    "tc_v26_cut": lambda: f"{_v26_by('h100'):.0f}",
+    "tc_v26_cut": lambda: f"{v26_by('h100'):.0f}",
     "tc_v26_roundings": lambda: _int(_products(26) * BIG // 8),  # its products' mma's per k-step of 8
-    "tc_split_products": lambda: f"{_gemm_errors(BIG)['split']['ratio']:.2f}",
+    "tc_split_products": lambda: f"{gemm_errors(BIG)['split']['ratio']:.2f}",
     "tc_cublas_f32_tflops": lambda: f"{_cublas_f32_tflops():.1f}",
     "tc_v8_ratio": lambda: f"{_chapter_3_ratios()[1]:.2f}",
     "tc_v26_products": lambda: _word(_products(26)),
@@ -517,8 +521,8 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v26_speed": lambda: f"{_tf32_speeds(26)[0]:.2f}",  # "about": the whole loop's, the path's a little more
     "tc_v26_instructions": lambda: _int(_loop(26, "f32")["instructions"]),
     "tc_v26_mma": lambda: str(_loop(26, "f32")["mma"]),
-    "tc_v26_registers": lambda: str(_static(26, "f32")["registers"]),
-    "tc_v26_blocks": lambda: _word(_static(26, "f32")["blocks_per_sm"]),
+    "tc_v26_registers": lambda: str(static(26, "f32")["registers"]),
+    "tc_v26_blocks": lambda: _word(static(26, "f32")["blocks_per_sm"]),
     "tc_truncating_over_v8": _truncating_over_v8,
     # v31-v33
     "tc_v31_tile": lambda: _tile(31),
@@ -529,18 +533,18 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v31_instructions": lambda: str(_loop(31)["instructions"]),
     "tc_v31_without": lambda: str(_without_path(31)),
     "tc_v31_issue_bound": lambda: _range(_v31()["with"], _v31()["without"], 2),
-    "tc_v32_stages": lambda: str(_header("v32_tma.cuh")["kV32Stages"]),
-    "tc_v32_threads": lambda: str(_static(32)["threads"]),
-    "tc_v32_shared": lambda: _int(_static(32)["dynamic_shared_bytes"]),
-    "tc_v32_blocks": lambda: _word(_static(32)["blocks_per_sm"]),
-    "tc_v33_consumers": lambda: _word(_static(33)["threads"] // 128 - 1),  # all warpgroups but the producer
-    "tc_v33_accumulators": lambda: str(_header("v33_warp_specialized.cuh")["kV33BN"] // 2),  # 64×256 / 128 threads
+    "tc_v32_stages": lambda: str(header_constants("v32_tma.cuh")["kV32Stages"]),
+    "tc_v32_threads": lambda: str(static(32)["threads"]),
+    "tc_v32_shared": lambda: _int(static(32)["dynamic_shared_bytes"]),
+    "tc_v32_blocks": lambda: _word(static(32)["blocks_per_sm"]),
+    "tc_v33_consumers": lambda: _word(static(33)["threads"] // 128 - 1),  # all warpgroups but the producer
+    "tc_v33_accumulators": lambda: str(static(33)["tile"]["wn"] // 2),  # 64×256 over a warpgroup's 128 threads
     "tc_v33_warp_tile": lambda: _tile(33, warp=True),
     "tc_v33_tile": lambda: _tile(33),
     "tc_v33_dec": lambda: str(_setmaxnreg("dec")),
     "tc_v33_inc": lambda: str(_setmaxnreg("inc")),
-    "tc_v33_registers": lambda: _int(_v33_registers()),
-    "tc_v33_stages": lambda: str(_header("v33_warp_specialized.cuh")["kV33Stages"]),
+    "tc_v33_registers": lambda: _int(v33_registers()),
+    "tc_v33_stages": lambda: str(header_constants("v33_warp_specialized.cuh")["kV33Stages"]),
     "tc_v33_stage_kib": lambda: f"{_v33()['stage'] / KIB:g}",
     "tc_v33_clocks": lambda: _int(_v33()["clocks"]),
     "tc_v33_reads_kib": lambda: f"{_v33()['reads'] / KIB:g}",
@@ -549,11 +553,11 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v34_speed": lambda: _range(min(_v34()["speeds"]), max(_v34()["speeds"]), 1),
     "tc_v34_goal": lambda: f"{_py_constants('cuda/gpu_tensor_cores.py')['TF32_SPEED_GOALS']['v34']:g}",
     "tc_v34_mma": lambda: str(_v34()["mma"]),
-    "tc_v34_bk": lambda: str(_header("v34_split_tf32_wgmma.cuh")["kV34BK"]),
+    "tc_v34_bk": lambda: str(header_constants("v34_split_tf32_wgmma.cuh")["kV34BK"]),
     "tc_v34_tensor_clocks": lambda: f"{_v34()['tensor']:g}",
     "tc_v34_elements": lambda: str(_v34()["elements"]),
-    "tc_v34_blocks": lambda: _word(_static(34, "f32")["blocks_per_sm"]),
-    "tc_v34_shared": lambda: _int(_static(34, "f32")["dynamic_shared_bytes"]),
+    "tc_v34_blocks": lambda: _word(static(34, "f32")["blocks_per_sm"]),
+    "tc_v34_shared": lambda: _int(static(34, "f32")["dynamic_shared_bytes"]),
     "tc_v34_clocks": lambda: "-".join(f"{round(c, -1):,.0f}" for c in _v34()["clocks"]),
     # v35 and the small batch
     "tc_small_batch": lambda: str(_batch()),
@@ -563,11 +567,11 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_h100_tbs": lambda: f"{_bandwidth('H100') / 1e12:.2f}",
     "tc_h200_tbs": lambda: f"{_bandwidth('H200') / 1e12:.1f}",
     "tc_v35_slices": lambda: str(_v35_slices()),
-    "tc_v35_blocks": lambda: str(_v35_blocks()),
-    "tc_v35_places": lambda: str(2 * _static(35)["napkin"]["slices_at"]["sm_count"]),
-    "tc_v35_sms": lambda: str(_static(35)["napkin"]["slices_at"]["sm_count"]),
-    "tc_v35_w_rows": lambda: str(_static(35)["tile"]["bn"]),  # Cᵀ's rows: W's
-    "tc_v35_x_rows": lambda: str(_static(35)["tile"]["bm"]),
+    "tc_v35_blocks": lambda: str(v35_blocks()),
+    "tc_v35_places": lambda: str(2 * static(35)["napkin"]["slices_at"]["sm_count"]),
+    "tc_v35_sms": lambda: str(static(35)["napkin"]["slices_at"]["sm_count"]),
+    "tc_v35_w_rows": lambda: str(static(35)["tile"]["bn"]),  # Cᵀ's rows: W's
+    "tc_v35_x_rows": lambda: str(static(35)["tile"]["bm"]),
     "tc_v35_predicted_us": lambda: "-".join(f"{_us(_w_bytes(), 'H100') * r:.0f}" for r in V35_OVER_BOUND),
     "tc_v35_over_bound": lambda: _range(*V35_OVER_BOUND, 1),
     "tc_v35_partials_mib": lambda: f"{_v35_slices() * _batch() * BIG * 4 / MIB:g}",
