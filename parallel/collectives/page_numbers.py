@@ -35,6 +35,33 @@ def _repeat_shift() -> str:
     return f"{changes[0]:+.2f} to {changes[-1]:+.2f}".replace("-", "−")
 
 
+def _bf16() -> dict:
+    return _record("bf16_gloo_w2.json")
+
+
+def _bf16_range(key: Callable[[dict, dict], float]) -> str:
+    """Lowest to highest of ``key(float32 row, bfloat16 row)`` over the all-reduce sizes from
+    1 Mi elements up."""
+    rows = {(r["numel"], r["dtype"]): r for r in _bf16()["allreduce"]}
+    values = [key(rows[n, "float32"], rows[n, "bfloat16"]) for n, dtype in rows if dtype == "float32" and n >= 1 << 20]
+    return f"{min(values):.2f} to {max(values):.2f}"
+
+
+def _bf16_step(variant: str) -> dict:
+    return next(r for r in _bf16()["step"] if r["variant"] == variant)
+
+
+def _bf16_points() -> str:
+    """The larger drop of the two bfloat16 variants' mean test accuracy under float32's, in points."""
+    import statistics
+
+    means: dict[str, list[float]] = {}
+    for r in _bf16()["accuracy"]:
+        means.setdefault(r["variant"], []).append(r["test_accuracy"])
+    base = statistics.mean(means.pop("float32"))
+    return f"{max(100 * (base - statistics.mean(v)) for v in means.values()):.2f}"
+
+
 def _links():
     from parallel.collectives.costmodel import INFINIBAND, NVLINK
 
@@ -48,4 +75,12 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "coll_ib_gbits": lambda: f"{8 / _links()[1].beta / 1e9:.0f}",
     "coll_nvlink_alpha": lambda: f"{_links()[0].alpha * 1e6:.1f}",
     "coll_ib_alpha": lambda: f"{_links()[1].alpha * 1e6:.1f}",
+    # bf16_gloo_w2.json: the all-reduce, a step and the accuracy, float32 against bfloat16
+    "coll_bf16_time": lambda: _bf16_range(lambda f, b: b["time_over_float32"]),
+    "coll_bf16_add": lambda: _bf16_range(lambda f, b: b["add_us"] / f["add_us"]),
+    "coll_bf16_step_f32_ms": lambda: f"{_bf16_step('float32')['allreduce_in_step_us'] / 1e3:.1f}",
+    "coll_bf16_step_bf16_ms": lambda: f"{_bf16_step('bfloat16, bfloat16 reduction')['allreduce_in_step_us'] / 1e3:.1f}",
+    "coll_bf16_step_ratio": lambda: f"{_bf16_step('bfloat16, bfloat16 reduction')['ratio_to_float32']:.2f}",
+    "coll_bf16_points": _bf16_points,
+    "coll_bf16_goal": lambda: f"{_bf16()['goal_points']:g}",
 }
