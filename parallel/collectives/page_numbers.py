@@ -68,7 +68,14 @@ def _links():
     return NVLINK, INFINIBAND
 
 
+def _goal() -> str:
+    from parallel.collectives.bench import GOAL
+
+    return f"{GOAL:.2f}"
+
+
 NUMBERS: dict[str, Callable[[], str]] = {
+    "coll_goal": _goal,
     "coll_repeat_spread": _repeat_spread, "coll_repeat_shift": _repeat_shift,
     # the projection's links (costmodel.NVLINK, costmodel.INFINIBAND): bandwidth and NCCL's α
     "coll_nvlink_gbs": lambda: f"{1 / _links()[0].beta / 1e9:.0f}",
