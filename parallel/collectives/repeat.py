@@ -26,7 +26,6 @@ import sys
 import cli
 
 
-
 def _goal() -> float:
     from parallel.collectives.bench import GOAL
 
