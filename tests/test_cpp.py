@@ -11,7 +11,7 @@ import torch
 
 import grad_check as gc
 import modes
-from conftest import GPU, NO_GPU, REASONS, ROOT, assert_compiled_step_matches, run_script
+from conftest import GPU, NO_GPU, REASONS, ROOT, assert_compiled_step_matches, load_script, run_script
 
 pytestmark = pytest.mark.skipif(REASONS["cpp"] is not None, reason=f"mode cpp: {REASONS['cpp']}")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not GPU, reason=NO_GPU)])]
@@ -293,12 +293,7 @@ def test_overhead_script_writes_json_only_when_asked(ops, tmp_path):
 @pytest.fixture(scope="module")
 def overhead(ops):
     """cpp/overhead.py as a module, loaded once (it registers its scratch op once per process)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("overhead_under_test", ROOT / "cpp" / "overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("cpp/overhead.py")
 
 
 @pytest.mark.parametrize("bias, wanted", [(True, (True, True, True)), (False, (False, True, False)),

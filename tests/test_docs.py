@@ -57,14 +57,11 @@ def test_every_chapter_and_all_markdown_keep_to_their_prose_budgets():
 # Chapter 6's exercises (tiles/README.md)
 # ---------------------------------------------------------------------------------------
 SPILLS = """
-import json, os, subprocess, sys, tempfile
+import json, os, subprocess, tempfile
 from pathlib import Path
-sys.path.insert(0, {root!r})
 os.environ["TRITON_INTERPRET"] = "0"  # before kernels.py is loaded: @triton.jit compiles
-import importlib.util
-spec = importlib.util.spec_from_file_location("compiler_report", {root!r} + "/tiles/compiler_report.py")
-report = sys.modules["compiler_report"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+import cli  # the working directory is the repository's root
+report = cli.load_file("tiles/compiler_report.py")
 kernels = report.compiled_kernels()
 out = {{}}
 for warps in (8, 4):
@@ -88,7 +85,7 @@ def test_grad_x_spills_at_4_warps_and_not_at_8():
 
     if triton.__version__ != "3.6.0":
         pytest.skip(f"the exercise names Triton 3.6.0; this is {triton.__version__}")
-    result = subprocess.run([sys.executable, "-c", SPILLS.format(root=str(ROOT))], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", SPILLS.format()], cwd=ROOT, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     usage = {int(k): v for k, v in json.loads(result.stdout.splitlines()[-1]).items()}
