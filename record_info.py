@@ -2,11 +2,15 @@
 measured on (``describe_device``, ``describe_machine``, ``describe_gpu``), when and by which
 command (``provenance``, ``command_line``: docs/records.py runs it again), a timing record's
 first fields (``record_header``), the line under its tables (``footer``), and figures saved with
-their command in the file (``save_figure``; ``pyplot`` without a display)."""
+their command in the file (``save_figure``; ``pyplot`` without a display); and for the chapters'
+number markers, a committed record read once (``committed``) and counts written as the pages
+write them (``sci``)."""
 
 from __future__ import annotations
 
 import datetime
+import functools
+import json
 import os
 import platform
 import re
@@ -18,6 +22,21 @@ import torch
 
 import cli
 import timing
+
+RESULTS = cli.ROOT / "docs" / "results"
+SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+@functools.cache
+def committed(name: str) -> dict:
+    """The committed record docs/results/NAME, read once per process."""
+    return json.loads((RESULTS / name).read_text())
+
+
+def sci(x: float, digits: int = 2) -> str:
+    """4.295e9 -> "4.3·10⁹" (``digits`` significant figures), as the chapters write counts."""
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+    return f"{mantissa}·10{str(int(exponent)).translate(SUPERSCRIPT)}"
 
 
 def cpu_model() -> str:

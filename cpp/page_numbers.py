@@ -5,24 +5,19 @@ from the record or the source that backs it."""
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 
+from record_info import committed
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "docs" / "results"
-
-
-@functools.cache
-def _record(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
 
 
 @functools.cache
 def _overhead_us() -> dict[str, float]:
     """cpp/overhead.py's record: row name -> median µs per call."""
-    return {r["name"]: r["median_us"] for r in _record("cpp_overhead.json")["rows"]}
+    return {r["name"]: r["median_us"] for r in committed("cpp_overhead.json")["rows"]}
 
 
 @functools.cache
@@ -44,7 +39,7 @@ def _dense_cpp(pattern: str) -> str:
 
 def overhead_features() -> str:
     """The overhead record's I = O (the page writes them as one)."""
-    shape = _record("cpp_overhead.json")["shape"]
+    shape = committed("cpp_overhead.json")["shape"]
     if shape["in"] != shape["out"]:
         raise ValueError(f"cpp_overhead.json's shape has I != O ({shape}); the page writes I=O")
     return str(shape["in"])
@@ -63,14 +58,14 @@ def binding_vs_forward() -> str:
 
 
 NUMBERS: dict[str, Callable[[], str]] = {
-    "cpp_overhead_batch": lambda: str(_record("cpp_overhead.json")["shape"]["batch"]),
+    "cpp_overhead_batch": lambda: str(committed("cpp_overhead.json")["shape"]["batch"]),
     "cpp_overhead_features": overhead_features,
     "cpp_apply_over_under": apply_over_under,
     "cpp_binding_us": lambda: f"{_overhead_us()[_rows()[2]]:.1f}",
     "cpp_binding_vs_forward": binding_vs_forward,
     "cpp_reference_forward_us": lambda: f"{_overhead_us()['reference: forward']:.1f}",
     # the cores of the machine the CPU records were taken on (exercise 1's answer)
-    "cpp_record_cpus": lambda: str(_record("cpu_sweep.json")["cpus"]),
+    "cpp_record_cpus": lambda: str(committed("cpu_sweep.json")["cpus"]),
     # the kernels' constants: the blocked paths' limit on input features and block size, the
     # few-rows path's limit, the rows a column sum keeps in float
     "cpp_blocked_max_in": lambda: _dense_cpp(r"\bin_f <= (\d+)"),

@@ -8,17 +8,14 @@ and the CPU's counts (counters.json, at 2048³ and 4096³)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # cli.py, from any working directory
-    sys.path.insert(0, str(ROOT))
+import cli
+from record_info import committed, sci
 
-import cli  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "docs" / "results"
 SHAPE = 4096  # the worklog's forward: 4096³
@@ -34,18 +31,11 @@ SHARED_LD, SHARED_ST = "smsp__inst_executed_op_shared_ld.sum", "smsp__inst_execu
 OCCUPANCY = "sm__warps_active.avg.pct_of_peak_sustained_active"
 SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
 BANK = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_{}.sum"
-SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
 
 # ---------------------------------------------------------------------------------------
 # Formats, as the chapter writes them
 # ---------------------------------------------------------------------------------------
-def sci(x: float, digits: int = 2) -> str:
-    """4.295e9 -> "4.3·10⁹" (digits significant figures)."""
-    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-    return f"{mantissa}·10{str(int(exponent)).translate(SUPERSCRIPT)}"
-
-
 def short_e(x: float, digits: int) -> str:
     """3.36e7 -> "3.4e7" (digits significant figures), as ncu's figures are quoted."""
     mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
@@ -60,11 +50,6 @@ def ratio(x: float) -> str:
 # ---------------------------------------------------------------------------------------
 # The records, read once
 # ---------------------------------------------------------------------------------------
-@cache
-def _json(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
-
-
 @cache
 def timing() -> dict:
     """The newest forward timing record, the one the chapter's GEMM table shows."""
@@ -103,7 +88,7 @@ def wavefront_ms() -> float:
 
 @cache
 def ncu_record() -> dict:
-    return _json("ncu_gemm_h200.json")
+    return committed("ncu_gemm_h200.json")
 
 
 def ncu(kernel: str) -> dict:
@@ -112,13 +97,13 @@ def ncu(kernel: str) -> dict:
 
 @cache
 def static() -> dict[str, dict]:
-    return {r["name"]: r for r in _json("cuda_static_sm90.json")["kernels"]}
+    return {r["name"]: r for r in committed("cuda_static_sm90.json")["kernels"]}
 
 
 @cache
 def counted(shape: int) -> dict[str, dict]:
     """The CPU's counts at shape³ (cuda/counters.py), by kernel."""
-    return {k["kernel"]: k["metrics"] for k in _json("counters.json")["kernels"] if k["shape"] == [shape] * 3}
+    return {k["kernel"]: k["metrics"] for k in committed("counters.json")["kernels"] if k["shape"] == [shape] * 3}
 
 
 def nt(v: int) -> str:
@@ -162,7 +147,7 @@ def gain(slower: int, faster: int) -> str:
 def roofline_of() -> dict:
     """What cuda_roofline.png draws from the timing and static records: the card's roofs, the points."""
     figures = cli.load_file("cuda/figures.py")
-    return figures.roofline(timing(), _json(figures.STATIC))
+    return figures.roofline(timing(), committed(figures.STATIC))
 
 
 def roofline() -> dict[int, dict]:
@@ -321,7 +306,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "cuda_grad_predicted_us": lambda: f"{3 * SHAPE * SHAPE * 4 / roofline_of()['bandwidth'] * 1e6:.0f}",
     "cuda_grad_sectors_per_request": grad_sectors_per_request,
     # the static figures: the one entry that spills
-    "cuda_v4_sm80_spill_bytes": lambda: str(_json("cuda_static_sm90.json")["archs"]["sm_80"]["entries"][nt(4)]
+    "cuda_v4_sm80_spill_bytes": lambda: str(committed("cuda_static_sm90.json")["archs"]["sm_80"]["entries"][nt(4)]
                                             ["spill_stores"]),
     # the roofline figure's numbers
     "cuda_roof_min": lambda: f"{min(100 * roofline()[v]['of_roof'] for v in range(5, 10)):.0f}%",

@@ -71,17 +71,11 @@ def run_script(*args: str, timeout: float = 300, env: dict | None = None) -> sub
 
 
 # Chapters' text as the tests read it: whitespace folded, counts as the pages write them
-SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 
 
 def fold(text: str) -> str:
     return " ".join(text.split())
 
-
-def sci(x: float, digits: int = 2) -> str:
-    """4.295e9 -> "4.3·10⁹" (digits significant figures), as the chapters write counts."""
-    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-    return f"{mantissa}·10{str(int(exponent)).translate(SUPERSCRIPT)}"
 
 
 def exercise(page: Path, number: int, part: str) -> str:

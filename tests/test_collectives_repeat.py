@@ -50,7 +50,7 @@ def test_the_table_has_a_row_per_pair_with_its_difference():
 
 def test_the_chapters_numbers_come_from_the_record(monkeypatch):
     numbers = load_script("parallel/collectives/page_numbers.py")
-    monkeypatch.setattr(numbers, "_record", lambda name: RECORD)
+    monkeypatch.setattr(numbers, "committed", lambda name: RECORD)
     assert numbers.NUMBERS["coll_repeat_shift"]() == "−0.08 to −0.22"  # lowering the threads: ratio down
     assert numbers.NUMBERS["coll_repeat_spread"]() == "0.08"  # 19's 0.85 to 0.93
 

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, exercise, fold, load_script, repository_copy, sci
+from conftest import ROOT, exercise, fold, load_script, repository_copy
+from record_info import sci
 
 CUDA_CHAPTER = ROOT / "cuda" / "README.md"
 pn = load_script("cuda/page_numbers.py")
@@ -58,7 +59,7 @@ def test_what_the_worklog_says_in_words_holds_on_the_timing_and_static_records()
     sr = load_script("cuda/static_report.py")
     assert sr.splitk_slices(4096, 4096, 4096, 128, 128, pn.sm_count()) == 1  # "at 4096³ one"
     # "none spills but v4's `nt` float32 kernel on sm_80"
-    archs = pn._json("cuda_static_sm90.json")["archs"]
+    archs = pn.committed("cuda_static_sm90.json")["archs"]
     spills = {(arch, name): (e["spill_stores"], e["spill_loads"]) for arch, figures in archs.items()
               for name, e in figures["entries"].items() if e["spill_stores"] or e["spill_loads"]}
     assert sorted(archs) == ["sm_80", "sm_90a"] and spills == {("sm_80", nt(4)): (8, 8)}

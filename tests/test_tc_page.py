@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, exercise, load_script, repository_copy, sci
+from conftest import ROOT, exercise, load_script, repository_copy
+from record_info import sci
 
 PAGE = ROOT / "cuda" / "tensor_cores" / "README.md"
 RESULTS = ROOT / "docs" / "results"

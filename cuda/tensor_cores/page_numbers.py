@@ -8,14 +8,14 @@ cuda/gemm_choice.h, cuda/figures.py's bandwidths and cuda/gpu_tensor_cores.py's 
 from __future__ import annotations
 
 import ast
-import json
 import re
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+from record_info import committed
+
 ROOT = Path(__file__).resolve().parent.parent.parent
-RESULTS = ROOT / "docs" / "results"
 BIG = 4096  # the chapter's shape, 4096³, and its largest K
 LOAD_INSTRUCTIONS = 4  # chapter 3's rule: about 4 instructions per scalar global load (the partial tiles' path)
 ISSUE_A_CLOCK = 4  # warp instructions an SM issues a clock (4 sub-partitions)
@@ -31,11 +31,6 @@ KIB, MIB = 1024, 2 ** 20
 # ---------------------------------------------------------------------------------------
 # The sources, read once
 # ---------------------------------------------------------------------------------------
-@cache
-def _record(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
-
-
 @cache
 def _text(path: str) -> str:
     return (ROOT / path).read_text()
@@ -97,7 +92,7 @@ def _mma_clocks() -> float:
 
 def static(version: int, dtype: str = "bf16") -> dict:
     """The sm_90a record of a version's nt kernel (cuda_static_sm90.json's "kernels")."""
-    (k,) = [k for k in _record("cuda_static_sm90.json")["kernels"]
+    (k,) = [k for k in committed("cuda_static_sm90.json")["kernels"]
             if k["version"] == version and k["dtype"] == dtype and k["layout"] == "nt"]
     return k
 
@@ -131,7 +126,7 @@ def _issue_bound(version: int) -> tuple[float, float]:
 
 def counted(version: int) -> dict:
     """A version's bfloat16 forward in the counters' record at 4096³."""
-    return {k["kernel"]: k["metrics"] for k in _record("counters.json")["kernels"] if k["shape"] == [BIG] * 3}[
+    return {k["kernel"]: k["metrics"] for k in committed("counters.json")["kernels"] if k["shape"] == [BIG] * 3}[
         f"dense_gemm_v{version}_nt_bf16"]
 
 
@@ -144,7 +139,7 @@ def _wavefronts(version: int) -> dict[str, float]:
 
 
 def _h100() -> dict:
-    return _record("cuda_gpu_h100.json")
+    return committed("cuda_gpu_h100.json")
 
 
 def _issue_ghz() -> float:
@@ -156,7 +151,7 @@ def _issue_ghz() -> float:
 def _chapter_3_ratios() -> tuple[float, float]:
     """v7's and v8's measured time over chapter 3's issue bound (loop instructions, less 4 per scalar
     global load, per FFMA, at 4 FFMA a clock an SM), unrounded."""
-    kernels = {k["name"]: k for k in _record("cuda_static_sm90.json")["kernels"]}
+    kernels = {k["name"]: k for k in committed("cuda_static_sm90.json")["kernels"]}
     timed = {r["line"]: r["forward_us"] for r in _h100()["gemm"]["rows"]}
     sms = _h100()["gpu"]["sm_count"]
     ffma_ms = BIG ** 3 / 32 / (sms * ISSUE_A_CLOCK * _issue_ghz() * 1e9) * 1e3
@@ -279,7 +274,7 @@ def _part_1_of_cublas() -> str:
 # ---------------------------------------------------------------------------------------
 def gemm_errors(k: int) -> dict[str, dict]:
     """The forward GEMM's errors at K = k in the TF32 record, by variant."""
-    return {r["variant"]: r for r in _record("tf32_error_cpu.json")["results"]
+    return {r["variant"]: r for r in committed("tf32_error_cpu.json")["results"]
             if r["in"] == k and r["tensor"] == "forward GEMM"}
 
 
@@ -296,7 +291,7 @@ def _v26_of_v8(model: str) -> float:
 
 
 def _v26_fails_from() -> str:
-    return str(min(k for k in _record("tf32_error_cpu.json")["shape"]["in"] if not gemm_errors(k)["v26"]["passed"]))
+    return str(min(k for k in committed("tf32_error_cpu.json")["shape"]["in"] if not gemm_errors(k)["v26"]["passed"]))
 
 
 def _cublas_f32_tflops() -> float:

@@ -5,24 +5,16 @@ record or the source that backs it."""
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Callable
-from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
-
-
-@functools.cache
-def _record(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
+from record_info import committed
 
 
 def _repeat_spread() -> str:
     """The widest spread of the launches' median ratios at one setting (highest − lowest)."""
     from parallel.collectives import repeat
 
-    settings = repeat.summary(_record("allreduce_repeat_w2.json")).values()
+    settings = repeat.summary(committed("allreduce_repeat_w2.json")).values()
     return f"{max(s['highest'] - s['lowest'] for s in settings):.2f}"
 
 
@@ -31,12 +23,12 @@ def _repeat_shift() -> str:
     setting's ratio minus the first's), smallest change to largest."""
     from parallel.collectives import repeat
 
-    changes = sorted((-d for d in repeat.paired_shifts(_record("allreduce_repeat_w2.json"))), key=abs)
+    changes = sorted((-d for d in repeat.paired_shifts(committed("allreduce_repeat_w2.json"))), key=abs)
     return f"{changes[0]:+.2f} to {changes[-1]:+.2f}".replace("-", "−")
 
 
 def _bf16() -> dict:
-    return _record("bf16_gloo_w2.json")
+    return committed("bf16_gloo_w2.json")
 
 
 def _bf16_range(key: Callable[[dict, dict], float]) -> str:
