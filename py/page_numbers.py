@@ -1,9 +1,80 @@
 """The numbers in the sentences of chapter 1 (py/README.md), by the names their number
 markers give them (<!-- n NAME -->value<!-- /n -->, written by python docs/render.py), each
-computed from the record or the source that backs it."""
+computed from the record or the source that backs it.
+
+The records: the 1024³ timing (cpu_1024.json) and chapter 2's costs of a small call
+(cpp_overhead.json); the source: grad_check.py's rule for a 16-bit answer."""
 
 from __future__ import annotations
 
+import ast
+import json
 from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 
-NUMBERS: dict[str, Callable[[], str]] = {}
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+
+
+@cache
+def _json(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+@cache
+def _grad_check() -> dict[str, object]:
+    """grad_check.py's module-level literal constants, read without importing torch."""
+    found = {}
+    for node in ast.parse((ROOT / "grad_check.py").read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:  # not a literal (an expression of torch's)
+                pass
+    return found
+
+
+@cache
+def _overhead_us() -> dict[str, float]:
+    """cpp/overhead.py's record: row name -> median µs per call."""
+    return {r["name"]: r["median_us"] for r in _json("cpp_overhead.json")["rows"]}
+
+
+def overhead_features() -> str:
+    """The small call's I = O (the page writes them as one)."""
+    shape = _json("cpp_overhead.json")["shape"]
+    if shape["in"] != shape["out"]:
+        raise ValueError(f"cpp_overhead.json's shape has I != O ({shape}); the page writes I=O")
+    return str(shape["in"])
+
+
+def binding_over_forward() -> bool:
+    """Whether Function.apply's binding alone takes longer than the reference's whole forward."""
+    return _overhead_us()["py: inspect binding alone"] > _overhead_us()["reference: forward"]
+
+
+def apply_over_forward() -> bool:
+    """Whether Function.apply alone takes longer than the reference's whole forward."""
+    return _overhead_us()["py: Function.apply"] > _overhead_us()["reference: forward"]
+
+
+def shape(key: str) -> str:
+    return str(_json("cpu_1024.json")["shape"][key])
+
+
+NUMBERS: dict[str, Callable[[], str]] = {
+    # the small call chapter 2 times: its shape, and what the binding and apply cost against
+    # the reference's forward
+    "py_overhead_batch": lambda: str(_json("cpp_overhead.json")["shape"]["batch"]),
+    "py_overhead_features": overhead_features,
+    "py_binding_longer": lambda: "longer" if binding_over_forward() else "less time",
+    "py_apply_more": lambda: "more" if apply_over_forward() else "less",
+    # grad_check's rule: FACTOR times nn.Linear's error plus FLOOR·u of the largest size
+    "py_factor": lambda: f"{_grad_check()['FACTOR']:g}",
+    "py_floor": lambda: f"{_grad_check()['FLOOR']:g}",
+    # the timing's shape: B × I → O
+    "py_timed_batch": lambda: shape("batch"),
+    "py_timed_in": lambda: shape("in"),
+    "py_timed_out": lambda: shape("out"),
+}
