@@ -1,9 +1,115 @@
 """The numbers in the sentences of the README and the measuring appendix (README.md,
 docs/README.md), by the names their number markers give them (<!-- n NAME -->value<!-- /n -->,
-written by python docs/render.py), each computed from the record or the source that backs it."""
+written by python docs/render.py), each computed from the record or the source that backs it.
+
+The records: the 1024³ timing (cpu_1024.json) and the sweep (cpu_sweep.json); the source: the
+timing harness (timing.py), grad_check.py's tolerances and rule, the budgets in docs/render.py,
+the cap on records in tests/test_records.py and the Python pyproject.toml requires."""
 
 from __future__ import annotations
 
+import ast
+import json
+import math
+import re
+import sys
 from collections.abc import Callable
+from functools import cache
+from pathlib import Path
 
-NUMBERS: dict[str, Callable[[], str]] = {}
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # cli.py, from any working directory
+    sys.path.insert(0, str(ROOT))
+
+import cli  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results"
+SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+@cache
+def _json(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+@cache
+def _constants(path: str) -> dict[str, object]:
+    """A Python file's module-level literal constants, read without running it."""
+    found = {}
+    for node in ast.parse((ROOT / path).read_text()).body:
+        if isinstance(node, ast.Assign):
+            pairs = [(node.targets[0], node.value)] if len(node.targets) == 1 else []
+            if pairs and isinstance(pairs[0][0], ast.Tuple) and isinstance(node.value, ast.Tuple):
+                pairs = list(zip(pairs[0][0].elts, node.value.elts))  # RTOL, ATOL = 1e-4, 1e-5
+            for target, value in pairs:
+                if isinstance(target, ast.Name):
+                    try:
+                        found[target.id] = ast.literal_eval(value)
+                    except ValueError:  # not a literal
+                        pass
+    return found
+
+
+def _default(path: str, function: str, argument: str) -> object:
+    """The default value of a function's keyword argument, from its source."""
+    node = next(n for n in ast.parse((ROOT / path).read_text()).body
+                if isinstance(n, ast.FunctionDef) and n.name == function)
+    args = node.args.args
+    defaults = dict(zip([a.arg for a in args[len(args) - len(node.args.defaults):]], node.args.defaults))
+    return ast.literal_eval(defaults[argument])
+
+
+def power_of_ten(x: float) -> str:
+    """1e-4 -> "10⁻⁴"."""
+    exponent = round(math.log10(x))
+    if 10.0 ** exponent != x:
+        raise ValueError(f"{x} is not a power of ten")
+    return "10" + str(exponent).translate(SUPERSCRIPT)
+
+
+def fewest_rounds() -> str:
+    """The fewest per-round ratios timing.median_ci gives an interval for."""
+    timing = cli.load_file("timing.py")
+    n = 1
+    while timing.median_ci(list(range(n))) is None:
+        n += 1
+    return str(n)
+
+
+@cache
+def _render() -> object:
+    return cli.load_file("docs/render.py")
+
+
+def words(n: int) -> str:
+    return f"{n:,}"
+
+
+def python_version() -> str:
+    m = re.search(r'^requires-python\s*=\s*">=\s*([\d.]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    if m is None:
+        raise ValueError("pyproject.toml names no requires-python >= version")
+    return m[1]
+
+
+NUMBERS: dict[str, Callable[[], str]] = {
+    # README.md: the Python it needs, and the level of the timing table's intervals
+    "book_python": python_version,
+    "book_table_ci": lambda: f"{_json('cpu_1024.json')['ci_level']:.0%}",
+    # docs/README.md, how a benchmark times: a CPU sample's least length, the intervals' level,
+    # the fewest rounds that give one, the sweep's replicates
+    "book_sample_ms": lambda: f"{_default('timing.py', 'measure', 'min_sample_s') * 1000:g}",
+    "book_ci_level": lambda: f"{_constants('timing.py')['CI_LEVEL']:.0%}",
+    "book_fewest_rounds": fewest_rounds,
+    "book_sweep_replicates": lambda: str(_json("cpu_sweep.json")["replicates"]),
+    # how an answer is judged: grad_check's tolerances and rule
+    "book_rtol32": lambda: power_of_ten(_constants("grad_check.py")["RTOL"]),
+    "book_rtol64": lambda: power_of_ten(_constants("grad_check.py")["RTOL64"]),
+    "book_factor": lambda: f"{_constants('grad_check.py')['FACTOR']:g}",
+    "book_floor": lambda: f"{_constants('grad_check.py')['FLOOR']:g}",
+    # the cap on kinds of record, and the prose budgets
+    "book_max_records": lambda: str(_constants("tests/test_records.py")["MAX_RECORDS"]),
+    "book_budget_chapter": lambda: words(_render().BUDGET_CHAPTER),
+    "book_budget_collectives": lambda: words(_render().BUDGET_EXCEPTIONS["parallel/collectives/README.md"]),
+    "book_budget_all": lambda: words(_render().BUDGET_ALL),
+}
