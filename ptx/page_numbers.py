@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -22,6 +23,9 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
 import cli  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
+PTX = ROOT / "ptx" / "dense_kernels.ptx"
+V4_STORE = re.compile(r"^\s*st\.global\.v4\.f32\s+\[%\w+(?:\+-?\d+)?\],\s*\{[^}]*\};", re.M)
+WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 BOUND_SAMPLES = 200_001  # evenly spaced z for the bound's maximum (a tenth of a second)
 
 
@@ -67,6 +71,21 @@ def bound_max() -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
+def grad_v4_stores() -> str:
+    """The 128-bit stores of dz in EDIT-B's kernel (exercise 3 turns each back into four)."""
+    text = PTX.read_text()
+    start = text.index(".entry dense_sigmoid_grad_v1_x4_f32")
+    return WORDS[len(V4_STORE.findall(text, start, text.index("\n}\n", start)))]
+
+
+def square() -> int:
+    """The edge of the square shape the edits are timed at (B = I = O)."""
+    b, i, o = timing()["shapes"]["4096"]["shape"]
+    if not b == i == o:
+        raise ValueError(f"the square shape is {b}, {i}, {o}; the page writes it as a cube")
+    return b
+
+
 def elementwise_faster() -> str:
     """How much faster the training step is with EDIT-B at the elementwise-heavy shape."""
     return f"{(timing()['shapes']['elementwise']['fwd+bwd']['speedup'] - 1) * 100:.1f}%"
@@ -80,7 +99,9 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "ptx_bound_argmax": lambda: f"{_bound()[1]:.2f}",
     "ptx_bound_eps_c": lambda: f"{_bound()[2].EPS_C / _bound()[2].U:.2f}",
     "ptx_bound_limit": lambda: f"{inspect.signature(_bound()[2].samples).parameters['limit'].default:g}",
-    # the timings: EDIT-B's gain on the training step, and the shape it is measured at
+    # the timings: the square shape (its K: the multiply-adds per sigmoid), EDIT-B's gain on the
+    # training step, and the elementwise-heavy shape it is measured at
+    "ptx_square": lambda: str(square()),
     "ptx_edit_b_faster": elementwise_faster,
     "ptx_elementwise_b": lambda: str(timing()["shapes"]["elementwise"]["shape"][0]),
     "ptx_elementwise_i": lambda: str(timing()["shapes"]["elementwise"]["shape"][1]),
@@ -91,4 +112,6 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "ptx_edit_b_instructions": lambda: str(sass("EDIT-B", "edited")["instructions"]),
     "ptx_edit_b_ldg": lambda: width(sass("EDIT-B", "edited")["ldg"]),
     "ptx_compiler_stg": lambda: width(sass("EDIT-B", "compiler")["stg"]),
+    # the source: the 128-bit stores exercise 3 names
+    "ptx_grad_v4_stores": grad_v4_stores,
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -99,7 +100,16 @@ def interpreter_tile() -> str:
     return tile(config["BLOCK_M"], config["BLOCK_N"])
 
 
+def triton_pin() -> str:
+    """The Triton release requirements.txt installs."""
+    m = re.search(r"^triton==(\S+)", (ROOT / "requirements.txt").read_text(), re.M)
+    if m is None:
+        raise ValueError("requirements.txt pins no triton==VERSION")
+    return m[1]
+
+
 NUMBERS: dict[str, Callable[[], str]] = {
+    "tiles_triton_pin": triton_pin,
     # the tiles: the interpreter's, and the range the autotuner chooses among
     "tiles_interpreter_tile": interpreter_tile,
     "tiles_smallest_tile": lambda: tile(*min(forward_configs(), key=lambda c: c[0] * c[1])[:2]),
