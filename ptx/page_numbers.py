@@ -106,8 +106,9 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "ptx_elementwise_b": lambda: str(timing()["shapes"]["elementwise"]["shape"][0]),
     "ptx_elementwise_i": lambda: str(timing()["shapes"]["elementwise"]["shape"][1]),
     "ptx_elementwise_o": lambda: str(timing()["shapes"]["elementwise"]["shape"][2]),
-    # the SASS record, as the answers quote it: the edited sigmoid's and grad kernel's sizes,
-    # the edited kernel's loads and the compiler's stores
+    # the SASS record: the architecture it is for, and, as the answers quote it, the edited
+    # sigmoid's and grad kernel's sizes, the edited kernel's loads and the compiler's stores
+    "ptx_sass_arch": lambda: _json("ptx_sass_sm90.json")["arch"],
     "ptx_edit_a_instructions": lambda: str(sass("EDIT-A", "edited")["instructions"]),
     "ptx_edit_b_instructions": lambda: str(sass("EDIT-B", "edited")["instructions"]),
     "ptx_edit_b_ldg": lambda: width(sass("EDIT-B", "edited")["ldg"]),
