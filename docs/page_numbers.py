@@ -9,7 +9,6 @@ the cap on records in tests/test_records.py and the Python pyproject.toml requir
 from __future__ import annotations
 
 import ast
-import json
 import math
 import re
 import sys
@@ -22,14 +21,7 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
     sys.path.insert(0, str(ROOT))
 
 import cli  # noqa: E402
-
-RESULTS = ROOT / "docs" / "results"
-SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
-
-
-@cache
-def _json(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
+from record_info import SUPERSCRIPT, committed  # noqa: E402
 
 
 @cache
@@ -95,13 +87,13 @@ def python_version() -> str:
 NUMBERS: dict[str, Callable[[], str]] = {
     # README.md: the Python it needs, and the level of the timing table's intervals
     "book_python": python_version,
-    "book_table_ci": lambda: f"{_json('cpu_1024.json')['ci_level']:.0%}",
+    "book_table_ci": lambda: f"{committed('cpu_1024.json')['ci_level']:.0%}",
     # docs/README.md, how a benchmark times: a CPU sample's least length, the intervals' level,
     # the fewest rounds that give one, the sweep's replicates
     "book_sample_ms": lambda: f"{_default('timing.py', 'measure', 'min_sample_s') * 1000:g}",
     "book_ci_level": lambda: f"{_constants('timing.py')['CI_LEVEL']:.0%}",
     "book_fewest_rounds": fewest_rounds,
-    "book_sweep_replicates": lambda: str(_json("cpu_sweep.json")["replicates"]),
+    "book_sweep_replicates": lambda: str(committed("cpu_sweep.json")["replicates"]),
     # how an answer is judged: grad_check's tolerances and rule
     "book_rtol32": lambda: power_of_ten(_constants("grad_check.py")["RTOL"]),
     "book_rtol64": lambda: power_of_ten(_constants("grad_check.py")["RTOL64"]),

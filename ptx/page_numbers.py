@@ -9,7 +9,6 @@ ptx/sigmoid_bound.py's derived bound on EDIT-A's error."""
 from __future__ import annotations
 
 import inspect
-import json
 import re
 import sys
 from collections.abc import Callable
@@ -21,17 +20,13 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
     sys.path.insert(0, str(ROOT))
 
 import cli  # noqa: E402
+from record_info import committed  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 PTX = ROOT / "ptx" / "dense_kernels.ptx"
 V4_STORE = re.compile(r"^\s*st\.global\.v4\.f32\s+\[%\w+(?:\+-?\d+)?\],\s*\{[^}]*\};", re.M)
 WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 BOUND_SAMPLES = 200_001  # evenly spaced z for the bound's maximum (a tenth of a second)
-
-
-@cache
-def _json(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
 
 
 @cache
@@ -45,7 +40,7 @@ def timing() -> dict:
 
 def sass(tag: str, which: str) -> dict:
     """The SASS figures of an edit (EDIT-A, EDIT-B), from the compiler's PTX or the edited one."""
-    return next(e for e in _json("ptx_sass_sm90.json")["edits"] if e["tag"] == tag)[which]
+    return next(e for e in committed("ptx_sass_sm90.json")["edits"] if e["tag"] == tag)[which]
 
 
 def width(counts: dict[str, int]) -> str:
@@ -108,7 +103,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "ptx_elementwise_o": lambda: str(timing()["shapes"]["elementwise"]["shape"][2]),
     # the SASS record: the architecture it is for, and, as the answers quote it, the edited
     # sigmoid's and grad kernel's sizes, the edited kernel's loads and the compiler's stores
-    "ptx_sass_arch": lambda: _json("ptx_sass_sm90.json")["arch"],
+    "ptx_sass_arch": lambda: committed("ptx_sass_sm90.json")["arch"],
     "ptx_edit_a_instructions": lambda: str(sass("EDIT-A", "edited")["instructions"]),
     "ptx_edit_b_instructions": lambda: str(sass("EDIT-B", "edited")["instructions"]),
     "ptx_edit_b_ldg": lambda: width(sass("EDIT-B", "edited")["ldg"]),

@@ -8,23 +8,21 @@ The records: the 1024³ timing (cpu_1024.json) and chapter 2's costs of a small 
 from __future__ import annotations
 
 import ast
-import json
+import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "docs" / "results"
+if str(ROOT) not in sys.path:  # record_info.py, from any working directory
+    sys.path.insert(0, str(ROOT))
 
-
-@cache
-def _json(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
+from record_info import committed  # noqa: E402
 
 
 @cache
 def _grad_check() -> dict[str, object]:
-    """grad_check.py's module-level literal constants, read without importing torch."""
+    """grad_check.py's module-level literal constants, read from its source."""
     found = {}
     for node in ast.parse((ROOT / "grad_check.py").read_text()).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -38,12 +36,12 @@ def _grad_check() -> dict[str, object]:
 @cache
 def _overhead_us() -> dict[str, float]:
     """cpp/overhead.py's record: row name -> median µs per call."""
-    return {r["name"]: r["median_us"] for r in _json("cpp_overhead.json")["rows"]}
+    return {r["name"]: r["median_us"] for r in committed("cpp_overhead.json")["rows"]}
 
 
 def overhead_features() -> str:
     """The small call's I = O (the page writes them as one)."""
-    shape = _json("cpp_overhead.json")["shape"]
+    shape = committed("cpp_overhead.json")["shape"]
     if shape["in"] != shape["out"]:
         raise ValueError(f"cpp_overhead.json's shape has I != O ({shape}); the page writes I=O")
     return str(shape["in"])
@@ -60,13 +58,13 @@ def apply_over_forward() -> bool:
 
 
 def shape(key: str) -> str:
-    return str(_json("cpu_1024.json")["shape"][key])
+    return str(committed("cpu_1024.json")["shape"][key])
 
 
 NUMBERS: dict[str, Callable[[], str]] = {
     # the small call chapter 2 times: its shape, and what the binding and apply cost against
     # the reference's forward
-    "py_overhead_batch": lambda: str(_json("cpp_overhead.json")["shape"]["batch"]),
+    "py_overhead_batch": lambda: str(committed("cpp_overhead.json")["shape"]["batch"]),
     "py_overhead_features": overhead_features,
     "py_binding_longer": lambda: "longer" if binding_over_forward() else "less time",
     "py_apply_more": lambda: "more" if apply_over_forward() else "less",

@@ -22,14 +22,10 @@ if str(ROOT) not in sys.path:  # cli.py, from any working directory
     sys.path.insert(0, str(ROOT))
 
 import cli  # noqa: E402
+from record_info import committed  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}  # blocks per SM, as the prose writes them
-
-
-@cache
-def _json(name: str) -> dict:
-    return json.loads((RESULTS / name).read_text())
 
 
 # ---------------------------------------------------------------------------------------
@@ -53,13 +49,13 @@ def forward_us(line: str) -> float:
 # ---------------------------------------------------------------------------------------
 def triton_forward() -> dict:
     """Triton's IEEE float32 forward in the static record."""
-    return next(k for k in _json("triton_static_sm90.json")["kernels"]
+    return next(k for k in committed("triton_static_sm90.json")["kernels"]
                 if k["label"] == "forward" and k["dtype"] == "f32" and k["precision"] == "ieee")
 
 
 def v8() -> dict:
     """Chapter 3's v8 (the forward: nt, float32) in the record the Triton report compares with."""
-    record = ROOT / _json("triton_static_sm90.json")["compare_with"]
+    record = ROOT / committed("triton_static_sm90.json")["compare_with"]
     return next(k for k in json.loads(record.read_text())["kernels"] if k["name"] == "dense_gemm_v8_nt_f32")
 
 
