@@ -3,11 +3,13 @@ measured on (``describe_device``, ``describe_machine``, ``describe_gpu``), when 
 command (``provenance``, ``command_line``: docs/records.py runs it again), a timing record's
 first fields (``record_header``), the line under its tables (``footer``), and figures saved with
 their command in the file (``save_figure``; ``pyplot`` without a display); and for the chapters'
-number markers, a committed record read once (``committed``) and counts written as the pages
-write them (``sci``)."""
+number markers, a committed record read once (``committed``), a source's literal constants read
+without running it (``source_constants``), and counts written as the pages write them (``sci``,
+``in_words``)."""
 
 from __future__ import annotations
 
+import ast
 import datetime
 import functools
 import json
@@ -31,6 +33,32 @@ SUPERSCRIPT = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
 def committed(name: str) -> dict:
     """The committed record docs/results/NAME, read once per process."""
     return json.loads((RESULTS / name).read_text())
+
+
+@functools.cache
+def source_constants(path: str) -> dict[str, object]:
+    """The module-level literal constants of the Python file ``path`` (from the repository's root),
+    read without running it: ``RTOL, ATOL = 1e-4, 1e-5`` gives both; a value that is not a literal
+    (an expression of torch's) is left out."""
+    found = {}
+    for node in ast.parse((cli.ROOT / path).read_text()).body:
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target, value = node.targets[0], node.value
+        pairs = (list(zip(target.elts, value.elts)) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                 else [(target, value)])
+        for name, literal in pairs:
+            if isinstance(name, ast.Name):
+                try:
+                    found[name.id] = ast.literal_eval(literal)
+                except ValueError:
+                    pass
+    return found
+
+
+def in_words(n: int) -> str:
+    """A small count as the prose writes it: 2 -> "two"."""
+    return ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"][n]
 
 
 def sci(x: float, digits: int = 2) -> str:

@@ -11,35 +11,14 @@ from __future__ import annotations
 import ast
 import math
 import re
-import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+import cli
+from record_info import SUPERSCRIPT, committed, source_constants
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # cli.py, from any working directory
-    sys.path.insert(0, str(ROOT))
-
-import cli  # noqa: E402
-from record_info import SUPERSCRIPT, committed  # noqa: E402
-
-
-@cache
-def _constants(path: str) -> dict[str, object]:
-    """A Python file's module-level literal constants, read without running it."""
-    found = {}
-    for node in ast.parse((ROOT / path).read_text()).body:
-        if isinstance(node, ast.Assign):
-            pairs = [(node.targets[0], node.value)] if len(node.targets) == 1 else []
-            if pairs and isinstance(pairs[0][0], ast.Tuple) and isinstance(node.value, ast.Tuple):
-                pairs = list(zip(pairs[0][0].elts, node.value.elts))  # RTOL, ATOL = 1e-4, 1e-5
-            for target, value in pairs:
-                if isinstance(target, ast.Name):
-                    try:
-                        found[target.id] = ast.literal_eval(value)
-                    except ValueError:  # not a literal
-                        pass
-    return found
 
 
 def _default(path: str, function: str, argument: str) -> object:
@@ -91,16 +70,16 @@ NUMBERS: dict[str, Callable[[], str]] = {
     # docs/README.md, how a benchmark times: a CPU sample's least length, the intervals' level,
     # the fewest rounds that give one, the sweep's replicates
     "book_sample_ms": lambda: f"{_default('timing.py', 'measure', 'min_sample_s') * 1000:g}",
-    "book_ci_level": lambda: f"{_constants('timing.py')['CI_LEVEL']:.0%}",
+    "book_ci_level": lambda: f"{source_constants('timing.py')['CI_LEVEL']:.0%}",
     "book_fewest_rounds": fewest_rounds,
     "book_sweep_replicates": lambda: str(committed("cpu_sweep.json")["replicates"]),
     # how an answer is judged: grad_check's tolerances and rule
-    "book_rtol32": lambda: power_of_ten(_constants("grad_check.py")["RTOL"]),
-    "book_rtol64": lambda: power_of_ten(_constants("grad_check.py")["RTOL64"]),
-    "book_factor": lambda: f"{_constants('grad_check.py')['FACTOR']:g}",
-    "book_floor": lambda: f"{_constants('grad_check.py')['FLOOR']:g}",
+    "book_rtol32": lambda: power_of_ten(source_constants("grad_check.py")["RTOL"]),
+    "book_rtol64": lambda: power_of_ten(source_constants("grad_check.py")["RTOL64"]),
+    "book_factor": lambda: f"{source_constants('grad_check.py')['FACTOR']:g}",
+    "book_floor": lambda: f"{source_constants('grad_check.py')['FLOOR']:g}",
     # the cap on kinds of record, and the prose budgets
-    "book_max_records": lambda: str(_constants("tests/test_records.py")["MAX_RECORDS"]),
+    "book_max_records": lambda: str(source_constants("tests/test_records.py")["MAX_RECORDS"]),
     "book_budget_chapter": lambda: words(_render().BUDGET_CHAPTER),
     "book_budget_collectives": lambda: words(_render().BUDGET_EXCEPTIONS["parallel/collectives/README.md"]),
     "book_budget_all": lambda: words(_render().BUDGET_ALL),

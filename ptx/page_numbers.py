@@ -10,22 +10,18 @@ from __future__ import annotations
 
 import inspect
 import re
-import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # cli.py, from any working directory
-    sys.path.insert(0, str(ROOT))
+import cli
+from record_info import committed, in_words
 
-import cli  # noqa: E402
-from record_info import committed  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "docs" / "results"
 PTX = ROOT / "ptx" / "dense_kernels.ptx"
 V4_STORE = re.compile(r"^\s*st\.global\.v4\.f32\s+\[%\w+(?:\+-?\d+)?\],\s*\{[^}]*\};", re.M)
-WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 BOUND_SAMPLES = 200_001  # evenly spaced z for the bound's maximum (a tenth of a second)
 
 
@@ -70,7 +66,7 @@ def grad_v4_stores() -> str:
     """The 128-bit stores of dz in EDIT-B's kernel (exercise 3 turns each back into four)."""
     text = PTX.read_text()
     start = text.index(".entry dense_sigmoid_grad_v1_x4_f32")
-    return WORDS[len(V4_STORE.findall(text, start, text.index("\n}\n", start)))]
+    return in_words(len(V4_STORE.findall(text, start, text.index("\n}\n", start))))
 
 
 def square() -> int:

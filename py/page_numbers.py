@@ -7,30 +7,13 @@ The records: the 1024³ timing (cpu_1024.json) and chapter 2's costs of a small 
 
 from __future__ import annotations
 
-import ast
-import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+from record_info import committed, source_constants
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # record_info.py, from any working directory
-    sys.path.insert(0, str(ROOT))
-
-from record_info import committed  # noqa: E402
-
-
-@cache
-def _grad_check() -> dict[str, object]:
-    """grad_check.py's module-level literal constants, read from its source."""
-    found = {}
-    for node in ast.parse((ROOT / "grad_check.py").read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                found[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:  # not a literal (an expression of torch's)
-                pass
-    return found
 
 
 @cache
@@ -69,8 +52,8 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "py_binding_longer": lambda: "longer" if binding_over_forward() else "less time",
     "py_apply_more": lambda: "more" if apply_over_forward() else "less",
     # grad_check's rule: FACTOR times nn.Linear's error plus FLOOR·u of the largest size
-    "py_factor": lambda: f"{_grad_check()['FACTOR']:g}",
-    "py_floor": lambda: f"{_grad_check()['FLOOR']:g}",
+    "py_factor": lambda: f"{source_constants('grad_check.py')['FACTOR']:g}",
+    "py_floor": lambda: f"{source_constants('grad_check.py')['FLOOR']:g}",
     # the timing's shape: B × I → O
     "py_timed_batch": lambda: shape("batch"),
     "py_timed_in": lambda: shape("in"),

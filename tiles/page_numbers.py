@@ -12,20 +12,16 @@ from __future__ import annotations
 import ast
 import json
 import re
-import sys
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # cli.py, from any working directory
-    sys.path.insert(0, str(ROOT))
+import cli
+from record_info import committed, in_words
 
-import cli  # noqa: E402
-from record_info import committed  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = ROOT / "docs" / "results"
-WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}  # blocks per SM, as the prose writes them
 
 
 # ---------------------------------------------------------------------------------------
@@ -124,8 +120,8 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tiles_triton_tf32_tflops": lambda: f"{timing()['triton, TF32']['forward_tflops']:.0f}",
     "tiles_reference_tf32_tflops": lambda: f"{timing()['reference, TF32']['forward_tflops']:.0f}",
     # the compiler's figures it predicted them from: blocks per SM and registers, Triton's and v8's
-    "tiles_triton_blocks": lambda: WORDS[triton_forward()["blocks_per_sm"]],
+    "tiles_triton_blocks": lambda: in_words(triton_forward()["blocks_per_sm"]),
     "tiles_triton_registers": lambda: str(triton_forward()["registers"]),
-    "tiles_v8_blocks": lambda: WORDS[v8()["blocks_per_sm"]],
+    "tiles_v8_blocks": lambda: in_words(v8()["blocks_per_sm"]),
     "tiles_v8_registers": lambda: str(v8()["registers"]),
 }

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from record_info import committed
+from record_info import committed, in_words, sci
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BIG = 4096  # the chapter's shape, 4096³, and its largest K
@@ -173,15 +173,6 @@ def _range(lo: float, hi: float, digits: int) -> str:
     return f"{round(lo, digits):g}-{round(hi, digits):g}"
 
 
-def _sci(x: float, digits: int = 2) -> str:
-    """4.295e9 -> "4.3·10⁹", as the chapters write counts."""
-    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
-    return f"{mantissa}·10{str(int(exponent)).translate(str.maketrans('0123456789-', '⁰¹²³⁴⁵⁶⁷⁸⁹⁻'))}"
-
-
-def _word(n: int) -> str:
-    """A count the page writes as a word."""
-    return ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"][n]
 
 
 def _int(x: float) -> str:
@@ -449,10 +440,10 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v21_bound": lambda: f"{_issue_slots() / _issue_bound(21)[0]:.2f}",
     "tc_v21_per_mma": lambda: f"{_issue_bound(21)[0]:g}",
     "tc_v21_loads": lambda: f"{_loop(21)['ldg']['16'] / _loop(21)['mma']:g}",
-    "tc_v21_requests": lambda: _sci(_v21_requests()),
+    "tc_v21_requests": lambda: sci(_v21_requests()),
     "tc_v21_sectors": _v21_sectors,
     # v22 and v23: the bank conflicts
-    "tc_v22_warps": lambda: _word(static(22)["napkin"]["tensor_cores"]["warps"]).capitalize(),
+    "tc_v22_warps": lambda: in_words(static(22)["napkin"]["tensor_cores"]["warps"]).capitalize(),
     "tc_v22_tile": lambda: _tile(22),
     "tc_v22_k_step": lambda: str(static(22)["tile"]["bk"]),
     "tc_v22_bound": lambda: f"{_wavefronts_allowed() / _per_mma(22, 'ld', 'st'):.2f}",
@@ -461,9 +452,9 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v22_ldmatrix_per_mma": lambda: f"{_per_mma(22, 'ld'):g}",
     "tc_v22_staging_per_mma": lambda: f"{_per_mma(22, 'st'):g}",
     "tc_v22_per_mma": lambda: f"{_per_mma(22, 'ld', 'st'):g}",
-    "tc_ldsm_requests": lambda: _sci(_wavefronts(23)["ldsm"]),
-    "tc_v22_wavefronts": lambda: _sci(_wavefronts(22)["ld"]),
-    "tc_v23_wavefronts": lambda: _sci(_wavefronts(23)["ld"]),
+    "tc_ldsm_requests": lambda: sci(_wavefronts(23)["ldsm"]),
+    "tc_v22_wavefronts": lambda: sci(_wavefronts(22)["ld"]),
+    "tc_v23_wavefronts": lambda: sci(_wavefronts(23)["ld"]),
     "tc_v22_per_matrix": lambda: f"{_wavefronts(22)['ld'] / _wavefronts(22)['ldsm'] / 4:g}",
     "tc_v23_per_matrix": lambda: f"{_wavefronts(23)['ld'] / _wavefronts(23)['ldsm'] / 4:g}",
     "tc_swizzle_registers": lambda: str(static(23)["registers"] - static(22)["registers"]),
@@ -480,7 +471,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_ratio_low": lambda: f"{_ratios()[0]:.1f}",
     "tc_ratio_high": lambda: f"{_ratios()[1]:.1f}",
     # v24
-    "tc_v24_warps": lambda: _word(static(24)["napkin"]["tensor_cores"]["warps"]).capitalize(),
+    "tc_v24_warps": lambda: in_words(static(24)["napkin"]["tensor_cores"]["warps"]).capitalize(),
     "tc_v24_warp_tile": lambda: _tile(24, warp=True),
     "tc_v24_tile": lambda: _tile(24),
     "tc_v24_bk": lambda: str(header_constants("v24_pipeline.cuh")["kV24BK"]),
@@ -489,8 +480,8 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v24_goal": lambda: f"{_py_constants('cuda/gpu_tensor_cores.py')['ROOF_GOALS']['v24'][1]:g}",
     "tc_v24_ldmatrix_per_mma": lambda: f"{_per_mma(24, 'ld'):g}",
     "tc_v24_copies_per_mma": lambda: f"{_per_mma(24, 'ldgsts'):g}",
-    "tc_v24_ldmatrix": lambda: _sci(_wavefronts(24)["ld"]),
-    "tc_v24_copies": lambda: _sci(_wavefronts(24)["ldgsts"]),
+    "tc_v24_ldmatrix": lambda: sci(_wavefronts(24)["ld"]),
+    "tc_v24_copies": lambda: sci(_wavefronts(24)["ldgsts"]),
     "tc_v24_per_mma": lambda: f"{_per_mma(24, 'ld', 'ldgsts'):g}",
     "tc_v24_instructions": lambda: str(_loop(24)["instructions"]),
     "tc_v24_mma": lambda: str(_loop(24)["mma"]),
@@ -507,7 +498,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_split_products": lambda: f"{gemm_errors(BIG)['split']['ratio']:.2f}",
     "tc_cublas_f32_tflops": lambda: f"{_cublas_f32_tflops():.1f}",
     "tc_v8_ratio": lambda: f"{_chapter_3_ratios()[1]:.2f}",
-    "tc_v26_products": lambda: _word(_products(26)),
+    "tc_v26_products": lambda: in_words(_products(26)),
     "tc_v25_speed": lambda: _range(*_tf32_speeds(25), 1),
     "tc_v25_instructions": lambda: str(_loop(25, "f32")["instructions"]),
     "tc_v25_mma": lambda: str(_loop(25, "f32")["mma"]),
@@ -517,7 +508,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v26_instructions": lambda: _int(_loop(26, "f32")["instructions"]),
     "tc_v26_mma": lambda: str(_loop(26, "f32")["mma"]),
     "tc_v26_registers": lambda: str(static(26, "f32")["registers"]),
-    "tc_v26_blocks": lambda: _word(static(26, "f32")["blocks_per_sm"]),
+    "tc_v26_blocks": lambda: in_words(static(26, "f32")["blocks_per_sm"]),
     "tc_truncating_over_v8": _truncating_over_v8,
     # v31-v33
     "tc_v31_tile": lambda: _tile(31),
@@ -531,8 +522,8 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v32_stages": lambda: str(header_constants("v32_tma.cuh")["kV32Stages"]),
     "tc_v32_threads": lambda: str(static(32)["threads"]),
     "tc_v32_shared": lambda: _int(static(32)["dynamic_shared_bytes"]),
-    "tc_v32_blocks": lambda: _word(static(32)["blocks_per_sm"]),
-    "tc_v33_consumers": lambda: _word(static(33)["threads"] // 128 - 1),  # all warpgroups but the producer
+    "tc_v32_blocks": lambda: in_words(static(32)["blocks_per_sm"]),
+    "tc_v33_consumers": lambda: in_words(static(33)["threads"] // 128 - 1),  # all warpgroups but the producer
     "tc_v33_accumulators": lambda: str(static(33)["tile"]["wn"] // 2),  # 64×256 over a warpgroup's 128 threads
     "tc_v33_warp_tile": lambda: _tile(33, warp=True),
     "tc_v33_tile": lambda: _tile(33),
@@ -551,7 +542,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     "tc_v34_bk": lambda: str(header_constants("v34_split_tf32_wgmma.cuh")["kV34BK"]),
     "tc_v34_tensor_clocks": lambda: f"{_v34()['tensor']:g}",
     "tc_v34_elements": lambda: str(_v34()["elements"]),
-    "tc_v34_blocks": lambda: _word(static(34, "f32")["blocks_per_sm"]),
+    "tc_v34_blocks": lambda: in_words(static(34, "f32")["blocks_per_sm"]),
     "tc_v34_shared": lambda: _int(static(34, "f32")["dynamic_shared_bytes"]),
     "tc_v34_clocks": lambda: "-".join(f"{round(c, -1):,.0f}" for c in _v34()["clocks"]),
     # v35 and the small batch
