@@ -4,8 +4,8 @@ command (``provenance``, ``command_line``: docs/records.py runs it again), a tim
 first fields (``record_header``), the line under its tables (``footer``), and figures saved with
 their command in the file (``save_figure``; ``pyplot`` without a display); and for the chapters'
 number markers, a committed record read once (``committed``), a source's literal constants read
-without running it (``source_constants``), and counts written as the pages write them (``sci``,
-``in_words``)."""
+without running it (``source_constants``) or found by a pattern (``source_match``), and counts
+written as the pages write them (``sci``, ``in_words``)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,15 @@ def source_constants(path: str) -> dict[str, object]:
                 except ValueError:
                     pass
     return found
+
+
+def source_match(path: str, pattern: str) -> str:
+    """The first group of ``pattern`` (a multi-line regular expression) in the file ``path``
+    (from the repository's root): a constant written in C++, a pin in requirements.txt."""
+    m = re.search(pattern, (cli.ROOT / path).read_text(), re.M)
+    if m is None:
+        raise ValueError(f"{path} has no match for {pattern!r}")
+    return m[1]
 
 
 def in_words(n: int) -> str:

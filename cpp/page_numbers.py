@@ -5,17 +5,16 @@ from the record or the source that backs it."""
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from pathlib import Path
 
-from record_info import committed
+from record_info import committed, source_match
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @functools.cache
-def _overhead_us() -> dict[str, float]:
+def overhead_us() -> dict[str, float]:
     """cpp/overhead.py's record: row name -> median µs per call."""
     return {r["name"]: r["median_us"] for r in committed("cpp_overhead.json")["rows"]}
 
@@ -29,14 +28,6 @@ def _rows() -> tuple[str, str, str]:
     return overhead.APPLY, overhead.UNDER, overhead.BINDING
 
 
-def _dense_cpp(pattern: str) -> str:
-    """The first group of `pattern` in dense.cpp: a constant the kernels use."""
-    m = re.search(pattern, (ROOT / "cpp" / "dense.cpp").read_text())
-    if m is None:
-        raise ValueError(f"cpp/dense.cpp has no match for {pattern!r}")
-    return m[1]
-
-
 def overhead_features() -> str:
     """The overhead record's I = O (the page writes them as one)."""
     shape = committed("cpp_overhead.json")["shape"]
@@ -48,28 +39,28 @@ def overhead_features() -> str:
 def apply_over_under() -> str:
     """What Function.apply costs over the C++ apply under it, µs (medians' difference)."""
     apply, under, _ = _rows()
-    return f"{_overhead_us()[apply] - _overhead_us()[under]:.1f}"
+    return f"{overhead_us()[apply] - overhead_us()[under]:.1f}"
 
 
 def binding_vs_forward() -> str:
     """Whether the inspect binding alone takes more or less than the reference's whole forward."""
-    binding = _overhead_us()[_rows()[2]]
-    return "more" if binding > _overhead_us()["reference: forward"] else "less"
+    binding = overhead_us()[_rows()[2]]
+    return "more" if binding > overhead_us()["reference: forward"] else "less"
 
 
 NUMBERS: dict[str, Callable[[], str]] = {
     "cpp_overhead_batch": lambda: str(committed("cpp_overhead.json")["shape"]["batch"]),
     "cpp_overhead_features": overhead_features,
     "cpp_apply_over_under": apply_over_under,
-    "cpp_binding_us": lambda: f"{_overhead_us()[_rows()[2]]:.1f}",
+    "cpp_binding_us": lambda: f"{overhead_us()[_rows()[2]]:.1f}",
     "cpp_binding_vs_forward": binding_vs_forward,
-    "cpp_reference_forward_us": lambda: f"{_overhead_us()['reference: forward']:.1f}",
+    "cpp_reference_forward_us": lambda: f"{overhead_us()['reference: forward']:.1f}",
     # the cores of the machine the CPU records were taken on (exercise 1's answer)
     "cpp_record_cpus": lambda: str(committed("cpu_sweep.json")["cpus"]),
     # the kernels' constants: the blocked paths' limit on input features and block size, the
     # few-rows path's limit, the rows a column sum keeps in float
-    "cpp_blocked_max_in": lambda: _dense_cpp(r"\bin_f <= (\d+)"),
-    "cpp_block_kib": lambda: _dense_cpp(r"\((\d+) << 10\)"),
-    "cpp_few_rows": lambda: _dense_cpp(r"constexpr int64_t kFewRows = (\d+);"),
-    "cpp_sum_rows": lambda: _dense_cpp(r"constexpr int64_t kSumRows = (\d+);"),
+    "cpp_blocked_max_in": lambda: source_match("cpp/dense.cpp", r"\bin_f <= (\d+)"),
+    "cpp_block_kib": lambda: source_match("cpp/dense.cpp", r"\((\d+) << 10\)"),
+    "cpp_few_rows": lambda: source_match("cpp/dense.cpp", r"constexpr int64_t kFewRows = (\d+);"),
+    "cpp_sum_rows": lambda: source_match("cpp/dense.cpp", r"constexpr int64_t kSumRows = (\d+);"),
 }

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import ast
 import math
-import re
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import cli
-from record_info import SUPERSCRIPT, committed, source_constants
+from record_info import SUPERSCRIPT, committed, source_constants, source_match
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,16 +55,9 @@ def words(n: int) -> str:
     return f"{n:,}"
 
 
-def python_version() -> str:
-    m = re.search(r'^requires-python\s*=\s*">=\s*([\d.]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    if m is None:
-        raise ValueError("pyproject.toml names no requires-python >= version")
-    return m[1]
-
-
 NUMBERS: dict[str, Callable[[], str]] = {
     # README.md: the Python it needs, and the level of the timing table's intervals
-    "book_python": python_version,
+    "book_python": lambda: source_match("pyproject.toml", r'^requires-python\s*=\s*">=\s*([\d.]+)"'),
     "book_table_ci": lambda: f"{committed('cpu_1024.json')['ci_level']:.0%}",
     # docs/README.md, how a benchmark times: a CPU sample's least length, the intervals' level,
     # the fewest rounds that give one, the sweep's replicates

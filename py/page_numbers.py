@@ -8,26 +8,21 @@ The records: the 1024³ timing (cpu_1024.json) and chapter 2's costs of a small 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 
+import cli
 from record_info import committed, source_constants
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@cache
+def _cpp():
+    """Chapter 2's numbers, which read the same record of a small call's costs."""
+    return cli.load_file("cpp/page_numbers.py")
+
+
 def _overhead_us() -> dict[str, float]:
-    """cpp/overhead.py's record: row name -> median µs per call."""
-    return {r["name"]: r["median_us"] for r in committed("cpp_overhead.json")["rows"]}
-
-
-def overhead_features() -> str:
-    """The small call's I = O (the page writes them as one)."""
-    shape = committed("cpp_overhead.json")["shape"]
-    if shape["in"] != shape["out"]:
-        raise ValueError(f"cpp_overhead.json's shape has I != O ({shape}); the page writes I=O")
-    return str(shape["in"])
+    return _cpp().overhead_us()
 
 
 def binding_over_forward() -> bool:
@@ -48,7 +43,7 @@ NUMBERS: dict[str, Callable[[], str]] = {
     # the small call chapter 2 times: its shape, and what the binding and apply cost against
     # the reference's forward
     "py_overhead_batch": lambda: str(committed("cpp_overhead.json")["shape"]["batch"]),
-    "py_overhead_features": overhead_features,
+    "py_overhead_features": lambda: _cpp().overhead_features(),
     "py_binding_longer": lambda: "longer" if binding_over_forward() else "less time",
     "py_apply_more": lambda: "more" if apply_over_forward() else "less",
     # grad_check's rule: FACTOR times nn.Linear's error plus FLOOR·u of the largest size

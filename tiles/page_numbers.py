@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import cli
-from record_info import committed, in_words
+from record_info import committed, in_words, source_match
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,16 +91,8 @@ def interpreter_tile() -> str:
     return tile(config["BLOCK_M"], config["BLOCK_N"])
 
 
-def triton_pin() -> str:
-    """The Triton release requirements.txt installs."""
-    m = re.search(r"^triton==(\S+)", (ROOT / "requirements.txt").read_text(), re.M)
-    if m is None:
-        raise ValueError("requirements.txt pins no triton==VERSION")
-    return m[1]
-
-
 NUMBERS: dict[str, Callable[[], str]] = {
-    "tiles_triton_pin": triton_pin,
+    "tiles_triton_pin": lambda: source_match("requirements.txt", r"^triton==(\S+)"),
     # the tiles: the interpreter's, and the range the autotuner chooses among
     "tiles_interpreter_tile": interpreter_tile,
     "tiles_smallest_tile": lambda: tile(*min(forward_configs(), key=lambda c: c[0] * c[1])[:2]),
