@@ -40,7 +40,7 @@ class TPError(ValueError):
     """A tensor-parallel layout that cannot work (a width smaller than the tp size, ...)."""
 
 
-def _group_info(group: dist.ProcessGroup | None) -> tuple[int, int]:
+def group_info(group: dist.ProcessGroup | None) -> tuple[int, int]:
     """(rank, size) in ``group``; (0, 1) without a process group."""
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
@@ -58,15 +58,15 @@ def shard_sizes(width: int, parts: int, what: str = "width") -> list[int]:
 
 
 # One rank (or no process group): every collective is the identity, and nothing is sent.
-def _all_reduce(t: Tensor, group, check: bool = True) -> Tensor:
+def group_all_reduce(t: Tensor, group, check: bool = True) -> Tensor:
     return t if size_of(group) == 1 else ring_all_reduce(t, group=group, check=check)
 
 
-def _all_gather(t: Tensor, group, check: bool = True) -> Tensor:
+def group_all_gather(t: Tensor, group, check: bool = True) -> Tensor:
     return t.clone() if size_of(group) == 1 else ring_all_gather(t, group, check=check)
 
 
-def _reduce_scatter(t: Tensor, group, check: bool = True) -> Tensor:
+def group_reduce_scatter(t: Tensor, group, check: bool = True) -> Tensor:
     return t.clone() if size_of(group) == 1 else ring_reduce_scatter(t, group=group, check=check)
 
 
@@ -114,12 +114,12 @@ def _wait_timed(requests: list) -> None:
 
 def _gather_last(x: Tensor, group: dist.ProcessGroup | None, check: bool = True) -> Tensor:
     """All-gather along the last dimension (shards may differ in width)."""
-    gathered = _all_gather(x.movedim(-1, 0), group, check)
+    gathered = group_all_gather(x.movedim(-1, 0), group, check)
     return gathered.movedim(0, -1).contiguous()
 
 
-def _own_part(x: Tensor, dim: int, group: dist.ProcessGroup | None) -> Tensor:
-    rank, size = _group_info(group)
+def own_part(x: Tensor, dim: int, group: dist.ProcessGroup | None) -> Tensor:
+    rank, size = group_info(group)
     return torch.tensor_split(x, size, dim=dim)[rank].contiguous()
 
 
@@ -134,7 +134,7 @@ class CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return _timed("comm", lambda: _all_reduce(grad.contiguous().clone(), ctx.group)), None
+        return _timed("comm", lambda: group_all_reduce(grad.contiguous().clone(), ctx.group)), None
 
 
 class ReduceFromTP(torch.autograd.Function):
@@ -142,7 +142,7 @@ class ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, group: dist.ProcessGroup | None) -> Tensor:
-        return _timed("comm", lambda: _all_reduce(x.contiguous().clone(), group))
+        return _timed("comm", lambda: group_all_reduce(x.contiguous().clone(), group))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -159,7 +159,7 @@ class GatherFeatures(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return _own_part(grad, -1, ctx.group), None
+        return own_part(grad, -1, ctx.group), None
 
 
 class ScatterFeatures(torch.autograd.Function):
@@ -168,7 +168,7 @@ class ScatterFeatures(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, group: dist.ProcessGroup | None) -> Tensor:
         ctx.group = group
-        return _own_part(x, -1, group)
+        return own_part(x, -1, group)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -182,11 +182,11 @@ class GatherBatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, group: dist.ProcessGroup | None) -> Tensor:
         ctx.group, ctx.shape = group, x.shape
-        return _timed("comm", lambda: _all_gather(x, group))
+        return _timed("comm", lambda: group_all_gather(x, group))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        part = _timed("comm", lambda: _reduce_scatter(grad.contiguous(), ctx.group))
+        part = _timed("comm", lambda: group_reduce_scatter(grad.contiguous(), ctx.group))
         if part.shape != ctx.shape:
             raise TPError(f"GatherBatch: this rank's part had shape {tuple(ctx.shape)} but the batch splits as "
                           f"{tuple(part.shape)}; sequence-parallel parts must be torch.tensor_split's")
@@ -199,11 +199,11 @@ class ReduceScatterBatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, group: dist.ProcessGroup | None) -> Tensor:
         ctx.group = group
-        return _timed("comm", lambda: _reduce_scatter(x.contiguous(), group))
+        return _timed("comm", lambda: group_reduce_scatter(x.contiguous(), group))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        return _timed("comm", lambda: _all_gather(grad.contiguous(), ctx.group)), None
+        return _timed("comm", lambda: group_all_gather(grad.contiguous(), ctx.group)), None
 
 
 # ---------------------------------------------------------------------------
@@ -242,7 +242,7 @@ class _RowParallel(torch.autograd.Function):
         modes.check_inputs(x, weight, bias)
         x2 = x.reshape(-1, weight.shape[1])
         z = _timed("compute", lambda: x2 @ weight.t())
-        _timed("comm", lambda: _all_reduce(z, group, check))
+        _timed("comm", lambda: group_all_reduce(z, group, check))
         y = _timed("compute", lambda: (z if bias is None else z.add_(bias)).sigmoid_())
         ctx.save_for_backward(x, weight, y)
         ctx.mode, ctx.has_bias = mode, bias is not None
@@ -314,7 +314,7 @@ def _matmul_reduce_scatter(parts: list[int], group, partial: Callable[[int], Ten
 
 
 def size_of(group) -> int:
-    return _group_info(group)[1]
+    return group_info(group)[1]
 
 
 class _ColumnSP(torch.autograd.Function):
@@ -334,7 +334,7 @@ class _ColumnSP(torch.autograd.Function):
             full_x = _gather_matmul(x, parts, group, compute)
             y = torch.cat(outs)
         else:
-            full_x = _timed("comm", lambda: _all_gather(x, group, check))
+            full_x = _timed("comm", lambda: group_all_gather(x, group, check))
             y = _timed("compute", lambda: fn(full_x, weight, bias))
         ctx.save_for_backward(full_x, weight, y)
         ctx.group, ctx.mode, ctx.overlap, ctx.check, ctx.parts = group, mode, overlap, check, parts
@@ -361,7 +361,7 @@ class _ColumnSP(torch.autograd.Function):
             gb = _timed("compute", lambda: torch.stack(gbs).sum(0)) if mask[2] else None
         else:
             gx_full, gw, gb = _timed("compute", lambda: back(grad, full_x, weight, y, mask))
-            gx = _timed("comm", lambda: _reduce_scatter(gx_full, ctx.group, ctx.check))
+            gx = _timed("comm", lambda: group_reduce_scatter(gx_full, ctx.group, ctx.check))
         return gx, gw, gb, None, None, None, None
 
 
@@ -372,14 +372,14 @@ class _RowSP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, bias, group, mode: str, overlap: bool, check: bool):
         modes.check_inputs(h, weight, bias)
-        rank, size = _group_info(group)
+        rank, size = group_info(group)
         parts = _split_sizes(h.shape[0], size)
         if overlap:
             chunks = torch.split(h, parts)
             z = _matmul_reduce_scatter(parts, group, lambda c: chunks[c] @ weight.t())
         else:
             partial = _timed("compute", lambda: h @ weight.t())
-            z = _timed("comm", lambda: _reduce_scatter(partial, group, check))
+            z = _timed("comm", lambda: group_reduce_scatter(partial, group, check))
         y = _timed("compute", lambda: (z if bias is None else z.add_(bias)).sigmoid_())
         ctx.save_for_backward(h, weight, y)
         ctx.group, ctx.overlap, ctx.check, ctx.parts, ctx.has_bias = group, overlap, check, parts, bias is not None
@@ -392,7 +392,7 @@ class _RowSP(torch.autograd.Function):
         gb = None
         if ctx.has_bias and ctx.needs_input_grad[2]:  # b is whole on every rank, its rows are not
             gb = _timed("compute", lambda: dz.sum(0))
-            _timed("comm", lambda: _all_reduce(gb, ctx.group, ctx.check))
+            _timed("comm", lambda: group_all_reduce(gb, ctx.group, ctx.check))
         need_w = ctx.needs_input_grad[1]
         if ctx.overlap:
             gh = torch.empty_like(h)
@@ -405,7 +405,7 @@ class _RowSP(torch.autograd.Function):
                     gw.addmm_(dz_c.t(), h_parts[c])
             _gather_matmul(dz, ctx.parts, ctx.group, compute)
         else:
-            dz_full = _timed("comm", lambda: _all_gather(dz, ctx.group, ctx.check))
+            dz_full = _timed("comm", lambda: group_all_gather(dz, ctx.group, ctx.check))
             gh = _timed("compute", lambda: dz_full @ weight)
             gw = _timed("compute", lambda: dz_full.t() @ h) if need_w else None
         return gh, gw, gb, None, None, None, None
@@ -427,7 +427,7 @@ class _ParallelDense(nn.Module):
         self.group, self.mode = group, mode
         self.in_features, self.out_features = in_features, out_features
         self.sequence_parallel, self.overlap, self.check = sequence_parallel, overlap, True
-        rank, size = _group_info(group)
+        rank, size = group_info(group)
         width = out_features if split == "out" else in_features
         self.sizes = shard_sizes(width, size, f"{'out' if split == 'out' else 'in'}_features")
         # The unsharded layer's initialisation, the same random draws in the same order, then
@@ -446,7 +446,7 @@ class _ParallelDense(nn.Module):
             self.register_parameter("bias", None)
 
     def extra_repr(self) -> str:
-        rank, size = _group_info(self.group)
+        rank, size = group_info(self.group)
         return (f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode!r}, "
                 f"shard {rank} of {size} {self.sizes}, sequence_parallel={self.sequence_parallel}")
 

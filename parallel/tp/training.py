@@ -21,7 +21,7 @@ from parallel.common import threads
 from parallel.dp.reducer import AllReduce
 from parallel.dp.ring import ring_all_reduce
 from parallel.dp.trainer import DataParallel
-from parallel.tp.layers import Timeline, TPError, _all_gather, _group_info, _own_part, build_tp_model, size_of
+from parallel.tp.layers import Timeline, TPError, build_tp_model, group_all_gather, group_info, own_part, size_of
 
 # ---------------------------------------------------------------------------
 # Full (unsharded) state: what checkpoints hold
@@ -38,7 +38,7 @@ def tp_dims(model: nn.Module) -> dict[str, int | None]:
 
 
 def _gather_dim(t: Tensor, dim: int, group) -> Tensor:
-    return _all_gather(t.movedim(dim, 0).contiguous(), group).movedim(0, dim).contiguous()
+    return group_all_gather(t.movedim(dim, 0).contiguous(), group).movedim(0, dim).contiguous()
 
 
 def full_state_dict(model: nn.Module, group) -> dict[str, Tensor]:
@@ -59,7 +59,7 @@ def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], group) -> N
     sharded = {}
     for key, value in state.items():
         dim = dims.get(key)
-        part = value if dim is None else _own_part(value, dim, group)
+        part = value if dim is None else own_part(value, dim, group)
         if key in own and part.shape != own[key].shape:
             raise TPError(f"{key}: the checkpoint's {tuple(value.shape)} does not split into this rank's "
                           f"{tuple(own[key].shape)}")
@@ -91,7 +91,7 @@ def load_full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, stat
     own = {}
     for i, entry in state["state"].items():
         i = int(i)
-        own[i] = {k: (_own_part(v, dims[i], group) if isinstance(v, Tensor) and dims[i] is not None
+        own[i] = {k: (own_part(v, dims[i], group) if isinstance(v, Tensor) and dims[i] is not None
                       and v.dim() == params[i].dim() and v.dim() > 0 else v) for k, v in entry.items()}
     opt.load_state_dict({"state": own, "param_groups": state["param_groups"]})
 
@@ -124,7 +124,7 @@ def make_layout(tp: int) -> Layout:
     by row, and a process group along each dimension (a row of the grid is a tensor-parallel
     group, a column a data-parallel one). By hand it would be two loops of dist.new_group, in
     which every rank must create every group, its own or not, in the same order."""
-    rank, world = _group_info(None)
+    rank, world = group_info(None)
     if tp < 1 or world % tp:
         raise TPError(f"--tp {tp} must divide the world size {world}")
     dp = world // tp
