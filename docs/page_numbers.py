@@ -55,6 +55,16 @@ def words(n: int) -> str:
     return f"{n:,}"
 
 
+def budget_exceptions() -> str:
+    """The chapters whose budget is not the common one: "6,000 for `a` and `b`"."""
+    render = _render()
+    by: dict[int, list[str]] = {}
+    for page, words_ in render.BUDGET_EXCEPTIONS.items():
+        if words_ != render.BUDGET_CHAPTER:
+            by.setdefault(words_, []).append(f"`{page}`")
+    return "; ".join(f"{words(n)} for {' and '.join(sorted(pages))}" for n, pages in sorted(by.items()))
+
+
 NUMBERS: dict[str, Callable[[], str]] = {
     # README.md: the Python it needs, and the level of the timing table's intervals
     "book_python": lambda: source_match("pyproject.toml", r'^requires-python\s*=\s*">=\s*([\d.]+)"'),
@@ -73,6 +83,6 @@ NUMBERS: dict[str, Callable[[], str]] = {
     # the cap on kinds of record, and the prose budgets
     "book_max_records": lambda: str(source_constants("tests/test_records.py")["MAX_RECORDS"]),
     "book_budget_chapter": lambda: words(_render().BUDGET_CHAPTER),
-    "book_budget_collectives": lambda: words(_render().BUDGET_EXCEPTIONS["parallel/collectives/README.md"]),
+    "book_budget_exceptions": lambda: budget_exceptions(),
     "book_budget_all": lambda: words(_render().BUDGET_ALL),
 }
