@@ -5,6 +5,7 @@ alternating settings of gloo's I/O threads; its summary, the table and the numbe
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -76,14 +77,35 @@ def test_an_unwritable_json_path_is_refused_before_any_launch(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo's threads are set the Linux way")
-def test_a_short_run_alternates_the_settings_and_records_them(tmp_path):
+def test_a_short_run_records_its_launch_under_the_setting_asked_for(tmp_path):
     out = tmp_path / "r.json"
-    result = run_script("-m", "parallel.collectives.repeat", "--launches", "1", "--kib", "4", "--settings", "0,19",
+    result = run_script("-m", "parallel.collectives.repeat", "--launches", "1", "--kib", "4", "--settings", "19",
                         "--json", str(out), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
-    assert [r["setting"] for r in record["launches"]] == [0, 19] and record["bytes"] == 4 << 10
-    assert record["launches"][1]["gloo_io_thread_nices"] and all(
-        int(k) == 19 for k in record["launches"][1]["gloo_io_thread_nices"])
+    assert [r["setting"] for r in record["launches"]] == [19] and record["bytes"] == 4 << 10
+    assert record["launches"][0]["gloo_io_thread_nices"] and all(
+        int(k) == 19 for k in record["launches"][0]["gloo_io_thread_nices"])
     assert all(r["ratio_ci"] and r["ratio_ci"][0] <= r["ratio"] <= r["ratio_ci"][1] for r in record["launches"])
     assert repeat.table(record) in result.stdout
+
+
+def test_launches_alternate_the_settings_each_in_its_own_environment(monkeypatch):
+    """run() launches at each setting in turn, the setting in $DENSE_GLOO_IO_NICE for the ranks
+    it starts, and leaves the variable as it found it."""
+    from parallel.common import launch
+    from parallel.common.threads import IO_NICE_VAR
+
+    seen = []
+
+    def fake_launch(fn, world_size, args, **kw):
+        seen.append(os.environ[IO_NICE_VAR])
+        row = {"bytes": args[0][0], "variant": "auto", "busbw_ratio_to_dist": 1.0, "ratio_ci": [0.9, 1.1],
+               "time_us": 1.0, "algorithm": "one_shot"}
+        return [{"results": [row, {**row, "variant": "dist.all_reduce"}], "date": "d"}]
+
+    monkeypatch.setattr(launch, "launch", fake_launch)
+    monkeypatch.delenv(IO_NICE_VAR, raising=False)
+    record = repeat.run(2, 4 << 10, 2, (0, 19))
+    assert seen == ["0", "19", "0", "19"] and IO_NICE_VAR not in os.environ
+    assert [r["setting"] for r in record["launches"]] == [0, 19, 0, 19]
