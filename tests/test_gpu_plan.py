@@ -487,6 +487,7 @@ def test_a_second_call_on_a_fresh_machine_is_refused_at_once(tmp_path, monkeypat
     assert plan.not_built(["cpp", "cuda", "emulation"]) == []
 
 
+@pytest.mark.slow  # seconds of real waiting on children and limits
 def test_a_part_stops_at_its_limit_and_the_next_one_runs(repo, capsys, monkeypatch):
     root, out = repo
     monkeypatch.setattr(plan, "GRACE_S", 1)
@@ -521,6 +522,7 @@ def test_one_versions_failed_exact_check_does_not_cancel_the_others_timings(repo
     assert "NOT RUN: exact did not pass or did not run" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # seconds of real waiting on children and limits
 def test_a_part_the_deadline_cuts_is_not_run_and_does_not_fail_the_call(repo, capsys, monkeypatch):
     """The deadline, not its own limit, stops the first part, and leaves the second no time: both
     NOT RUN, the call passes; what the first wrote is packed with the passed records."""

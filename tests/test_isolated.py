@@ -32,6 +32,7 @@ HANG = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); prin
         "time.sleep(60)")
 
 
+@pytest.mark.slow  # seconds of real waiting on children and limits
 def test_each_way_a_child_ends_is_recorded_as_such_and_costs_that_child_alone(monkeypatch):
     """Side by side, as the lease runs them: the fault, the crash and the hang do not stop the
     others, and each says which and how."""
@@ -53,6 +54,7 @@ def test_each_way_a_child_ends_is_recorded_as_such_and_costs_that_child_alone(mo
     assert "[v32] spinning" in lines and list(got) == [u.name for u in units]
 
 
+@pytest.mark.slow  # seconds of real waiting on children and limits
 def test_a_child_the_deadline_does_not_reach_is_not_run_and_one_it_stops_is_not_a_hang(monkeypatch):
     monkeypatch.setattr(iso, "GRACE_S", 0.5)
     monkeypatch.setattr(iso, "START_S", 0.2)

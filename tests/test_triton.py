@@ -760,13 +760,6 @@ def test_without_triton_the_mode_says_what_to_install(tmp_path, stray_folder):
 # The scripts
 # ---------------------------------------------------------------------------
 
-@needs_triton
-def test_grad_check_script_on_triton():
-    result = run_script("grad_check.py", "triton", "-b", "5", "-i", "7", "-o", "3")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("PASS  triton") == 5 and "FAIL" not in result.stdout
-
-
 @pytest.mark.slow  # seconds of process start-up for a rarely broken property
 @needs_triton
 @pytest.mark.skipif(GPU, reason="checks the interpreter's cost estimate")
