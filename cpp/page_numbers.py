@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 
 from record_info import committed, source_match
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @functools.cache

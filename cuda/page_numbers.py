@@ -13,11 +13,10 @@ from functools import cache
 from pathlib import Path
 
 import cli
-from record_info import committed, sci
+from record_info import RESULTS, committed, sci
 
 ROOT = Path(__file__).resolve().parent.parent
 
-RESULTS = ROOT / "docs" / "results"
 SHAPE = 4096  # the worklog's forward: 4096³
 WARP_FFMA = SHAPE ** 3 / 32
 FFMA_PER_CLOCK = 4  # warp FFMAs an SM issues a clock (4 sub-partitions); one shared wavefront a clock

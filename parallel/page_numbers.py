@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 from record_info import committed
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _mib(nbytes: int) -> str:

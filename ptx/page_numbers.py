@@ -15,11 +15,10 @@ from functools import cache
 from pathlib import Path
 
 import cli
-from record_info import committed, in_words
+from record_info import RESULTS, committed, in_words
 
 ROOT = Path(__file__).resolve().parent.parent
 
-RESULTS = ROOT / "docs" / "results"
 PTX = ROOT / "ptx" / "dense_kernels.ptx"
 V4_STORE = re.compile(r"^\s*st\.global\.v4\.f32\s+\[%\w+(?:\+-?\d+)?\],\s*\{[^}]*\};", re.M)
 BOUND_SAMPLES = 200_001  # evenly spaced z for the bound's maximum (a tenth of a second)

@@ -8,12 +8,9 @@ The records: the 1024³ timing (cpu_1024.json) and chapter 2's costs of a small 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import cli
 from record_info import committed, source_constants
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cpp():

@@ -16,11 +16,10 @@ from functools import cache
 from pathlib import Path
 
 import cli
-from record_info import committed, in_words, source_match
+from record_info import RESULTS, committed, in_words, source_match
 
 ROOT = Path(__file__).resolve().parent.parent
 
-RESULTS = ROOT / "docs" / "results"
 
 
 # ---------------------------------------------------------------------------------------
