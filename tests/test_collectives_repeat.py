@@ -109,3 +109,16 @@ def test_launches_alternate_the_settings_each_in_its_own_environment(monkeypatch
     record = repeat.run(2, 4 << 10, 2, (0, 19))
     assert seen == ["0", "19", "0", "19"] and IO_NICE_VAR not in os.environ
     assert [r["setting"] for r in record["launches"]] == [0, 19, 0, 19]
+
+
+def test_a_failed_launch_is_one_error_not_a_traceback(monkeypatch):
+    import cli
+    from parallel.common import launch
+
+    def failing(*args, **kw):
+        raise launch.LaunchError("1 of 2 ranks failed:\n  rank 1: exit code 1")
+
+    monkeypatch.setattr(launch, "launch", failing)
+    with pytest.raises(cli.UserError, match="rank 1: exit code 1") as stop:
+        repeat.main(["--launches", "1", "--kib", "4"])
+    assert stop.value.code == 1

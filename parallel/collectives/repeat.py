@@ -157,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     json_path = cli.check_output(args.json, "--json")  # before minutes of measuring, not after
-    record = run(args.world_size, args.kib << 10, args.launches, settings)
+    from parallel.common.launch import LaunchError
+
+    try:
+        record = run(args.world_size, args.kib << 10, args.launches, settings)
+    except LaunchError as e:  # a rank failed or hung: what it said, in one message, not a traceback
+        raise cli.UserError(str(e), code=1) from None
     return cli.publish(table(record), [(json_path, cli.json_writer(record))])
 
 
